@@ -1,0 +1,130 @@
+"""The storage protocol: a small async core that every backend implements, plus optional capabilities.
+
+Core (every backend):
+    ``create(key)``      -> an :class:`ObjectWriter`; bytes written to it are invisible until ``commit``;
+                            ``abort`` (or leaving the ``async with`` block with an exception) discards them.
+    ``open(key)``        -> an :class:`ObjectReader` pinned to one version of the object: its ``info`` and the
+                            bytes of every ``read`` belong together even if the key is replaced meanwhile.
+    ``stat(key)``        -> :class:`ObjectInfo`
+    ``delete(key)``      idempotent
+    ``list(prefix)``     published objects only
+
+Capabilities (tusd's composer idea): a backend declares at start-up which optional interfaces it implements, in
+``capabilities``; the service checks the set, never the backend's class. Extension interfaces are one-method
+protocols below (``SupportsPresign``).
+
+The backend stores bytes and a flat ``dict[str, str]`` of metadata (ASCII, as S3 user metadata). It knows nothing
+of descriptors, checksums or HTTP: the service decides what to write and when it is verified enough to commit.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import TracebackType
+from typing import Protocol, Self, runtime_checkable
+
+from storage.errors import InvalidKey
+
+# Keys are chosen by the service, never taken from user paths; this pattern keeps them safe on every backend.
+_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}(/[A-Za-z0-9][A-Za-z0-9._-]{0,200}){0,8}$")
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` if it is a safe object key (no traversal, no empty or dot segments), else raise InvalidKey."""
+    if not _KEY_RE.match(key) or any(part in (".", "..") for part in key.split("/")):
+        raise InvalidKey(f"invalid object key: {key!r}")
+    return key
+
+
+class Capability(enum.Enum):
+    """Optional abilities a backend may declare."""
+
+    RANGED_READ = "ranged_read"  # read(start, end) costs O(end - start), not O(start)
+    PRESIGN = "presign"  # the backend can mint its own time-limited GET URLs (SupportsPresign)
+    MULTIPART = "multipart"  # parts uploaded independently and combined server-side
+    COMPOSE = "compose"  # concatenate existing objects into a new one
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """What a backend knows of one published object."""
+
+    key: str
+    size: int
+    modified: datetime
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+class ObjectWriter(Protocol):
+    """A new object being written. Nothing is visible under its key until :meth:`commit` returns."""
+
+    @property
+    def bytes_written(self) -> int: ...
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Append bytes. Raises StorageFull / BackendUnavailable; the writer must then be aborted."""
+
+    async def commit(self, metadata: Mapping[str, str]) -> ObjectInfo:
+        """Publish atomically under the key with ``metadata``; replaces an existing object of that key."""
+
+    async def abort(self) -> None:
+        """Discard everything written; idempotent, safe after a failed write or commit."""
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Abort unless committed."""
+
+
+class ObjectReader(Protocol):
+    """One version of a published object, open for reading."""
+
+    @property
+    def info(self) -> ObjectInfo: ...
+
+    def read(self, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
+        """Yield the bytes ``[start, end)`` in pieces of at most the backend's buffer size."""
+
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+class Storage(Protocol):
+    """The core every backend implements."""
+
+    @property
+    def capabilities(self) -> frozenset[Capability]: ...
+
+    async def start(self) -> None:
+        """Check the backend is usable (directories, bucket, credentials); raise a StorageError otherwise."""
+
+    async def close(self) -> None: ...
+
+    def create(self, key: str, *, size_hint: int | None = None) -> ObjectWriter: ...
+
+    async def open(self, key: str) -> ObjectReader:
+        """Raise ObjectNotFound when the key has no published object."""
+
+    async def stat(self, key: str) -> ObjectInfo: ...
+
+    async def delete(self, key: str) -> None: ...
+
+    def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]: ...
+
+
+@runtime_checkable
+class SupportsPresign(Protocol):
+    """Capability PRESIGN: a URL the backend itself serves, valid for ``expires_in`` seconds."""
+
+    async def presign_get(self, key: str, *, expires_in: int, filename: str | None = None) -> str: ...

@@ -1,0 +1,300 @@
+"""Local filesystem backend (the embedded default), on aiofiles.
+
+Layout under ``root``::
+
+    objects/<key>        the bytes of a published object
+    meta/<key>.json      its metadata (written and renamed into place before the bytes are)
+    tmp/                 objects being written: ``<random>.part`` and ``<random>.meta``
+
+Publishing is temp file + fsync + rename (+ fsync of the directory), so a reader sees either nothing or the whole
+object with its metadata; a crash leaves only files under ``tmp/``, which :meth:`LocalStorage.start` sweeps once they
+are older than ``stale_after`` seconds (younger ones may belong to another process sharing the directory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import aiofiles
+import aiofiles.os
+from aiofiles.threadpool.binary import AsyncFileIO
+
+from storage.base import Capability, ObjectInfo, validate_key
+from storage.errors import BackendUnavailable, ObjectNotFound, StorageError, StorageFull
+
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+def _translate(exc: OSError, what: str) -> StorageError:
+    if exc.errno in _FULL_ERRNOS:
+        return StorageFull(f"no space left while {what}")
+    if exc.errno == errno.ENOENT:
+        return ObjectNotFound(what)
+    return BackendUnavailable(f"filesystem error while {what}: {exc.strerror or exc}")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalWriter:
+    """A temp file that becomes ``objects/<key>`` on commit."""
+
+    def __init__(self, storage: LocalStorage, key: str, size_hint: int | None) -> None:
+        self._storage = storage
+        self._key = key
+        self._size_hint = size_hint
+        token = secrets.token_hex(12)
+        self._tmp = storage.tmp_dir / f"{token}.part"
+        self._tmp_meta = storage.tmp_dir / f"{token}.meta"
+        self._file: AsyncFileIO | None = None
+        self._written = 0
+        self._done = False
+
+    @property
+    def bytes_written(self) -> int:
+        return self._written
+
+    async def _open(self) -> AsyncFileIO:
+        if self._file is None:
+            try:
+                self._file = await aiofiles.open(self._tmp, "xb", buffering=0)
+            except OSError as exc:
+                raise _translate(exc, "creating a temp file") from exc
+        return self._file
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._done:
+            raise BackendUnavailable("write after commit or abort")
+        f = await self._open()
+        view = memoryview(data)
+        try:
+            while view:  # an unbuffered write may be partial
+                n = await f.write(view)
+                view = view[n:]
+                self._written += n
+        except OSError as exc:
+            raise _translate(exc, "writing") from exc
+
+    async def commit(self, metadata: Mapping[str, str]) -> ObjectInfo:
+        if self._done:
+            raise BackendUnavailable("commit after commit or abort")
+        f = await self._open()
+        final = self._storage.object_path(self._key)
+        final_meta = self._storage.meta_path(self._key)
+        record = {"metadata": dict(metadata), "size": self._written}
+        try:
+            await asyncio.to_thread(os.fsync, f.fileno())
+            await f.close()
+            await asyncio.to_thread(self._publish, record, final, final_meta)
+        except OSError as exc:
+            await self.abort()
+            raise _translate(exc, "publishing") from exc
+        self._done = True
+        return await self._storage.stat(self._key)
+
+    def _publish(self, record: dict[str, Any], final: Path, final_meta: Path) -> None:
+        with open(self._tmp_meta, "x", encoding="ascii") as mf:
+            json.dump(record, mf, ensure_ascii=True)
+            mf.flush()
+            os.fsync(mf.fileno())
+        final.parent.mkdir(parents=True, exist_ok=True)
+        final_meta.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self._tmp_meta, final_meta)
+        os.replace(self._tmp, final)  # the moment the object becomes visible
+        _fsync_dir(final_meta.parent)
+        _fsync_dir(final.parent)
+
+    async def abort(self) -> None:
+        self._done = True
+        if self._file is not None:
+            try:
+                await self._file.close()
+            except OSError:
+                pass
+        for path in (self._tmp, self._tmp_meta):
+            try:
+                await aiofiles.os.remove(path)
+            except FileNotFoundError:
+                pass
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self._done:
+            await self.abort()
+
+
+class LocalReader:
+    """An open file descriptor plus the metadata published with it."""
+
+    def __init__(self, file: AsyncFileIO, info: ObjectInfo, buffer_size: int) -> None:
+        self._file = file
+        self._info = info
+        self._buffer_size = buffer_size
+
+    @property
+    def info(self) -> ObjectInfo:
+        return self._info
+
+    async def read(self, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
+        stop = self._info.size if end is None else min(end, self._info.size)
+        pos = start
+        while pos < stop:
+            want = min(self._buffer_size, stop - pos)
+            try:
+                # pread: no shared file position, so several ranges of one reader may be read at once
+                chunk = await asyncio.to_thread(os.pread, self._file.fileno(), want, pos)
+            except OSError as exc:
+                raise _translate(exc, "reading") from exc
+            if not chunk:
+                raise BackendUnavailable(f"object {self._info.key} shrank while being read")
+            pos += len(chunk)
+            yield chunk
+
+    async def close(self) -> None:
+        await self._file.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+class LocalStorage:
+    """Objects as files under one directory. Capabilities: ranged reads."""
+
+    def __init__(self, root: str | os.PathLike[str], *, buffer_size: int = 1 << 20, stale_after: float = 86400):
+        self.root = Path(root)
+        self.objects_dir = self.root / "objects"
+        self.meta_dir = self.root / "meta"
+        self.tmp_dir = self.root / "tmp"
+        self.buffer_size = buffer_size
+        self.stale_after = stale_after
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        return frozenset({Capability.RANGED_READ})
+
+    def object_path(self, key: str) -> Path:
+        return self.objects_dir / validate_key(key)
+
+    def meta_path(self, key: str) -> Path:
+        return self.meta_dir / f"{validate_key(key)}.json"
+
+    async def start(self) -> None:
+        def prepare() -> None:
+            for d in (self.objects_dir, self.meta_dir, self.tmp_dir):
+                d.mkdir(parents=True, exist_ok=True)
+            cutoff = time.time() - self.stale_after
+            for entry in os.scandir(self.tmp_dir):
+                try:
+                    if entry.stat().st_mtime < cutoff:
+                        os.remove(entry.path)
+                except FileNotFoundError:
+                    pass
+            if not os.access(self.tmp_dir, os.W_OK):
+                raise BackendUnavailable(f"data directory {self.root} is not writable")
+
+        try:
+            await asyncio.to_thread(prepare)
+        except OSError as exc:
+            raise BackendUnavailable(f"cannot use data directory {self.root}: {exc.strerror or exc}") from exc
+
+    async def close(self) -> None:
+        return None
+
+    def create(self, key: str, *, size_hint: int | None = None) -> LocalWriter:
+        validate_key(key)
+        return LocalWriter(self, key, size_hint)
+
+    def _read_meta(self, key: str) -> dict[str, Any]:
+        with open(self.meta_path(key), encoding="ascii") as mf:
+            record: dict[str, Any] = json.load(mf)
+        return record
+
+    def _info(self, key: str, record: dict[str, Any], st: os.stat_result) -> ObjectInfo:
+        return ObjectInfo(
+            key=key,
+            size=st.st_size,
+            modified=datetime.fromtimestamp(st.st_mtime, UTC),
+            metadata={str(k): str(v) for k, v in record.get("metadata", {}).items()},
+        )
+
+    async def open(self, key: str) -> LocalReader:
+        path = self.object_path(key)
+        try:
+            f = await aiofiles.open(path, "rb", buffering=0)
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(key) from exc
+        except OSError as exc:
+            raise _translate(exc, f"opening {key}") from exc
+        try:
+            # re-stat the open descriptor: what we report is what this descriptor will read
+            st = await asyncio.to_thread(os.fstat, f.fileno())
+            record = await asyncio.to_thread(self._read_meta, key)
+        except FileNotFoundError as exc:
+            await f.close()
+            raise ObjectNotFound(key) from exc
+        except (OSError, ValueError) as exc:
+            await f.close()
+            raise BackendUnavailable(f"unreadable metadata for {key}") from exc
+        return LocalReader(f, self._info(key, record, st), self.buffer_size)
+
+    async def stat(self, key: str) -> ObjectInfo:
+        def do_stat() -> ObjectInfo:
+            st = os.stat(self.object_path(key))
+            return self._info(key, self._read_meta(key), st)
+
+        try:
+            return await asyncio.to_thread(do_stat)
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(key) from exc
+        except (OSError, ValueError) as exc:
+            raise BackendUnavailable(f"cannot stat {key}") from exc
+
+    async def delete(self, key: str) -> None:
+        # bytes first: the object stops being visible before its metadata goes
+        for path in (self.object_path(key), self.meta_path(key)):
+            try:
+                await aiofiles.os.remove(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise _translate(exc, f"deleting {key}") from exc
+
+    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        def keys() -> list[str]:
+            found: list[str] = []
+            for dirpath, _dirs, files in os.walk(self.objects_dir):
+                for name in files:
+                    rel = os.path.relpath(os.path.join(dirpath, name), self.objects_dir)
+                    if rel.startswith(prefix):
+                        found.append(rel.replace(os.sep, "/"))
+            return sorted(found)
+
+        for key in await asyncio.to_thread(keys):
+            try:
+                yield await self.stat(key)
+            except ObjectNotFound:
+                continue  # deleted meanwhile

@@ -1,0 +1,5 @@
+import sys
+
+from transfer.cli import main
+
+sys.exit(main())

@@ -1,0 +1,304 @@
+"""The HTTP front door (FastAPI): a thin adapter over :class:`FileService`. Every error leaves as JSON
+``{"error": {"code", "message", "status"}}`` with the status of its class in ``transfer.errors``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+from storage.base import Storage
+from storage.errors import StorageError
+from storage.local import LocalStorage
+from transfer import __version__
+from transfer.api.multipart import file_part_stream, multipart_boundary
+from transfer.api.streaming import DownloadResponse
+from transfer.core.content import DownloadMethod, FileRole, normalize_checksum
+from transfer.core.digests import sha256_from_digest_field
+from transfer.core.encodings import coding_from_http, storage_encoding
+from transfer.core.naming import filename_from_content_disposition
+from transfer.core.signing import UrlSigner
+from transfer.errors import ClientDisconnected, InvalidRequest, TransferError, from_storage_error
+from transfer.service.files import FileService
+from transfer.service.ingest import UploadRequest
+from transfer.settings import Settings
+
+log = logging.getLogger("transfer.api")
+
+# Content-Type values that say nothing about the content: curl's default for --data-binary, and the generic one
+_UNINFORMATIVE_TYPES = {"", "application/octet-stream", "application/x-www-form-urlencoded"}
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "description": "error",
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "error": {
+                        "type": "object",
+                        "properties": {
+                            "code": {"type": "string"},
+                            "message": {"type": "string"},
+                            "status": {"type": "integer"},
+                            "detail": {"type": "object"},
+                        },
+                        "required": ["code", "message", "status"],
+                    }
+                },
+            }
+        }
+    },
+}
+
+
+def error_response(exc: TransferError) -> JSONResponse:
+    return JSONResponse(exc.to_payload(), status_code=exc.status, headers=exc.headers or None)
+
+
+def create_app(settings: Settings | None = None, storage: Storage | None = None) -> FastAPI:
+    """Build the ASGI application; storage defaults to the local data directory of ``settings``."""
+    settings = settings or Settings()
+    backend: Storage = storage or LocalStorage(settings.data_dir, buffer_size=settings.buffer_size)
+    keys, active = settings.load_signing_keys()
+    service = FileService(backend, settings, UrlSigner(keys, active))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await backend.start()
+        yield
+        await backend.close()
+
+    app = FastAPI(
+        title="Agent large-content transfer service",
+        version=__version__,
+        description="Upload content once, hand agents a Synapse descriptor, resolve it anywhere: signed URLs with "
+        "RFC 9110 ranges, SHA-256 verified end to end.",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+
+    @app.exception_handler(TransferError)
+    async def _transfer_error(request: Request, exc: TransferError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(StorageError)
+    async def _storage_error(request: Request, exc: StorageError) -> JSONResponse:
+        return error_response(from_storage_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        err = TransferError(str(exc.detail), headers=dict(exc.headers or {}))
+        body = err.to_payload()
+        body["error"].update(code=codes.get(exc.status_code, "http_error"), status=exc.status_code)
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        return error_response(InvalidRequest("; ".join(problems) or "invalid request"))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return error_response(TransferError("internal error; see the server log"))
+
+    def base_url(request: Request) -> str:
+        return settings.public_url or str(request.base_url).rstrip("/")
+
+    async def body_stream(request: Request) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in request.stream():
+                yield chunk
+        except ClientDisconnect as exc:
+            raise ClientDisconnected("client disconnected before the body was complete") from exc
+
+    @app.get("/healthz", tags=["service"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "version": __version__}
+
+    @app.post(
+        "/v1/files",
+        status_code=201,
+        tags=["files"],
+        summary="Upload content (raw body or multipart/form-data); returns a Synapse FileContent descriptor",
+        responses={400: ERROR_SCHEMA, 413: ERROR_SCHEMA, 415: ERROR_SCHEMA, 422: ERROR_SCHEMA, 507: ERROR_SCHEMA},
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+                    "multipart/form-data": {
+                        "schema": {
+                            "type": "object",
+                            "properties": {
+                                "file": {"type": "string", "format": "binary"},
+                                "name": {"type": "string"},
+                                "content_type": {"type": "string"},
+                                "role": {"type": "string", "enum": [r.value for r in FileRole]},
+                                "description": {"type": "string"},
+                                "checksum": {"type": "string"},
+                            },
+                            "required": ["file"],
+                        }
+                    },
+                },
+            }
+        },
+    )
+    async def upload(
+        request: Request,
+        response: Response,
+        name: Annotated[str | None, Query(max_length=1024, description="file name (else Content-Disposition)")] = None,
+        content_type: Annotated[
+            str | None, Query(max_length=255, description="media type (else Content-Type; else sniffed)")
+        ] = None,
+        role: FileRole | None = None,
+        description: Annotated[str | None, Query(max_length=4096)] = None,
+        checksum: Annotated[str | None, Query(description="sha256:<hex> of the original bytes, verified")] = None,
+        size: Annotated[int | None, Query(ge=0, description="original size in bytes, verified")] = None,
+        encoding: Annotated[
+            str, Query(description="how to store and serve it: none, gzip, deflate (zlib) or zstd")
+        ] = "none",
+        download_method: DownloadMethod | None = None,
+        ttl: Annotated[int | None, Query(gt=0, description="seconds the signed URL lives (max 7 days)")] = None,
+        inline: Annotated[bool | None, Query(description="force inline (only up to the threshold) or url mode")] = None,
+        content_encoding: Annotated[str | None, Header()] = None,
+        content_digest: Annotated[str | None, Header()] = None,
+        repr_digest: Annotated[str | None, Header()] = None,
+    ) -> dict[str, Any]:
+        """Streams the body to storage, hashing it on the way; nothing is published unless it verifies.
+
+        Metadata comes from query parameters; for raw bodies also from `Content-Type` and
+        `Content-Disposition: attachment; filename*=UTF-8''…`; for multipart bodies from the file part and the
+        form fields. `Content-Digest`/`Repr-Digest` (RFC 9530, sha-256) are verified against the body as sent;
+        `checksum` against the original bytes. A body with `Content-Encoding` is decoded while streaming."""
+        req = UploadRequest(
+            name=name,
+            content_type=content_type,
+            role=role,
+            description=description,
+            checksum=normalize_checksum(checksum) if checksum else None,
+            expected_size=size,
+            store_encoding=storage_encoding(encoding),
+        )
+        if content_encoding:
+            req.body_encoding = coding_from_http(content_encoding)
+        for field in (content_digest, repr_digest):
+            if field:
+                sha = sha256_from_digest_field(field)
+                if sha is not None:
+                    if req.body_sha256 is not None and req.body_sha256 != sha:
+                        raise InvalidRequest("Content-Digest and Repr-Digest disagree")
+                    req.body_sha256 = sha
+        length = request.headers.get("content-length")
+        if length is not None:
+            if not length.isdigit():
+                raise InvalidRequest("malformed Content-Length")
+            req.declared_length = int(length)
+        raw_type = request.headers.get("content-type", "")
+        boundary = multipart_boundary(raw_type) if raw_type else None
+        stream = body_stream(request)
+        if boundary is not None:
+            stream = file_part_stream(stream, boundary, req)
+            req.declared_length = None  # the length covers the form framing, not the file
+            req.body_sha256 = None if not (content_digest or repr_digest) else req.body_sha256
+            if req.body_sha256 is not None:
+                raise InvalidRequest("digest fields cover the whole multipart body; send 'checksum' instead")
+        else:
+            if req.content_type is None and raw_type.split(";")[0].strip().lower() not in _UNINFORMATIVE_TYPES:
+                req.content_type = raw_type.strip()
+            disposition = request.headers.get("content-disposition")
+            if req.name is None and disposition:
+                req.name = filename_from_content_disposition(disposition)
+        record = await service.upload(stream, req)
+        response.headers["location"] = f"/v1/files/{record.id}"
+        descriptor = await service.describe(
+            record, base_url(request), download_method=download_method, ttl=ttl, inline=inline
+        )
+        return descriptor.to_json()
+
+    @app.get(
+        "/v1/files",
+        tags=["files"],
+        summary="List stored files as descriptors (url mode, fresh signed URLs)",
+    )
+    async def list_files(
+        request: Request, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000
+    ) -> dict[str, list[dict[str, Any]]]:
+        records = await service.list(limit)
+        items = [(await service.describe(r, base_url(request), inline=False)).to_json() for r in records]
+        return {"files": items}
+
+    @app.get(
+        "/v1/files/{file_id}",
+        tags=["files"],
+        summary="A fresh descriptor for a stored file",
+        responses={404: ERROR_SCHEMA},
+    )
+    async def describe(
+        request: Request,
+        file_id: str,
+        download_method: DownloadMethod | None = None,
+        ttl: Annotated[int | None, Query(gt=0)] = None,
+        inline: bool | None = None,
+    ) -> dict[str, Any]:
+        record = await service.record(file_id)
+        descriptor = await service.describe(
+            record, base_url(request), download_method=download_method, ttl=ttl, inline=inline
+        )
+        return descriptor.to_json()
+
+    @app.delete("/v1/files/{file_id}", status_code=204, tags=["files"], responses={404: ERROR_SCHEMA})
+    async def delete(file_id: str) -> Response:
+        await service.delete(file_id)
+        return Response(status_code=204)
+
+    @app.api_route(
+        "/v1/files/{file_id}/content",
+        methods=["GET", "HEAD", "POST"],
+        tags=["files"],
+        summary="Download through a signed URL (RFC 9110: ranges, conditionals, HEAD)",
+        response_class=Response,
+        responses={
+            200: {"description": "the content", "content": {"application/octet-stream": {}}},
+            206: {"description": "one range, or multipart/byteranges"},
+            304: {"description": "not modified"},
+            403: ERROR_SCHEMA,
+            404: ERROR_SCHEMA,
+            412: ERROR_SCHEMA,
+            416: ERROR_SCHEMA,
+        },
+    )
+    async def content(
+        request: Request,
+        file_id: str,
+        exp: Annotated[str, Query(description="expiry, Unix seconds (signed)")] = "",
+        kid: Annotated[str, Query(description="signing key id (signed)")] = "",
+        sig: Annotated[str, Query(description="HMAC-SHA256 signature")] = "",
+    ) -> Response:
+        download = await service.open_download(file_id, request.method, request.url.query, combined_headers(request))
+        return DownloadResponse(download, settings.gzip_level, settings.zstd_level)
+
+    return app
+
+
+def combined_headers(request: Request) -> dict[str, str]:
+    """Request header fields with lower-case names; repeated fields joined with ", " (RFC 9110 §5.3)."""
+    out: dict[str, str] = {}
+    for key, value in request.headers.items():
+        out[key] = f"{out[key]}, {value}" if key in out else value
+    return out
+
+
+def default_app() -> FastAPI:
+    """Entry point for ``uvicorn --factory transfer.api.app:default_app``: settings from the environment."""
+    return create_app(Settings())

@@ -1,0 +1,147 @@
+"""``multipart/form-data`` uploads (the seed's ``multipart`` mode, for browsers), parsed as a stream.
+
+The first part that carries a file name (or is named ``file``) is the content; its bytes flow straight into the
+upload pipeline. Other parts are small form fields (``name``, ``content_type``, ``role``, ``description``,
+``checksum``) and may come before or after the file part: they fill the :class:`UploadRequest`, which the
+pipeline only reads once the body has ended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+from transfer.core.content import FileRole
+from transfer.core.naming import filename_from_content_disposition
+from transfer.errors import MalformedBody
+from transfer.service.ingest import UploadRequest
+
+MAX_FIELD_BYTES = 64 << 10
+FIELDS = ("name", "content_type", "role", "description", "checksum")
+
+
+def multipart_boundary(content_type: str) -> bytes | None:
+    """The boundary of a ``multipart/form-data`` Content-Type, or None when it is another type."""
+    ctype, params = parse_options_header(content_type)
+    if ctype != b"multipart/form-data":
+        return None
+    boundary = params.get(b"boundary")
+    if not boundary:
+        raise MalformedBody("multipart/form-data without a boundary parameter")
+    return boundary
+
+
+class _PartState:
+    def __init__(self) -> None:
+        self.headers: dict[bytes, bytes] = {}
+        self.field = b""
+        self.value = b""
+        self.field_data = bytearray()
+        self.is_file = False
+
+
+async def file_part_stream(body: AsyncIterator[bytes], boundary: bytes, request: UploadRequest) -> AsyncIterator[bytes]:
+    """Yield the bytes of the file part of a multipart body; fill ``request`` from the other parts."""
+    out: list[bytes] = []
+    state = _PartState()
+    seen_file = False
+    file_done = False
+    ended = False
+
+    def on_part_begin() -> None:
+        nonlocal state
+        state = _PartState()
+
+    def on_header_field(data: bytes, start: int, end: int) -> None:
+        state.field += data[start:end]
+
+    def on_header_value(data: bytes, start: int, end: int) -> None:
+        state.value += data[start:end]
+
+    def on_header_end() -> None:
+        state.headers[state.field.lower()] = state.value
+        state.field, state.value = b"", b""
+
+    def on_headers_finished() -> None:
+        nonlocal seen_file
+        disposition = state.headers.get(b"content-disposition", b"").decode("latin-1")
+        _, params = parse_options_header(disposition)
+        field_name = params.get(b"name", b"").decode("utf-8", "replace")
+        filename = filename_from_content_disposition(disposition)
+        if filename is not None or field_name == "file":
+            if seen_file:
+                raise MalformedBody("only one file part per upload")
+            seen_file = state.is_file = True
+            if request.name is None and filename:
+                request.name = filename
+            part_type = state.headers.get(b"content-type", b"").decode("latin-1").strip()
+            if request.content_type is None and part_type and part_type != "application/octet-stream":
+                request.content_type = part_type
+        state.field = field_name.encode()
+
+    def on_part_data(data: bytes, start: int, end: int) -> None:
+        if state.is_file:
+            out.append(data[start:end])
+        else:
+            state.field_data += data[start:end]
+            if len(state.field_data) > MAX_FIELD_BYTES:
+                raise MalformedBody(f"form field larger than {MAX_FIELD_BYTES} bytes")
+
+    def on_part_end() -> None:
+        nonlocal file_done
+        if state.is_file:
+            file_done = True
+            return
+        name = state.field.decode()
+        value = state.field_data.decode("utf-8", "replace")
+        if name == "name" and request.name is None:
+            request.name = value
+        elif name == "content_type" and request.content_type is None:
+            request.content_type = value
+        elif name == "description" and request.description is None:
+            request.description = value
+        elif name == "checksum" and request.checksum is None:
+            request.checksum = value
+        elif name == "role" and request.role is None:
+            try:
+                request.role = FileRole(value)
+            except ValueError:
+                raise MalformedBody(f"unknown role {value!r}") from None
+
+    def on_end() -> None:
+        nonlocal ended
+        ended = True
+
+    parser = MultipartParser(
+        boundary,
+        {
+            "on_part_begin": on_part_begin,
+            "on_header_field": on_header_field,
+            "on_header_value": on_header_value,
+            "on_header_end": on_header_end,
+            "on_headers_finished": on_headers_finished,
+            "on_part_data": on_part_data,
+            "on_part_end": on_part_end,
+            "on_end": on_end,
+        },
+    )
+    async for chunk in body:
+        try:
+            parser.write(chunk)
+        except MultipartParseError as exc:
+            raise MalformedBody(f"malformed multipart body: {exc}") from exc
+        if out:
+            yield b"".join(out)
+            out.clear()
+    try:
+        parser.finalize()
+    except MultipartParseError as exc:
+        raise MalformedBody(f"malformed multipart body: {exc}") from exc
+    if out:
+        yield b"".join(out)
+    if not seen_file:
+        raise MalformedBody("multipart body has no file part")
+    if not file_done or not ended:
+        raise MalformedBody("multipart body is truncated")

@@ -1,0 +1,80 @@
+"""Streaming a :class:`DeliveryPlan` to an ASGI client: the bytes the plan names, read from storage in
+``buffer_size`` pieces, stopped as soon as the client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import anyio
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from transfer.core.content import ContentEncoding
+from transfer.core.delivery import CompressedBody, MultipartBody, NoBody, RangeBody
+from transfer.core.encodings import make_encoder
+from transfer.service.files import Download
+
+
+async def plan_body(download: Download, gzip_level: int, zstd_level: int) -> AsyncIterator[bytes]:
+    """The body bytes of a planned download."""
+    body = download.plan.body
+    reader = download.reader
+    if isinstance(body, NoBody) or reader is None:
+        return
+    if isinstance(body, RangeBody):
+        async for chunk in reader.read(body.range.start, body.range.end + 1):
+            yield chunk
+    elif isinstance(body, MultipartBody):
+        for part in body.plan.parts:
+            yield part.head
+            async for chunk in reader.read(part.range.start, part.range.end + 1):
+                yield chunk
+        yield body.plan.tail
+    elif isinstance(body, CompressedBody):
+        encoder = make_encoder(ContentEncoding(body.coding), gzip_level=gzip_level, zstd_level=zstd_level)
+        async for chunk in reader.read():
+            out = await asyncio.to_thread(encoder.encode, chunk)
+            if out:
+                yield out
+        yield encoder.finish()
+
+
+class DownloadResponse(Response):
+    """Sends a planned download; closes the storage reader whatever happens."""
+
+    def __init__(self, download: Download, gzip_level: int, zstd_level: int) -> None:
+        self.download = download
+        self.status_code = download.plan.status
+        self.background = None
+        self.body = b""
+        self.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in download.plan.headers]
+        self._gzip_level = gzip_level
+        self._zstd_level = zstd_level
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            if scope["method"] == "HEAD" or isinstance(self.download.plan.body, NoBody):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            async with anyio.create_task_group() as tg:
+
+                async def watch_disconnect() -> None:
+                    while True:
+                        message = await receive()
+                        if message["type"] == "http.disconnect":
+                            tg.cancel_scope.cancel()
+                            return
+
+                async def stream() -> None:
+                    async for chunk in plan_body(self.download, self._gzip_level, self._zstd_level):
+                        if chunk:
+                            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(watch_disconnect)
+                tg.start_soon(stream)
+        finally:
+            await self.download.close()

@@ -1,0 +1,266 @@
+"""The ``transfer`` command: serve, upload, resolve, inspect.
+
+Every failure prints one line, ``transfer: <code>: <message>``, on stderr and exits non-zero (2 for usage errors,
+1 otherwise). Settings come from flags, then ``TRANSFER_*`` environment variables (see ``transfer.settings``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from transfer import __version__
+from transfer.client.client import DEFAULT_SERVER, AsyncTransferClient, load_descriptor
+from transfer.client.resolver import Progress, ResolveOptions
+from transfer.core.content import ContentBundle, FileContent, TransferMode
+from transfer.errors import TransferError
+
+# PERF-NOTES: uvloop hands Python a fresh ~256 KiB bytes per socket read; with glibc's default thresholds a 1 GiB
+# upload page-faults ~217,000 times and throughput halves. These must be set before the interpreter starts.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "4194304", "MALLOC_TRIM_THRESHOLD_": "268435456"}
+
+
+class CliError(Exception):
+    def __init__(self, code: str, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+        self.exit_code = exit_code
+
+
+def _progress_bar(enabled: bool, label: str) -> tuple[Progress | None, Callable[[], None]]:
+    if not enabled:
+        return None, lambda: None
+    from tqdm import tqdm
+
+    bar: Any = None
+
+    def update(done: int, total: int | None) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=label, file=sys.stderr)
+        bar.update(done - bar.n)
+
+    def close() -> None:
+        if bar is not None:
+            bar.close()
+
+    return update, close
+
+
+def _read_descriptor(source: str) -> Any:
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CliError("invalid_request", f"cannot read descriptor {source}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise CliError("invalid_descriptor", f"descriptor {source} is not UTF-8 text") from exc
+    return load_descriptor(text)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    env = dict(os.environ)
+    for flag, var in (
+        ("host", "TRANSFER_HOST"),
+        ("port", "TRANSFER_PORT"),
+        ("data_dir", "TRANSFER_DATA_DIR"),
+        ("public_url", "TRANSFER_PUBLIC_URL"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            env[var] = str(value)
+    if any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()) and not os.environ.get("TRANSFER_NO_REEXEC"):
+        env.update(MALLOC_ENV)
+        env["TRANSFER_NO_REEXEC"] = "1"
+        os.execve(sys.executable, [sys.executable, "-m", "transfer", *sys.argv[1:]], env)
+    os.environ.update(env)
+
+    import uvicorn
+
+    from transfer.api.app import create_app
+    from transfer.settings import Settings
+
+    try:
+        settings = Settings()
+        app = create_app(settings)
+    except (ValueError, OSError) as exc:
+        raise CliError("invalid_settings", str(exc).splitlines()[0]) from exc
+    print(
+        f"transfer {__version__}: serving {settings.data_dir.resolve()} on http://{settings.host}:{settings.port} "
+        f"(OpenAPI docs at /docs)",
+        file=sys.stderr,
+    )
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        log_level=args.log_level,
+        timeout_graceful_shutdown=5,
+    )
+    return 0
+
+
+async def cmd_upload(args: argparse.Namespace) -> int:
+    options = ResolveOptions(buffer_size=1 << 20)
+    results: list[dict[str, Any]] = []
+    async with AsyncTransferClient(args.server, options=options) as client:
+        for file in args.files:
+            path = Path(file)
+            if not path.is_file():
+                raise CliError("invalid_request", f"{file}: no such file")
+            show = args.progress or (args.progress is None and sys.stderr.isatty() and path.stat().st_size > 8 << 20)
+            progress, close = _progress_bar(show, path.name)
+            try:
+                descriptor = await client.upload(
+                    path,
+                    name=args.name if len(args.files) == 1 else None,
+                    content_type=args.content_type,
+                    role=args.role,
+                    description=args.description,
+                    encoding=args.encoding,
+                    download_method=args.download_method,
+                    ttl=args.ttl,
+                    inline=False if args.url else None,
+                    progress=progress,
+                )
+            finally:
+                close()
+            results.append(descriptor.to_json())
+    out = results[0] if len(results) == 1 else results
+    print(json.dumps(out, ensure_ascii=False, indent=2))
+    return 0
+
+
+async def cmd_resolve(args: argparse.Namespace) -> int:
+    descriptor = _read_descriptor(args.descriptor)
+    if isinstance(descriptor, ContentBundle):
+        raise CliError("invalid_descriptor", "bundles are not resolvable by this version")
+    dest = Path(args.output) if args.output else Path(getattr(descriptor, "name", None) or "content.bin").name
+    dest = Path(dest)
+    if dest.exists() and not args.force:
+        raise CliError("invalid_request", f"{dest} exists; pass --force to replace it")
+    options = ResolveOptions(connections=args.connections)
+    show = args.progress or (args.progress is None and sys.stderr.isatty())
+    progress, close = _progress_bar(show and descriptor.type is TransferMode.URL, str(dest.name))
+    async with AsyncTransferClient(DEFAULT_SERVER, options=options) as client:
+        try:
+            await client.resolve(descriptor, dest, progress)
+        finally:
+            close()
+    print(f"{dest}: verified {descriptor.checksum or '(no checksum declared)'}", file=sys.stderr)
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    descriptor = _read_descriptor(args.descriptor)
+    lines = [f"valid {type(descriptor).__name__}"]
+    if isinstance(descriptor, ContentBundle):
+        lines.append(f"bundle {descriptor.id!r}: {len(descriptor.items)} items, total_size {descriptor.total_size}")
+        for item in descriptor.items:
+            c = item.content
+            lines.append(f"  - {item.id} ({item.role.value}): {type(c).__name__} {c.type.value} {c.content_type}")
+    else:
+        lines.append(f"mode: {descriptor.type.value}; content_type: {descriptor.content_type}")
+        lines.append(f"size: {descriptor.size if descriptor.size is not None else 'unknown'} bytes")
+        if descriptor.encoding:
+            lines.append(f"encoding: {descriptor.encoding.value}; encoded_size: {descriptor.encoded_size}")
+        lines.append(f"checksum: {descriptor.checksum or 'none (content cannot be verified)'}")
+        if isinstance(descriptor, FileContent):
+            lines.append(f"name: {descriptor.name}")
+            if descriptor.url:
+                lines.append(f"url: {descriptor.url}")
+                lines.append(f"download_method: {(descriptor.download_method or 'GET')}")
+                lines.append(f"range_supported: {bool(descriptor.range_supported)}")
+            if descriptor.url_expires_at:
+                left = (descriptor.url_expires_at - datetime.now(UTC)).total_seconds()
+                state = f"expires in {int(left)} s" if left > 0 else f"EXPIRED {int(-left)} s ago"
+                lines.append(f"url_expires_at: {descriptor.url_expires_at.isoformat()} ({state})")
+            if descriptor.streaming_session_id:
+                lines.append(
+                    f"streaming: session {descriptor.streaming_session_id}, "
+                    f"{descriptor.total_chunks} chunks of {descriptor.chunk_size} bytes"
+                )
+    print("\n".join(lines))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="transfer", description="Large-content transfer service for AI agents")
+    parser.add_argument("--version", action="version", version=f"transfer {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the service (local storage by default)")
+    p.add_argument("--host", help="bind address (TRANSFER_HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (TRANSFER_PORT, default 8080)")
+    p.add_argument("--data-dir", help="local storage directory (TRANSFER_DATA_DIR, default ./transfer-data)")
+    p.add_argument("--public-url", help="base URL for descriptors (TRANSFER_PUBLIC_URL)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=cmd_serve)
+
+    server_default = os.environ.get("TRANSFER_SERVER", DEFAULT_SERVER)
+    p = sub.add_parser("upload", help="upload files; prints their descriptors as JSON")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--server", default=server_default, help=f"service URL (TRANSFER_SERVER, default {DEFAULT_SERVER})")
+    p.add_argument("--name", help="file name to record (single file only)")
+    p.add_argument("--content-type", help="media type (default: sniffed)")
+    p.add_argument("--role", choices=["reference", "result", "attachment"])
+    p.add_argument("--description")
+    p.add_argument("--encoding", default="none", choices=["none", "gzip", "deflate", "zstd"])
+    p.add_argument("--download-method", choices=["GET", "POST", "signed_url"])
+    p.add_argument("--ttl", type=int, help="seconds the signed URL lives")
+    p.add_argument("--url", action="store_true", help="always url mode, even for small files")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    p.set_defaults(func=cmd_upload)
+
+    p = sub.add_parser("resolve", help="download, decode and verify a descriptor")
+    p.add_argument("descriptor", help="descriptor JSON file, or - for stdin")
+    p.add_argument("-o", "--output", help="destination path (default: the descriptor's name)")
+    p.add_argument("--force", action="store_true", help="replace an existing destination")
+    p.add_argument("--connections", type=int, default=4, help="parallel ranged requests (default 4)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    p.set_defaults(func=cmd_resolve)
+
+    p = sub.add_parser("inspect", help="validate a descriptor and explain it")
+    p.add_argument("descriptor", help="descriptor JSON file, or - for stdin")
+    p.set_defaults(func=cmd_inspect)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result = args.func(args)
+        if asyncio.iscoroutine(result):
+            coro: Coroutine[Any, Any, int] = result
+            return asyncio.run(coro)
+        return int(result)
+    except TransferError as exc:
+        print(f"transfer: {exc.code}: {exc.message}", file=sys.stderr)
+        return 1
+    except CliError as exc:
+        print(f"transfer: {exc.code}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except httpx.TransportError as exc:
+        print(f"transfer: unreachable: cannot reach the service: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("transfer: interrupted", file=sys.stderr)
+        return 130
+    except OSError as exc:
+        print(f"transfer: io_error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""Python clients: :class:`AsyncTransferClient` (asyncio) and :class:`TransferClient` (blocking, same methods).
+
+``upload`` streams a path, bytes, a binary file object or an async byte iterator — never reading a file whole —
+hashing it on the way; the descriptor the server returns is checked against that hash (a mismatch deletes the
+upload and raises ChecksumMismatch). ``resolve`` hands descriptors to :class:`Resolver`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+from pathlib import Path
+from typing import IO, Any, TypeVar
+from urllib.parse import quote
+
+import anyio.from_thread
+import httpx
+from pydantic import ValidationError
+
+from transfer.client.resolver import Descriptor, Progress, ResolveOptions, Resolver, raise_for_error
+from transfer.core.content import ContentBundle, FileContent, checksum_hex, parse_descriptor
+from transfer.errors import ChecksumMismatch, InvalidDescriptor, SizeMismatch
+
+UploadSource = str | os.PathLike[str] | bytes | IO[bytes] | AsyncIterable[bytes]
+T = TypeVar("T")
+
+DEFAULT_SERVER = "http://127.0.0.1:8080"
+
+
+def load_descriptor(document: str | bytes | dict[str, Any]) -> Descriptor:
+    """Parse and validate a descriptor (JSON text or an already parsed object); InvalidDescriptor otherwise."""
+    try:
+        doc = json.loads(document) if isinstance(document, str | bytes) else document
+    except ValueError as exc:
+        raise InvalidDescriptor(f"descriptor is not JSON: {exc}") from exc
+    try:
+        return parse_descriptor(doc)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'descriptor'}: {e['msg']}" for e in exc.errors()[:5]
+        )
+        raise InvalidDescriptor(f"invalid descriptor: {problems}") from exc
+
+
+class AsyncTransferClient:
+    """Talks to one transfer service. Use as an async context manager, or call :meth:`aclose`."""
+
+    def __init__(
+        self,
+        server: str = DEFAULT_SERVER,
+        *,
+        timeout: float = 60.0,
+        options: ResolveOptions | None = None,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.server = server.rstrip("/")
+        self.options = options or ResolveOptions()
+        self.http = http or httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout, connect=10.0),
+            limits=httpx.Limits(max_connections=self.options.connections + 4),
+            follow_redirects=True,
+        )
+        self.resolver = Resolver(self.http, self.options)
+
+    async def __aenter__(self) -> AsyncTransferClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def upload(
+        self,
+        source: UploadSource,
+        *,
+        name: str | None = None,
+        content_type: str | None = None,
+        role: str | None = None,
+        description: str | None = None,
+        encoding: str = "none",
+        download_method: str | None = None,
+        ttl: int | None = None,
+        inline: bool | None = None,
+        progress: Progress | None = None,
+    ) -> FileContent:
+        """Upload ``source`` and return its descriptor (inline when small, else url mode)."""
+        size: int | None = None
+        if isinstance(source, str | os.PathLike):
+            path = Path(source)
+            size = path.stat().st_size
+            name = name or path.name
+            body: AsyncIterator[bytes] = _file_chunks(path, self.options.buffer_size)
+        elif isinstance(source, bytes):
+            size = len(source)
+            body = _bytes_chunks(source, self.options.buffer_size)
+        elif isinstance(source, AsyncIterable):
+            body = _aiter(source)
+        else:
+            body = _fileobj_chunks(source, self.options.buffer_size)
+
+        sha = hashlib.sha256()
+        sent = 0
+
+        async def hashed() -> AsyncIterator[bytes]:
+            nonlocal sent
+            async for chunk in body:
+                sha.update(chunk)
+                sent += len(chunk)
+                if progress:
+                    progress(sent, size)
+                yield chunk
+
+        params = {
+            k: v
+            for k, v in {
+                "name": name,
+                "content_type": content_type,
+                "role": role,
+                "description": description,
+                "encoding": encoding,
+                "download_method": download_method,
+                "ttl": ttl,
+                "inline": None if inline is None else str(inline).lower(),
+                "size": size,
+            }.items()
+            if v is not None
+        }
+        headers = {"content-type": "application/octet-stream"}
+        if size is not None:
+            headers["content-length"] = str(size)
+        if name:
+            headers["content-disposition"] = f"attachment; filename*=UTF-8''{quote(name)}"
+        response = await self.http.post(f"{self.server}/v1/files", params=params, headers=headers, content=hashed())
+        await raise_for_error(response)
+        descriptor = load_descriptor(response.content)
+        if not isinstance(descriptor, FileContent):
+            raise InvalidDescriptor("server did not answer with a FileContent descriptor")
+        local = sha.hexdigest()
+        if descriptor.checksum is None or checksum_hex(descriptor.checksum) != local or descriptor.size != sent:
+            file_id = (descriptor.metadata or {}).get("file_id")
+            if file_id:
+                await self.http.delete(f"{self.server}/v1/files/{file_id}")
+            if descriptor.size != sent:
+                raise SizeMismatch(f"sent {sent} bytes, server stored {descriptor.size}")
+            raise ChecksumMismatch("server's checksum differs from the bytes sent", actual=descriptor.checksum)
+        return descriptor
+
+    async def describe(self, file_id: str, **params: Any) -> FileContent:
+        """A fresh descriptor (new signed URL) for a stored file."""
+        response = await self.http.get(f"{self.server}/v1/files/{quote(file_id)}", params=params)
+        await raise_for_error(response)
+        descriptor = load_descriptor(response.content)
+        assert isinstance(descriptor, FileContent)
+        return descriptor
+
+    async def delete(self, file_id: str) -> None:
+        response = await self.http.delete(f"{self.server}/v1/files/{quote(file_id)}")
+        await raise_for_error(response)
+
+    async def resolve(
+        self,
+        descriptor: Descriptor | str | dict[str, Any],
+        dest: str | os.PathLike[str] | None = None,
+        progress: Progress | None = None,
+    ) -> bytes | Path:
+        """Resolve into ``dest`` (returns the path) or, without ``dest``, into memory (returns the bytes)."""
+        if not isinstance(descriptor, FileContent | ContentBundle) and isinstance(descriptor, str | dict):
+            descriptor = load_descriptor(descriptor)
+        if dest is None:
+            return await self.resolver.to_bytes(descriptor)
+        return await self.resolver.to_path(descriptor, dest, progress)
+
+    def stream(self, descriptor: FileContent) -> AsyncIterator[bytes]:
+        """The original bytes as an async stream, verified when it ends."""
+        return self.resolver.stream(descriptor)
+
+
+class TransferClient:
+    """Blocking twin of :class:`AsyncTransferClient` (runs it on a private event loop thread)."""
+
+    def __init__(self, server: str = DEFAULT_SERVER, **kwargs: Any) -> None:
+        self._portal_cm = anyio.from_thread.start_blocking_portal()
+        self._portal = self._portal_cm.__enter__()
+        self._client = self._portal.call(_make_client, server, kwargs)
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        async def run() -> Any:
+            return await fn(*args, **kwargs)
+
+        return self._portal.call(run)
+
+    def upload(self, source: str | os.PathLike[str] | bytes | IO[bytes], **kwargs: Any) -> FileContent:
+        result: FileContent = self._call(self._client.upload, source, **kwargs)
+        return result
+
+    def describe(self, file_id: str, **params: Any) -> FileContent:
+        result: FileContent = self._call(self._client.describe, file_id, **params)
+        return result
+
+    def delete(self, file_id: str) -> None:
+        self._call(self._client.delete, file_id)
+
+    def resolve(
+        self, descriptor: Descriptor | str | dict[str, Any], dest: str | os.PathLike[str] | None = None
+    ) -> bytes | Path:
+        result: bytes | Path = self._call(self._client.resolve, descriptor, dest)
+        return result
+
+    def close(self) -> None:
+        try:
+            self._call(self._client.aclose)
+        finally:
+            self._portal_cm.__exit__(None, None, None)
+
+    def __enter__(self) -> TransferClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def _make_client(server: str, kwargs: dict[str, Any]) -> AsyncTransferClient:
+    return AsyncTransferClient(server, **kwargs)
+
+
+async def _file_chunks(path: Path, size: int) -> AsyncIterator[bytes]:
+    f = await asyncio.to_thread(open, path, "rb")
+    try:
+        while chunk := await asyncio.to_thread(f.read, size):
+            yield chunk
+    finally:
+        f.close()
+
+
+async def _bytes_chunks(data: bytes, size: int) -> AsyncIterator[bytes]:
+    view = memoryview(data)
+    for start in range(0, len(view), size):
+        yield bytes(view[start : start + size])
+
+
+async def _fileobj_chunks(f: IO[bytes], size: int) -> AsyncIterator[bytes]:
+    while chunk := await asyncio.to_thread(f.read, size):
+        yield chunk
+
+
+async def _aiter(source: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+    async for chunk in source:
+        yield bytes(chunk)

@@ -1,0 +1,106 @@
+"""The 32 MIME type constants of the Synapse content type system (seed 000, section 4), plus groups of them."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Text (6)
+MIME_TEXT_PLAIN: Final = "text/plain"
+MIME_TEXT_MARKDOWN: Final = "text/markdown"
+MIME_TEXT_HTML: Final = "text/html"
+MIME_TEXT_CSV: Final = "text/csv"
+MIME_TEXT_CSS: Final = "text/css"
+MIME_TEXT_XML: Final = "text/xml"
+# Application (7)
+MIME_JSON: Final = "application/json"
+MIME_XML: Final = "application/xml"
+MIME_PDF: Final = "application/pdf"
+MIME_ZIP: Final = "application/zip"
+MIME_GZIP: Final = "application/gzip"
+MIME_OCTET_STREAM: Final = "application/octet-stream"
+MIME_MULTIPART_FORM: Final = "multipart/form-data"
+# Image (8)
+MIME_IMAGE_JPEG: Final = "image/jpeg"
+MIME_IMAGE_PNG: Final = "image/png"
+MIME_IMAGE_WEBP: Final = "image/webp"
+MIME_IMAGE_GIF: Final = "image/gif"
+MIME_IMAGE_SVG: Final = "image/svg+xml"
+MIME_IMAGE_BMP: Final = "image/bmp"
+MIME_IMAGE_TIFF: Final = "image/tiff"
+MIME_IMAGE_ICO: Final = "image/x-icon"
+# Video (5)
+MIME_VIDEO_MP4: Final = "video/mp4"
+MIME_VIDEO_WEBM: Final = "video/webm"
+MIME_VIDEO_AVI: Final = "video/x-msvideo"
+MIME_VIDEO_MOV: Final = "video/quicktime"
+MIME_VIDEO_MKV: Final = "video/x-matroska"
+# Audio (6)
+MIME_AUDIO_MP3: Final = "audio/mpeg"
+MIME_AUDIO_WAV: Final = "audio/wav"
+MIME_AUDIO_AAC: Final = "audio/aac"
+MIME_AUDIO_OGG: Final = "audio/ogg"
+MIME_AUDIO_FLAC: Final = "audio/flac"
+MIME_AUDIO_WEBM: Final = "audio/webm"
+
+TEXT_TYPES: Final = (MIME_TEXT_PLAIN, MIME_TEXT_MARKDOWN, MIME_TEXT_HTML, MIME_TEXT_CSV, MIME_TEXT_CSS, MIME_TEXT_XML)
+APPLICATION_TYPES: Final = (
+    MIME_JSON,
+    MIME_XML,
+    MIME_PDF,
+    MIME_ZIP,
+    MIME_GZIP,
+    MIME_OCTET_STREAM,
+    MIME_MULTIPART_FORM,
+)
+IMAGE_TYPES: Final = (
+    MIME_IMAGE_JPEG,
+    MIME_IMAGE_PNG,
+    MIME_IMAGE_WEBP,
+    MIME_IMAGE_GIF,
+    MIME_IMAGE_SVG,
+    MIME_IMAGE_BMP,
+    MIME_IMAGE_TIFF,
+    MIME_IMAGE_ICO,
+)
+VIDEO_TYPES: Final = (MIME_VIDEO_MP4, MIME_VIDEO_WEBM, MIME_VIDEO_AVI, MIME_VIDEO_MOV, MIME_VIDEO_MKV)
+AUDIO_TYPES: Final = (MIME_AUDIO_MP3, MIME_AUDIO_WAV, MIME_AUDIO_AAC, MIME_AUDIO_OGG, MIME_AUDIO_FLAC, MIME_AUDIO_WEBM)
+ALL_TYPES: Final = TEXT_TYPES + APPLICATION_TYPES + IMAGE_TYPES + VIDEO_TYPES + AUDIO_TYPES
+
+# Types a browser would execute or render as a document: served as attachments (issue: safe serving).
+ACTIVE_TYPES: Final = frozenset(
+    {
+        MIME_TEXT_HTML,
+        MIME_TEXT_XML,
+        MIME_XML,
+        MIME_IMAGE_SVG,
+        "application/xhtml+xml",
+        "text/javascript",
+        "application/javascript",
+        "application/ecmascript",
+    }
+)
+
+
+def essence(content_type: str) -> str:
+    """The media type without parameters, lower-cased (``Text/HTML; charset=x`` -> ``text/html``)."""
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def is_compressible(content_type: str) -> bool:
+    """True for types worth compressing on the fly (text and structured text); media and archives are not."""
+    t = essence(content_type)
+    return (
+        t.startswith("text/")
+        or t.endswith(("+json", "+xml"))
+        or t
+        in {
+            MIME_JSON,
+            MIME_XML,
+            "application/javascript",
+            "application/x-ndjson",
+            "application/yaml",
+            MIME_IMAGE_SVG,
+            "application/wasm",
+            "application/x-tar",
+        }
+    )

@@ -1,0 +1,84 @@
+"""Signed download URLs: HMAC-SHA256 over the method, the path and the expiry, with a key id so keys rotate.
+
+A signed URL carries exactly three query parameters, ``exp`` (Unix seconds), ``kid`` and ``sig`` (base64url, no
+padding). Anything else in the query, a repeated parameter, a changed path, method, expiry or key id makes the
+signature invalid. Comparison is constant-time. The signature is checked before the expiry, so a tampered URL is
+reported as ``signature_invalid`` whether or not it has also expired.
+
+HEAD is verified as GET (RFC 9110 §9.3.2: HEAD is GET without content).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, urlencode
+
+from transfer.errors import SignatureInvalid, UrlExpired
+
+_PARAMS = ("exp", "kid", "sig")
+
+
+def _b64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+@dataclass(frozen=True, slots=True)
+class SignedQuery:
+    expires: int
+    kid: str
+    sig: str
+
+    def encode(self) -> str:
+        return urlencode({"exp": str(self.expires), "kid": self.kid, "sig": self.sig})
+
+
+class UrlSigner:
+    """Signs and verifies (method, path, expiry) triples with one of several named keys."""
+
+    def __init__(self, keys: Mapping[str, bytes], active_kid: str) -> None:
+        if active_kid not in keys:
+            raise ValueError(f"active key id {active_kid!r} is not among the signing keys")
+        if any(len(secret) < 16 for secret in keys.values()):
+            raise ValueError("signing keys must be at least 16 bytes")
+        self._keys = dict(keys)
+        self._active = active_kid
+
+    @staticmethod
+    def _canonical_method(method: str) -> str:
+        method = method.upper()
+        return "GET" if method == "HEAD" else method
+
+    def _mac(self, kid: str, method: str, path: str, expires: int) -> str:
+        message = f"v1\n{self._canonical_method(method)}\n{path}\n{expires}\n{kid}".encode()
+        return _b64url(hmac.new(self._keys[kid], message, hashlib.sha256).digest())
+
+    def sign(self, method: str, path: str, expires: int) -> SignedQuery:
+        """Sign ``method path`` until Unix time ``expires`` with the active key."""
+        return SignedQuery(expires, self._active, self._mac(self._active, method, path, expires))
+
+    def verify(self, method: str, path: str, query_string: str, now: float) -> SignedQuery:
+        """Return the verified parameters, or raise SignatureInvalid / UrlExpired."""
+        try:
+            pairs = parse_qsl(query_string, keep_blank_values=True, strict_parsing=True)
+        except ValueError as exc:
+            raise SignatureInvalid("malformed query string in signed URL") from exc
+        names = [k for k, _ in pairs]
+        if sorted(names) != sorted(_PARAMS):
+            raise SignatureInvalid("signed URL must carry exactly the parameters exp, kid and sig")
+        params = dict(pairs)
+        kid, sig, exp_text = params["kid"], params["sig"], params["exp"]
+        if not exp_text.isascii() or not exp_text.isdigit() or len(exp_text) > 12:
+            raise SignatureInvalid("malformed expiry in signed URL")
+        expires = int(exp_text)
+        if kid not in self._keys:
+            raise SignatureInvalid("signed URL names an unknown key id")
+        expected = self._mac(kid, method, path, expires)
+        if not hmac.compare_digest(expected.encode("ascii"), sig.encode("utf-8", "surrogateescape")):
+            raise SignatureInvalid("signature does not match this URL")
+        if now >= expires:
+            raise UrlExpired("signed URL has expired", expired_at=expires)
+        return SignedQuery(expires, kid, sig)

@@ -1,0 +1,205 @@
+"""One error tree for the whole service: every failure has a stable code and an HTTP status.
+
+Front doors (REST, CLI, client) never invent their own errors; they render these. A client that receives a JSON
+error body rebuilds the same exception type from its ``code`` (see :func:`error_from_payload`).
+
+    TransferError                      500 internal_error
+    ├── InvalidRequest                 400 invalid_request
+    │   ├── InvalidDescriptor          422 invalid_descriptor
+    │   ├── InvalidDigestHeader        400 invalid_digest_header
+    │   ├── ContentLengthMismatch      400 content_length_mismatch
+    │   ├── MalformedBody              400 malformed_body
+    │   └── UnsupportedEncoding        415 unsupported_encoding
+    ├── IntegrityError                 422 integrity_error
+    │   ├── DigestMismatch             422 digest_mismatch       (RFC 9530 Content-Digest / Repr-Digest)
+    │   ├── ChecksumMismatch           422 checksum_mismatch     (descriptor checksum, SHA-256 of original bytes)
+    │   └── SizeMismatch               422 size_mismatch
+    ├── TooLarge                       413 payload_too_large
+    │   └── DecodedSizeLimit           413 decoded_size_limit    (decompression bomb guard)
+    ├── AccessDenied                   403 access_denied
+    │   ├── SignatureInvalid           403 signature_invalid
+    │   └── UrlExpired                 403 url_expired
+    ├── NotFound                       404 not_found
+    ├── MethodNotAllowed               405 method_not_allowed
+    ├── PreconditionFailed             412 precondition_failed
+    ├── RangeNotSatisfiable            416 range_not_satisfiable
+    ├── ClientDisconnected             499 client_disconnected   (nobody is left to read it; logged only)
+    ├── InsufficientStorage            507 insufficient_storage
+    ├── StorageUnavailable             503 storage_unavailable
+    └── RemoteError                    502 remote_error          (client side: server answered something unusable)
+
+Storage backends raise their own errors (``storage.errors``); :func:`from_storage_error` translates them with one
+table so that ``storage/`` never imports ``transfer/``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from storage import errors as storage_errors
+
+
+class TransferError(Exception):
+    """Base of every error the service reports; carries a stable ``code`` and an HTTP ``status``."""
+
+    code: ClassVar[str] = "internal_error"
+    status: ClassVar[int] = 500
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None, **detail: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+        self.headers: dict[str, str] = headers or {}
+
+    def to_payload(self) -> dict[str, Any]:
+        """The JSON error body every front door sends: ``{"error": {"code", "message", "status", ...}}``."""
+        body: dict[str, Any] = {"code": self.code, "message": self.message, "status": self.status}
+        if self.detail:
+            body["detail"] = self.detail
+        return {"error": body}
+
+
+class InvalidRequest(TransferError):
+    code = "invalid_request"
+    status = 400
+
+
+class InvalidDescriptor(InvalidRequest):
+    code = "invalid_descriptor"
+    status = 422
+
+
+class InvalidDigestHeader(InvalidRequest):
+    code = "invalid_digest_header"
+
+
+class ContentLengthMismatch(InvalidRequest):
+    code = "content_length_mismatch"
+
+
+class MalformedBody(InvalidRequest):
+    code = "malformed_body"
+
+
+class UnsupportedEncoding(InvalidRequest):
+    code = "unsupported_encoding"
+    status = 415
+
+
+class IntegrityError(TransferError):
+    code = "integrity_error"
+    status = 422
+
+
+class DigestMismatch(IntegrityError):
+    code = "digest_mismatch"
+
+
+class ChecksumMismatch(IntegrityError):
+    code = "checksum_mismatch"
+
+
+class SizeMismatch(IntegrityError):
+    code = "size_mismatch"
+
+
+class TooLarge(TransferError):
+    code = "payload_too_large"
+    status = 413
+
+
+class DecodedSizeLimit(TooLarge):
+    code = "decoded_size_limit"
+
+
+class AccessDenied(TransferError):
+    code = "access_denied"
+    status = 403
+
+
+class SignatureInvalid(AccessDenied):
+    code = "signature_invalid"
+
+
+class UrlExpired(AccessDenied):
+    code = "url_expired"
+
+
+class NotFound(TransferError):
+    code = "not_found"
+    status = 404
+
+
+class MethodNotAllowed(TransferError):
+    code = "method_not_allowed"
+    status = 405
+
+
+class PreconditionFailed(TransferError):
+    code = "precondition_failed"
+    status = 412
+
+
+class RangeNotSatisfiable(TransferError):
+    code = "range_not_satisfiable"
+    status = 416
+
+
+class ClientDisconnected(TransferError):
+    code = "client_disconnected"
+    status = 499
+
+
+class InsufficientStorage(TransferError):
+    code = "insufficient_storage"
+    status = 507
+
+
+class StorageUnavailable(TransferError):
+    code = "storage_unavailable"
+    status = 503
+
+
+class RemoteError(TransferError):
+    code = "remote_error"
+    status = 502
+
+
+def _all_subclasses(cls: type[TransferError]) -> list[type[TransferError]]:
+    out: list[type[TransferError]] = [cls]
+    for sub in cls.__subclasses__():
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+ERRORS_BY_CODE: dict[str, type[TransferError]] = {cls.code: cls for cls in _all_subclasses(TransferError)}
+
+
+def error_from_payload(status: int, payload: Any) -> TransferError:
+    """Rebuild the most specific error from a JSON error body (what a client receives)."""
+    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+        body = payload["error"]
+        cls = ERRORS_BY_CODE.get(str(body.get("code")), None)
+        message = str(body.get("message", "")) or f"HTTP {status}"
+        detail = body.get("detail") if isinstance(body.get("detail"), dict) else {}
+        if cls is not None:
+            return cls(message, **detail)
+    return RemoteError(f"server answered HTTP {status} without a recognisable error body", http_status=status)
+
+
+# One table from storage errors to ours (the s3fs errors.py idea): order matters, most specific first.
+_STORAGE_TABLE: tuple[tuple[type[storage_errors.StorageError], type[TransferError]], ...] = (
+    (storage_errors.ObjectNotFound, NotFound),
+    (storage_errors.StorageFull, InsufficientStorage),
+    (storage_errors.ObjectTooLarge, TooLarge),
+    (storage_errors.InvalidKey, InvalidRequest),
+    (storage_errors.BackendUnavailable, StorageUnavailable),
+)
+
+
+def from_storage_error(exc: storage_errors.StorageError) -> TransferError:
+    """Translate a backend error into the service's error tree (raise it ``from exc``)."""
+    for storage_cls, ours in _STORAGE_TABLE:
+        if isinstance(exc, storage_cls):
+            return ours(str(exc) or ours.code)
+    return StorageUnavailable(f"storage backend failed: {exc}")

@@ -1,0 +1,233 @@
+"""The service layer for stored files: every operation lives here once, whatever the front door.
+
+upload -> :meth:`FileService.upload`, descriptor -> :meth:`FileService.describe`, download ->
+:meth:`FileService.open_download` (signature check + RFC 9110 plan + an open reader), delete, list.
+Storage errors are translated here with the one table of ``transfer.errors``.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pybase64
+
+from storage.base import ObjectReader, Storage
+from storage.errors import StorageError
+from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode
+from transfer.core.delivery import DeliveryPlan, DeliveryPolicy, Representation, plan_delivery
+from transfer.core.encodings import HTTP_CODINGS, DecodeLimits, make_decoder
+from transfer.core.mime import is_compressible
+from transfer.core.signing import UrlSigner
+from transfer.errors import (
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    TransferError,
+    from_storage_error,
+)
+from transfer.service.ingest import UploadRequest, ingest
+from transfer.service.records import FileRecord, is_file_id, new_file_id, object_key
+from transfer.settings import MAX_URL_TTL, Settings
+
+CONTENT_PATH = "/v1/files/{file_id}/content"
+
+
+def content_path(file_id: str) -> str:
+    return CONTENT_PATH.format(file_id=file_id)
+
+
+@dataclass(slots=True)
+class Download:
+    """A planned response and, when it has a body, the open reader to stream it from (close it when done)."""
+
+    plan: DeliveryPlan
+    reader: ObjectReader | None
+    record: FileRecord
+
+    async def close(self) -> None:
+        if self.reader is not None:
+            await self.reader.close()
+            self.reader = None
+
+
+class FileService:
+    """Stored files: upload, describe, download, delete, list."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        settings: Settings,
+        signer: UrlSigner,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.storage = storage
+        self.settings = settings
+        self.signer = signer
+        self.clock = clock
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0)
+
+    async def upload(self, body: AsyncIterator[bytes], request: UploadRequest) -> FileRecord:
+        """Store a streamed body; published only once every declared digest and size has been verified."""
+        s = self.settings
+        if request.description is not None and len(request.description) > s.max_description_length:
+            raise InvalidRequest(f"description longer than {s.max_description_length} characters")
+        try:
+            return await ingest(
+                self.storage,
+                body,
+                request,
+                file_id=new_file_id(),
+                max_size=s.max_upload_size,
+                max_decode_ratio=s.max_decode_ratio,
+                buffer_size=s.buffer_size,
+                gzip_level=s.gzip_level,
+                zstd_level=s.zstd_level,
+                now=self._now,
+            )
+        except StorageError as exc:
+            raise from_storage_error(exc) from exc
+
+    async def record(self, file_id: str) -> FileRecord:
+        if not is_file_id(file_id):
+            raise NotFound(f"no file {file_id!r}")
+        try:
+            info = await self.storage.stat(object_key(file_id))
+        except StorageError as exc:
+            raise from_storage_error(exc) from exc
+        return FileRecord.from_metadata(info.metadata)
+
+    async def delete(self, file_id: str) -> None:
+        """Delete a file; its signed URLs stop working at once. Deleting a missing file is NotFound."""
+        await self.record(file_id)
+        try:
+            await self.storage.delete(object_key(file_id))
+        except StorageError as exc:
+            raise from_storage_error(exc) from exc
+
+    async def list(self, limit: int = 1000) -> list[FileRecord]:
+        out: list[FileRecord] = []
+        try:
+            async for info in self.storage.list("files/"):
+                out.append(FileRecord.from_metadata(info.metadata))
+                if len(out) >= limit:
+                    break
+        except StorageError as exc:
+            raise from_storage_error(exc) from exc
+        return out
+
+    def signed_url(self, base_url: str, file_id: str, method: str, ttl: int) -> tuple[str, datetime]:
+        expires = int(self.clock()) + ttl
+        query = self.signer.sign(method, content_path(file_id), expires)
+        return f"{base_url}{content_path(file_id)}?{query.encode()}", datetime.fromtimestamp(expires, UTC)
+
+    async def describe(
+        self,
+        record: FileRecord,
+        base_url: str,
+        *,
+        download_method: DownloadMethod | None = None,
+        ttl: int | None = None,
+        inline: bool | None = None,
+    ) -> FileContent:
+        """The Synapse descriptor of a stored file: inline (base64) when at most the inline threshold (or when
+        ``inline`` says so), otherwise url mode with a fresh signed URL."""
+        s = self.settings
+        ttl = min(ttl or s.url_ttl, MAX_URL_TTL)
+        metadata = {"file_id": record.id}
+        common = dict(
+            content_type=record.content_type,
+            size=record.size,
+            checksum="sha256:" + record.sha256,
+            name=record.name,
+            role=record.role,
+            description=record.description,
+            metadata=metadata,
+        )
+        want_inline = record.size <= s.inline_threshold if inline is None else inline
+        if want_inline and record.size <= s.inline_threshold:
+            data = await self._read_original(record)
+            return FileContent(
+                type=TransferMode.INLINE,
+                encoding=ContentEncoding.BASE64,
+                data=pybase64.b64encode(data).decode("ascii"),
+                **common,  # type: ignore[arg-type]
+            )
+        method = download_method or s.default_download_method
+        http_method = "POST" if method is DownloadMethod.POST else "GET"
+        url, expires_at = self.signed_url(base_url, record.id, http_method, ttl)
+        return FileContent(
+            type=TransferMode.URL,
+            encoding=record.encoding,
+            encoded_size=record.encoded_size if record.encoding is not ContentEncoding.NONE else None,
+            url=url,
+            url_expires_at=expires_at,
+            download_method=method,
+            range_supported=True,
+            **common,  # type: ignore[arg-type]
+        )
+
+    async def _read_original(self, record: FileRecord) -> bytes:
+        """The original bytes of a small file (inline descriptors only: bounded by the inline threshold)."""
+        decoder = make_decoder(record.encoding, DecodeLimits(max(record.size, 1)))
+        parts: list[bytes] = []
+        try:
+            async with await self.storage.open(object_key(record.id)) as reader:
+                async for chunk in reader.read():
+                    parts.extend(decoder.feed(chunk))
+        except StorageError as exc:
+            raise from_storage_error(exc) from exc
+        parts.extend(decoder.finish())
+        return b"".join(parts)
+
+    async def open_download(self, file_id: str, method: str, query_string: str, headers: Mapping[str, str]) -> Download:
+        """Authorise a signed request and plan its response (RFC 9110). Raises AccessDenied subclasses for bad or
+        expired signatures, NotFound, PreconditionFailed, RangeNotSatisfiable."""
+        method = method.upper()
+        if method not in ("GET", "HEAD", "POST"):
+            raise MethodNotAllowed(f"{method} is not allowed here", headers={"allow": "GET, HEAD, POST"})
+        self.signer.verify(method, content_path(file_id), query_string, self.clock())
+        if not is_file_id(file_id):
+            raise NotFound(f"no file {file_id!r}")
+        try:
+            reader = await self.storage.open(object_key(file_id))
+        except StorageError as exc:
+            raise from_storage_error(exc) from exc
+        try:
+            record = FileRecord.from_metadata(reader.info.metadata)
+            rep = Representation(
+                length=reader.info.size,
+                content_type=record.content_type,
+                sha256_hex=record.encoded_sha256,
+                last_modified=record.created_at,
+                filename=record.name,
+                content_encoding=HTTP_CODINGS.get(record.encoding),
+                compressible=record.encoding is ContentEncoding.NONE and is_compressible(record.content_type),
+            )
+            expires = _expiry_of(query_string)
+            policy = DeliveryPolicy(
+                max_ranges=self.settings.max_ranges,
+                cache_max_age=max(0, expires - int(self.clock())),
+                compress_on_the_fly=self.settings.compress_on_the_fly,
+            )
+            plan = plan_delivery(rep, method, headers, policy, boundary=secrets.token_hex(16))
+        except (TransferError, StorageError):
+            await reader.close()
+            raise
+        if plan.status == 304 or method == "HEAD":
+            await reader.close()
+            return Download(plan, None, record)
+        return Download(plan, reader, record)
+
+
+def _expiry_of(query_string: str) -> int:
+    for part in query_string.split("&"):
+        if part.startswith("exp="):
+            return int(part[4:])
+    return 0

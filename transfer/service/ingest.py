@@ -1,0 +1,219 @@
+"""The upload pipeline: a request body in, a verified, published object out.
+
+    body pieces --(coalesce to buffer_size)--> queue(2) --> [worker thread: digest of the body as sent,
+    decode Content-Encoding (bomb-guarded), SHA-256 + size of the original, sniff head, encode for storage,
+    SHA-256 of the stored bytes] --> storage writer (the write of batch N overlaps the hashing of batch N+1)
+
+Memory per upload is a few ``buffer_size`` batches whatever the file size. Nothing is visible until the sizes and
+every digest the client declared have been checked; any failure (bad digest, client gone, disk full, too large,
+corrupt coding) aborts the writer, so no temp file or partial object stays behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from storage.base import ObjectWriter, Storage
+from transfer.core.content import ContentEncoding, FileRole, checksum_hex
+from transfer.core.encodings import DecodeLimits, make_decoder, make_encoder
+from transfer.core.naming import sanitize_filename, sniff_content_type
+from transfer.errors import (
+    ChecksumMismatch,
+    ContentLengthMismatch,
+    DigestMismatch,
+    SizeMismatch,
+    TooLarge,
+)
+from transfer.service.records import FileRecord, object_key
+
+SNIFF_BYTES = 4096
+
+
+@dataclass(slots=True)
+class UploadRequest:
+    """Everything a front door learned about an upload besides the body itself."""
+
+    name: str | None = None
+    content_type: str | None = None
+    role: FileRole | None = None
+    description: str | None = None
+    declared_length: int | None = None  # Content-Length of the body as sent
+    body_encoding: ContentEncoding = ContentEncoding.NONE  # Content-Encoding of the body as sent
+    body_sha256: bytes | None = None  # RFC 9530 Content-Digest / Repr-Digest: sha-256 of the body as sent
+    checksum: str | None = None  # descriptor format: SHA-256 of the original bytes
+    expected_size: int | None = None  # original size the client declares
+    store_encoding: ContentEncoding = ContentEncoding.NONE
+
+
+class _Digests:
+    """The CPU side of the pipeline; runs in a worker thread one batch at a time."""
+
+    def __init__(self, request: UploadRequest, limits: DecodeLimits, gzip_level: int, zstd_level: int) -> None:
+        self.body = hashlib.sha256() if request.body_sha256 is not None else None
+        self.original = hashlib.sha256()
+        self.stored = hashlib.sha256() if request.store_encoding is not ContentEncoding.NONE else None
+        self.decoder = make_decoder(request.body_encoding, limits)
+        self.encoder = make_encoder(request.store_encoding, gzip_level=gzip_level, zstd_level=zstd_level)
+        self.head = bytearray()
+        self.size = 0
+
+    def _original(self, piece: bytes) -> bytes:
+        self.original.update(piece)
+        self.size += len(piece)
+        if len(self.head) < SNIFF_BYTES:
+            self.head += piece[: SNIFF_BYTES - len(self.head)]
+        if self.stored is None:
+            return piece
+        out = self.encoder.encode(piece)
+        self.stored.update(out)
+        return out
+
+    def process(self, batch: bytes) -> list[bytes]:
+        """Bytes as received -> bytes to store."""
+        if self.body is not None:
+            self.body.update(batch)
+        return [o for piece in self.decoder.feed(batch) if (o := self._original(piece))]
+
+    def finish(self) -> list[bytes]:
+        out = [o for piece in self.decoder.finish() if (o := self._original(piece))]
+        if self.stored is not None:
+            tail = self.encoder.finish()
+            self.stored.update(tail)
+            out.append(tail)
+        return [o for o in out if o]
+
+
+async def _batches(body: AsyncIterator[bytes], size: int, max_raw: int) -> AsyncIterator[bytes]:
+    """Coalesce body pieces into batches of about ``size`` bytes (fewer thread hops, fewer write calls)."""
+    pending: list[bytes] = []
+    pending_len = 0
+    total = 0
+    async for piece in body:
+        if not piece:
+            continue
+        total += len(piece)
+        if total > max_raw:
+            raise TooLarge(f"upload exceeds the limit of {max_raw} bytes", limit=max_raw)
+        pending.append(piece)
+        pending_len += len(piece)
+        if pending_len >= size:
+            yield pending[0] if len(pending) == 1 else b"".join(pending)
+            pending, pending_len = [], 0
+    if pending:
+        yield b"".join(pending)
+
+
+async def ingest(
+    storage: Storage,
+    body: AsyncIterator[bytes],
+    request: UploadRequest,
+    *,
+    file_id: str,
+    max_size: int,
+    max_decode_ratio: float,
+    buffer_size: int,
+    gzip_level: int,
+    zstd_level: int,
+    now: Callable[[], datetime],
+) -> FileRecord:
+    """Stream ``body`` into storage as file ``file_id`` and publish it only once verified."""
+    if request.declared_length is not None and request.body_encoding is ContentEncoding.NONE:
+        if request.declared_length > max_size:  # reject before reading a byte (RFC 9110 §15.5.14)
+            raise TooLarge(
+                f"Content-Length {request.declared_length} exceeds the limit of {max_size} bytes", limit=max_size
+            )
+    if request.expected_size is not None and request.expected_size > max_size:
+        raise TooLarge(f"declared size exceeds the limit of {max_size} bytes", limit=max_size)
+
+    digests = _Digests(request, DecodeLimits(max_size, max_decode_ratio), gzip_level, zstd_level)
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=2)
+    received = 0
+
+    async def produce() -> None:
+        nonlocal received
+        async for batch in _batches(body, buffer_size, max_size):
+            received += len(batch)
+            await queue.put(batch)
+        await queue.put(None)
+
+    async def consume(writer: ObjectWriter) -> None:
+        pending_write: asyncio.Task[None] | None = None
+
+        async def write_all(pieces: list[bytes]) -> None:
+            for piece in pieces:
+                await writer.write(piece)
+
+        try:
+            while (batch := await queue.get()) is not None:
+                pieces = await asyncio.to_thread(digests.process, batch)
+                if pending_write is not None:
+                    await pending_write
+                pending_write = asyncio.create_task(write_all(pieces))
+            tail = await asyncio.to_thread(digests.finish)
+            if pending_write is not None:
+                await pending_write
+            await write_all(tail)
+        finally:
+            if pending_write is not None and not pending_write.done():
+                pending_write.cancel()
+
+    async with storage.create(object_key(file_id), size_hint=request.expected_size) as writer:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(produce())
+                tg.create_task(consume(writer))
+        except BaseExceptionGroup as group:
+            raise first_error(group) from None
+
+        _verify(request, digests, received)
+        name = sanitize_filename(request.name, default=file_id)
+        content_type = request.content_type or sniff_content_type(bytes(digests.head), request.name)
+        original_hex = digests.original.hexdigest()
+        record = FileRecord(
+            id=file_id,
+            name=name,
+            content_type=content_type,
+            size=digests.size,
+            sha256=original_hex,
+            encoding=request.store_encoding,
+            encoded_size=writer.bytes_written,
+            encoded_sha256=digests.stored.hexdigest() if digests.stored is not None else original_hex,
+            created_at=now(),
+            role=request.role,
+            description=request.description,
+        )
+        await writer.commit(record.to_metadata())
+    return record
+
+
+def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The error that started a task group's failure (the others are usually its consequences)."""
+    first = group.exceptions[0]
+    return first_error(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+def _verify(request: UploadRequest, digests: _Digests, received: int) -> None:
+    if request.declared_length is not None and received != request.declared_length:
+        raise ContentLengthMismatch(
+            f"received {received} bytes but Content-Length declared {request.declared_length}",
+            received=received,
+            declared=request.declared_length,
+        )
+    if digests.body is not None and digests.body.digest() != request.body_sha256:
+        raise DigestMismatch("sha-256 of the received body does not match the request's digest field")
+    if request.expected_size is not None and digests.size != request.expected_size:
+        raise SizeMismatch(
+            f"received {digests.size} bytes but the declared size is {request.expected_size}",
+            received=digests.size,
+            declared=request.expected_size,
+        )
+    if request.checksum is not None and checksum_hex(request.checksum) != digests.original.hexdigest():
+        raise ChecksumMismatch(
+            "SHA-256 of the uploaded content does not match the declared checksum",
+            expected=request.checksum,
+            actual="sha256:" + digests.original.hexdigest(),
+        )

@@ -1,0 +1,67 @@
+"""What the service persists about a stored file, and how it travels in a backend's flat string metadata."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from datetime import datetime
+
+from transfer.core.content import ContentEncoding, FileRole
+from transfer.errors import StorageUnavailable
+
+RECORD_KEY = "transfer-record"
+RECORD_VERSION = 1
+
+
+def new_file_id() -> str:
+    """A fresh, unguessable file id (128 random bits); object keys derive from it, never from user input."""
+    return "f_" + secrets.token_hex(16)
+
+
+def object_key(file_id: str) -> str:
+    """The storage key of a file's bytes."""
+    return f"files/{file_id}"
+
+
+def is_file_id(value: str) -> bool:
+    return value.startswith("f_") and len(value) == 34 and all(c in "0123456789abcdef" for c in value[2:])
+
+
+@dataclass(frozen=True, slots=True)
+class FileRecord:
+    """A stored file: identity, what the original bytes are, and how they are stored."""
+
+    id: str
+    name: str
+    content_type: str
+    size: int  # original bytes
+    sha256: str  # hex, of the original bytes
+    encoding: ContentEncoding  # of the stored bytes
+    encoded_size: int  # stored bytes
+    encoded_sha256: str  # hex, of the stored bytes (the ETag and Repr-Digest)
+    created_at: datetime
+    role: FileRole | None = None
+    description: str | None = None
+
+    def to_metadata(self) -> dict[str, str]:
+        """ASCII-only string metadata (fits S3 user metadata)."""
+        doc = asdict(self)
+        doc["encoding"] = self.encoding.value
+        doc["role"] = self.role.value if self.role else None
+        doc["created_at"] = self.created_at.isoformat()
+        doc["v"] = RECORD_VERSION
+        return {RECORD_KEY: json.dumps(doc, ensure_ascii=True, separators=(",", ":"))}
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, str]) -> FileRecord:
+        try:
+            doc = json.loads(metadata[RECORD_KEY])
+            doc.pop("v", None)
+            doc["encoding"] = ContentEncoding(doc["encoding"])
+            doc["role"] = FileRole(doc["role"]) if doc.get("role") else None
+            doc["created_at"] = datetime.fromisoformat(doc["created_at"])
+            return cls(**doc)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise StorageUnavailable("stored object has no readable file record") from exc

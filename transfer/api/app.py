@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -63,12 +64,15 @@ def error_response(exc: TransferError) -> JSONResponse:
     return JSONResponse(exc.to_payload(), status_code=exc.status, headers=exc.headers or None)
 
 
-def create_app(settings: Settings | None = None, storage: Storage | None = None) -> FastAPI:
-    """Build the ASGI application; storage defaults to the local data directory of ``settings``."""
+def create_app(
+    settings: Settings | None = None, storage: Storage | None = None, *, clock: Callable[[], float] = time.time
+) -> FastAPI:
+    """Build the ASGI application; storage defaults to the local data directory of ``settings``; ``clock`` (Unix
+    seconds) decides URL expiry, so tests can move time."""
     settings = settings or Settings()
     backend: Storage = storage or LocalStorage(settings.data_dir, buffer_size=settings.buffer_size)
     keys, active = settings.load_signing_keys()
-    service = FileService(backend, settings, UrlSigner(keys, active))
+    service = FileService(backend, settings, UrlSigner(keys, active), clock=clock)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

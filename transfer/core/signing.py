@@ -13,13 +13,16 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import urlencode
 
 from transfer.errors import SignatureInvalid, UrlExpired
 
 _PARAMS = ("exp", "kid", "sig")
+_SAFE_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+_EXP_RE = re.compile(r"^[1-9][0-9]{0,11}$")  # canonical: no sign, no leading zero
 
 
 def _b64url(raw: bytes) -> str:
@@ -42,6 +45,8 @@ class UrlSigner:
     def __init__(self, keys: Mapping[str, bytes], active_kid: str) -> None:
         if active_kid not in keys:
             raise ValueError(f"active key id {active_kid!r} is not among the signing keys")
+        if not all(_SAFE_RE.match(kid) for kid in keys):
+            raise ValueError("key ids may use only letters, digits, '.', '_' and '-'")
         if any(len(secret) < 16 for secret in keys.values()):
             raise ValueError("signing keys must be at least 16 bytes")
         self._keys = dict(keys)
@@ -62,22 +67,22 @@ class UrlSigner:
 
     def verify(self, method: str, path: str, query_string: str, now: float) -> SignedQuery:
         """Return the verified parameters, or raise SignatureInvalid / UrlExpired."""
-        try:
-            pairs = parse_qsl(query_string, keep_blank_values=True, strict_parsing=True)
-        except ValueError as exc:
-            raise SignatureInvalid("malformed query string in signed URL") from exc
-        names = [k for k, _ in pairs]
-        if sorted(names) != sorted(_PARAMS):
+        # The raw query is read without percent-decoding, so an escaped or re-encoded variant of a valid URL is a
+        # different URL and fails, as every other change does.
+        pairs = [part.partition("=") for part in query_string.split("&")] if query_string else []
+        if sorted(k for k, _, _ in pairs) != sorted(_PARAMS) or any(not sep for _, sep, _ in pairs):
             raise SignatureInvalid("signed URL must carry exactly the parameters exp, kid and sig")
-        params = dict(pairs)
+        params = {k: v for k, _, v in pairs}
         kid, sig, exp_text = params["kid"], params["sig"], params["exp"]
-        if not exp_text.isascii() or not exp_text.isdigit() or len(exp_text) > 12:
+        if not all(_SAFE_RE.match(v) for v in (kid, sig)):
+            raise SignatureInvalid("malformed key id or signature in signed URL")
+        if not _EXP_RE.match(exp_text):
             raise SignatureInvalid("malformed expiry in signed URL")
         expires = int(exp_text)
         if kid not in self._keys:
             raise SignatureInvalid("signed URL names an unknown key id")
         expected = self._mac(kid, method, path, expires)
-        if not hmac.compare_digest(expected.encode("ascii"), sig.encode("utf-8", "surrogateescape")):
+        if not hmac.compare_digest(expected.encode("ascii"), sig.encode("ascii")):
             raise SignatureInvalid("signature does not match this URL")
         if now >= expires:
             raise UrlExpired("signed URL has expired", expired_at=expires)

@@ -1,0 +1,133 @@
+"""Streaming codings: round trips, multi-member/frame streams, raw deflate, truncation, corruption, bombs."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+
+import pytest
+import zstandard
+
+from transfer.core.content import ContentEncoding
+from transfer.core.encodings import (
+    DecodeLimits,
+    choose_response_coding,
+    coding_from_http,
+    make_decoder,
+    make_encoder,
+)
+from transfer.errors import DecodedSizeLimit, MalformedBody, UnsupportedEncoding
+
+CODINGS = [ContentEncoding.GZIP, ContentEncoding.DEFLATE, ContentEncoding.ZSTD]
+BIG = 1 << 40
+
+
+def decode(encoding: ContentEncoding, data: bytes, limit: int = BIG, feed: int = 7777, piece: int = 1 << 16) -> bytes:
+    d = make_decoder(encoding, DecodeLimits(limit), piece_size=piece)
+    out = []
+    for i in range(0, len(data), feed):
+        for p in d.feed(data[i : i + feed]):
+            assert len(p) <= piece
+            out.append(p)
+    out.extend(d.finish())
+    return b"".join(out)
+
+
+def encode(encoding: ContentEncoding, data: bytes) -> bytes:
+    e = make_encoder(encoding)
+    return b"".join([e.encode(data[i : i + 100_000]) for i in range(0, len(data), 100_000)] + [e.finish()])
+
+
+PAYLOAD = os.urandom(200_000) + b"hello world " * 50_000
+
+
+@pytest.mark.parametrize("encoding", CODINGS)
+def test_round_trip(encoding: ContentEncoding) -> None:
+    assert decode(encoding, encode(encoding, PAYLOAD)) == PAYLOAD
+
+
+def test_standard_library_streams_decode() -> None:
+    assert decode(ContentEncoding.GZIP, gzip.compress(PAYLOAD)) == PAYLOAD
+    assert decode(ContentEncoding.DEFLATE, zlib.compress(PAYLOAD)) == PAYLOAD
+    raw = zlib.compressobj(wbits=-15)
+    assert decode(ContentEncoding.DEFLATE, raw.compress(PAYLOAD) + raw.flush()) == PAYLOAD  # raw deflate too
+    assert decode(ContentEncoding.ZSTD, zstandard.ZstdCompressor().compress(PAYLOAD)) == PAYLOAD
+
+
+def test_multiple_gzip_members_and_zstd_frames() -> None:
+    assert decode(ContentEncoding.GZIP, gzip.compress(b"a" * 10) + gzip.compress(b"b" * 10)) == b"a" * 10 + b"b" * 10
+    z = zstandard.ZstdCompressor()
+    assert decode(ContentEncoding.ZSTD, z.compress(b"x" * 5) + z.compress(b"y" * 5)) == b"xxxxxyyyyy"
+
+
+@pytest.mark.parametrize("encoding", CODINGS)
+def test_truncated_stream_is_malformed(encoding: ContentEncoding) -> None:
+    data = encode(encoding, PAYLOAD)
+    with pytest.raises(MalformedBody):
+        decode(encoding, data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("encoding", CODINGS)
+def test_empty_stream_is_malformed(encoding: ContentEncoding) -> None:
+    with pytest.raises(MalformedBody):
+        decode(encoding, b"")
+
+
+@pytest.mark.parametrize("encoding", CODINGS)
+def test_garbage_is_malformed(encoding: ContentEncoding) -> None:
+    with pytest.raises(MalformedBody):
+        decode(encoding, b"\x00\xff" * 1000)
+
+
+@pytest.mark.parametrize("encoding", CODINGS)
+def test_decompression_bomb_stops_at_the_limit(encoding: ContentEncoding) -> None:
+    bomb = encode(encoding, b"\0" * (64 << 20))  # 64 MiB of zeros, a few KiB encoded
+    assert len(bomb) < 1 << 20
+    with pytest.raises(DecodedSizeLimit):
+        decode(encoding, bomb, limit=1 << 20, feed=len(bomb))  # one feed: output must still be bounded
+
+
+def test_expansion_ratio_limit() -> None:
+    bomb = encode(ContentEncoding.GZIP, b"\0" * (40 << 20))
+    d = make_decoder(ContentEncoding.GZIP, DecodeLimits(BIG, max_ratio=100, ratio_grace=1 << 20))
+    with pytest.raises(DecodedSizeLimit, match="100:1"):
+        for _ in d.feed(bomb):
+            pass
+
+
+def test_zstd_window_over_8_mib_is_refused() -> None:
+    params = zstandard.ZstdCompressionParameters.from_level(3, window_log=27)
+    streaming = zstandard.ZstdCompressor(compression_params=params).compressobj()  # size unknown: 128 MiB window
+    data = streaming.compress(os.urandom(1 << 20) * 2) + streaming.flush()
+    with pytest.raises(MalformedBody):
+        decode(ContentEncoding.ZSTD, data)
+
+
+def test_coding_names() -> None:
+    assert coding_from_http("gzip") is ContentEncoding.GZIP
+    assert coding_from_http("X-GZIP") is ContentEncoding.GZIP
+    assert coding_from_http("identity") is ContentEncoding.NONE
+    for bad in ("br", "gzip, zstd", "compress"):
+        with pytest.raises(UnsupportedEncoding):
+            coding_from_http(bad)
+
+
+@pytest.mark.parametrize(
+    ("accept", "chosen"),
+    [
+        (None, None),
+        ("", None),
+        ("identity", None),
+        ("gzip", "gzip"),
+        ("gzip, zstd", "zstd"),
+        ("gzip;q=1, zstd;q=0.5", "gzip"),
+        ("zstd;q=0, gzip", "gzip"),
+        ("*", "zstd"),
+        ("*, zstd;q=0", "gzip"),
+        ("br", None),
+        ("gzip;q=0", None),
+    ],
+)
+def test_accept_encoding(accept: str | None, chosen: str | None) -> None:
+    assert choose_response_coding(accept) == chosen

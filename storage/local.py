@@ -72,9 +72,14 @@ class LocalWriter:
     async def _open(self) -> AsyncFileIO:
         if self._file is None:
             try:
-                self._file = await aiofiles.open(self._tmp, "xb", buffering=0)
+                f = await aiofiles.open(self._tmp, "xb", buffering=0)
             except OSError as exc:
                 raise _translate(exc, "creating a temp file") from exc
+            if self._done:  # aborted while the open was in flight
+                await f.close()
+                await aiofiles.os.remove(self._tmp)
+                raise BackendUnavailable("writer was aborted")
+            self._file = f
         return self._file
 
     async def write(self, data: bytes | bytearray | memoryview) -> None:

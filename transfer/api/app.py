@@ -185,12 +185,16 @@ def create_app(
         `Content-Disposition: attachment; filename*=UTF-8''…`; for multipart bodies from the file part and the
         form fields. `Content-Digest`/`Repr-Digest` (RFC 9530, sha-256) are verified against the body as sent;
         `checksum` against the original bytes. A body with `Content-Encoding` is decoded while streaming."""
+        try:
+            declared_checksum = normalize_checksum(checksum) if checksum else None
+        except ValueError as exc:
+            raise InvalidRequest(f"checksum: {exc}") from exc
         req = UploadRequest(
             name=name,
             content_type=content_type,
             role=role,
             description=description,
-            checksum=normalize_checksum(checksum) if checksum else None,
+            checksum=declared_checksum,
             expected_size=size,
             store_encoding=storage_encoding(encoding),
         )

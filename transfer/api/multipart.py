@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from transfer.core.content import FileRole
+from transfer.core.content import FileRole, normalize_checksum
 from transfer.core.naming import filename_from_content_disposition
 from transfer.errors import MalformedBody
 from transfer.service.ingest import UploadRequest
@@ -103,7 +103,10 @@ async def file_part_stream(body: AsyncIterator[bytes], boundary: bytes, request:
         elif name == "description" and request.description is None:
             request.description = value
         elif name == "checksum" and request.checksum is None:
-            request.checksum = value
+            try:
+                request.checksum = normalize_checksum(value)
+            except ValueError as exc:
+                raise MalformedBody(f"checksum field: {exc}") from None
         elif name == "role" and request.role is None:
             try:
                 request.role = FileRole(value)

@@ -158,8 +158,11 @@ async def ingest(
                 await pending_write
             await write_all(tail)
         finally:
+            # never abandon a write in flight: its worker thread would outlive the abort of the writer
             if pending_write is not None and not pending_write.done():
-                pending_write.cancel()
+                await asyncio.wait([pending_write])
+            if pending_write is not None and pending_write.done() and not pending_write.cancelled():
+                pending_write.exception()  # retrieved: the first error is already on its way up
 
     async with storage.create(object_key(file_id), size_hint=request.expected_size) as writer:
         try:

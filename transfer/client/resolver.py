@@ -162,7 +162,7 @@ class Resolver:
         sha = hashlib.sha256()
         size = 0
         try:
-            async for raw in self._ranged_stream(descriptor, 0, None):
+            async for raw in self._ranged_stream(descriptor, 0, None, _raw_length(descriptor)):
                 for piece in decoder.feed(raw):
                     sha.update(piece)
                     size += len(piece)
@@ -185,7 +185,9 @@ class Resolver:
         method = "POST" if descriptor.download_method is DownloadMethod.POST else "GET"
         return method, {"accept-encoding": "identity"}
 
-    async def _ranged_stream(self, descriptor: FileContent, start: int, end: int | None) -> AsyncIterator[bytes]:
+    async def _ranged_stream(
+        self, descriptor: FileContent, start: int, end: int | None, total: int | None = None
+    ) -> AsyncIterator[bytes]:
         """Raw bytes ``[start, end)`` (``end`` None: to the end), resuming with Range after a cut connection."""
         assert descriptor.url is not None
         method, base_headers = self._request_args(descriptor)
@@ -211,8 +213,15 @@ class Resolver:
                         content_range = response.headers.get("content-range", "")
                         if not content_range.startswith(f"bytes {pos}-"):
                             raise RemoteError(f"asked for bytes from {pos}, got Content-Range {content_range!r}")
+                        complete = content_range.rpartition("/")[2]
+                        if total is not None and complete.isdigit() and int(complete) != total:
+                            raise SizeMismatch(f"server holds {complete} bytes, descriptor declares {total}")
                     elif response.status_code != 200:
                         raise RemoteError(f"unexpected HTTP {response.status_code}")
+                    elif total is not None and response.headers.get("content-length", str(total)) != str(total):
+                        raise SizeMismatch(
+                            f"server sends {response.headers['content-length']} bytes, descriptor declares {total}"
+                        )
                     async for chunk in response.aiter_raw(self.options.buffer_size):
                         if end is not None and pos + len(chunk) > end:
                             raise RemoteError("server sent more bytes than requested")
@@ -290,7 +299,7 @@ class Resolver:
             _pwrite_all(fd, data, at)
 
         try:
-            async for chunk in self._ranged_stream(descriptor, 0, None):
+            async for chunk in self._ranged_stream(descriptor, 0, None, raw_len):
                 pending += chunk
                 if len(pending) >= self.options.buffer_size:
                     data = bytes(pending)
@@ -327,7 +336,7 @@ class Resolver:
             nonlocal done_bytes
             pos = start
             pending = bytearray()
-            async for chunk in self._ranged_stream(descriptor, start, end):
+            async for chunk in self._ranged_stream(descriptor, start, end, raw_len):
                 pending += chunk
                 if len(pending) >= opts.buffer_size:
                     data = bytes(pending)

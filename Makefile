@@ -17,7 +17,7 @@ serve: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check transfer storage tests benchmarks
-	$(BIN)/ruff format --check transfer storage
+	$(BIN)/ruff format --check transfer storage tests benchmarks
 	$(BIN)/mypy
 
 test: lint

@@ -57,8 +57,13 @@ def test_full_get_and_head_with_curl(stored: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize(
     ("spec", "start", "end"),
-    [("0-99", 0, 99), ("100-", 100, len(DATA) - 1), ("-500", len(DATA) - 500, len(DATA) - 1),
-     ("-99999999", 0, len(DATA) - 1), ("1000-999999999", 1000, len(DATA) - 1)],
+    [
+        ("0-99", 0, 99),
+        ("100-", 100, len(DATA) - 1),
+        ("-500", len(DATA) - 500, len(DATA) - 1),
+        ("-99999999", 0, len(DATA) - 1),
+        ("1000-999999999", 1000, len(DATA) - 1),
+    ],
 )
 def test_single_ranges_with_curl(stored: dict[str, Any], spec: str, start: int, end: int) -> None:
     headers, status, body = curl("-r", spec, stored["url"])
@@ -164,15 +169,21 @@ def test_on_the_fly_compression_for_identity_text(http: httpx.Client) -> None:
             raw = b"".join(r.iter_raw())
             assert r.headers["content-encoding"] == coding and "content-length" not in r.headers
             assert r.headers["etag"] != plain.headers["etag"] and r.headers["vary"] == "accept-encoding"
-        decoded = gzip.decompress(raw) if coding == "gzip" else zstandard.ZstdDecompressor().decompressobj().decompress(raw)
+        decoded = (
+            gzip.decompress(raw) if coding == "gzip" else zstandard.ZstdDecompressor().decompressobj().decompress(raw)
+        )
         assert decoded == text and len(raw) < len(text) // 10
     ranged = http.get(d["url"], headers={"accept-encoding": "gzip", "range": "bytes=0-9"})
     assert ranged.status_code == 206 and ranged.headers.get("content-encoding") is None and ranged.content == text[:10]
 
 
 def test_active_types_are_attachments(http: httpx.Client) -> None:
-    d = http.post("/v1/files", params={"inline": "false", "name": "x.html"}, content=b"<html><script>1</script>",
-                  headers={"content-type": "text/html"}).json()
+    d = http.post(
+        "/v1/files",
+        params={"inline": "false", "name": "x.html"},
+        content=b"<html><script>1</script>",
+        headers={"content-type": "text/html"},
+    ).json()
     r = http.get(d["url"])
     assert r.headers["content-disposition"].startswith("attachment;")
     assert r.headers["x-content-type-options"] == "nosniff"
@@ -196,7 +207,7 @@ def test_disconnect_mid_download_releases_the_reader(stored: dict[str, Any], liv
 
 def test_curl_resumes_a_download(tmp_path: Path, stored: dict[str, Any]) -> None:
     out = tmp_path / "partial.bin"
-    out.write_bytes(DATA[: MiB])
+    out.write_bytes(DATA[:MiB])
     assert CURL
     subprocess.run([CURL, "-sS", "-C", "-", "-o", str(out), stored["url"]], check=True, timeout=60)
     assert out.read_bytes() == DATA

@@ -92,7 +92,9 @@ def test_content_type_sources(http: httpx.Client) -> None:
     assert http.post("/v1/files", content=png).json()["content_type"] == "image/png"  # sniffed
     r = http.post("/v1/files", content=b"a,b\n1,2\n", headers={"content-type": "text/csv"})
     assert r.json()["content_type"] == "text/csv"
-    r = http.post("/v1/files", params={"content_type": "text/markdown"}, content=b"# x", headers={"content-type": "x/y"})
+    r = http.post(
+        "/v1/files", params={"content_type": "text/markdown"}, content=b"# x", headers={"content-type": "x/y"}
+    )
     assert r.json()["content_type"] == "text/markdown"  # the query parameter wins
     curl_default = {"content-type": "application/x-www-form-urlencoded"}
     assert http.post("/v1/files", content=b'{"a": 1}', headers=curl_default).json()["content_type"] == (
@@ -257,7 +259,7 @@ def test_multipart_form_upload(http: httpx.Client) -> None:
 def test_multipart_errors_leave_nothing(http: httpx.Client, live_server: LiveServer) -> None:
     no_file = http.post("/v1/files", data={"role": "attachment"}, files={"other": (None, b"v")})
     assert_error(no_file, 400, "malformed_body")
-    body = b"--XYZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.bin\"\r\n\r\n" + b"x" * 5000
+    body = b'--XYZ\r\nContent-Disposition: form-data; name="file"; filename="a.bin"\r\n\r\n' + b"x" * 5000
     truncated = http.post("/v1/files", content=body, headers={"content-type": "multipart/form-data; boundary=XYZ"})
     assert_error(truncated, 400, "malformed_body")
     bad_sum = http.post("/v1/files", files={"file": ("a", b"abc")}, data={"checksum": sha(b"abd")})

@@ -108,8 +108,9 @@ def no_leftovers(directory: Path) -> bool:
     return not [p for p in directory.iterdir() if p.name.startswith(".")]
 
 
-async def test_upload_and_resolve_parallel(client: AsyncTransferClient, tmp_path: Path, proxy_factory: Any,
-                                           live_server: LiveServer) -> None:
+async def test_upload_and_resolve_parallel(
+    client: AsyncTransferClient, tmp_path: Path, proxy_factory: Any, live_server: LiveServer
+) -> None:
     data = os.urandom(6 * MiB + 123)
     d = await client.upload(data, name="six.bin")
     assert d.type.value == "url" and d.size == len(data)
@@ -122,8 +123,9 @@ async def test_upload_and_resolve_parallel(client: AsyncTransferClient, tmp_path
 
 
 @pytest.mark.parametrize("connections", [1, 4])
-async def test_resume_after_cut_connections(live_server: LiveServer, tmp_path: Path, proxy_factory: Any,
-                                            connections: int) -> None:
+async def test_resume_after_cut_connections(
+    live_server: LiveServer, tmp_path: Path, proxy_factory: Any, connections: int
+) -> None:
     data = os.urandom(5 * MiB)
     options = ResolveOptions(parallel_min_size=MiB, connections=connections, buffer_size=128 << 10)
     async with AsyncTransferClient(live_server.url, options=options) as c:
@@ -137,8 +139,9 @@ async def test_resume_after_cut_connections(live_server: LiveServer, tmp_path: P
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "zstd"])
-async def test_encoded_content_resolves_to_the_original(client: AsyncTransferClient, tmp_path: Path,
-                                                        encoding: str) -> None:
+async def test_encoded_content_resolves_to_the_original(
+    client: AsyncTransferClient, tmp_path: Path, encoding: str
+) -> None:
     data = b"0123456789abcdef" * (300 << 10)
     d = await client.upload(data, encoding=encoding)
     assert d.encoding is not None and d.encoding.value == encoding and (d.encoded_size or 0) < len(data)

@@ -111,14 +111,17 @@ def test_inline_threshold_is_enforced_and_configurable() -> None:
     exact = base64.b64encode(b"x" * (1 << 20)).decode()
     assert FileContent.model_validate({**doc, "data": exact}).type is TransferMode.INLINE
     with pytest.raises(ValidationError, match="inline threshold"):
-        FileContent.model_validate({**doc, "data": base64.b64encode(b"x" * 11).decode()}, context={"inline_threshold": 10})
+        FileContent.model_validate(
+            {**doc, "data": base64.b64encode(b"x" * 11).decode()}, context={"inline_threshold": 10}
+        )
 
 
 def test_streaming_descriptor_consistent_with_size() -> None:
     doc = _file(type="streaming", streaming_session_id="s1", total_chunks=3, chunk_size=6 << 20)
     FileContent.model_validate(doc)  # 15 MiB in 6 MiB chunks -> 3
-    gz = _file(type="streaming", encoding="gzip", encoded_size=100, streaming_session_id="s", total_chunks=1,
-               chunk_size=100)
+    gz = _file(
+        type="streaming", encoding="gzip", encoded_size=100, streaming_session_id="s", total_chunks=1, chunk_size=100
+    )
     FileContent.model_validate(gz)  # chunks cover the encoded bytes
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks of the service's throughput-critical paths against baselines measured in the same run."""

@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.e2e import main
+
+sys.exit(main())

@@ -1,0 +1,335 @@
+"""End-to-end benchmark: the service against baselines measured in the same run, alternating A B A B.
+
+Cases (sizes from the profile):
+    kernels          SHA-256 and xxh3-128 MB/s in this process: the hashing limits every other figure sits under
+    upload           ``curl -X POST -T file`` into the service (SHA-256 verified, fsynced, new file)
+                     vs ``dd bs=1M conv=fsync`` writing a new file of the same size on the same disk
+    download         ``curl -o /dev/null`` on the signed URL, full body and one half-size range
+                     vs nginx serving the same file (sendfile on), when nginx is installed
+    resolve          ``transfer resolve`` (parallel ranges + SHA-256 + write) vs ``curl | tee | sha256sum``
+    memory           the server's peak RSS (VmHWM) after all of the above, next to the file size
+
+The server runs pinned to CPU 0 and every client to CPU 1 when ``taskset`` exists (PERF-NOTES: unpinned loopback
+figures jump between ~1.1 and ~4 GB/s). Ratios are per pair, reported as median (min-max).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import xxhash
+
+MB = 1_000_000
+
+
+@dataclass
+class Case:
+    name: str
+    bytes: int
+    ours_s: list[float] = field(default_factory=list)
+    base_s: list[float] = field(default_factory=list)
+    baseline: str = ""
+    note: str = ""
+
+    def mbps(self, seconds: list[float]) -> float | None:
+        return self.bytes / statistics.median(seconds) / MB if seconds else None
+
+    def ratios(self) -> list[float]:
+        """ours/baseline throughput per pair (> 1: ours faster)."""
+        return [b / o for o, b in zip(self.ours_s, self.base_s, strict=False)]
+
+    def row(self) -> dict[str, Any]:
+        r = self.ratios()
+        return {
+            "case": self.name,
+            "bytes": self.bytes,
+            "ours_MBps": _round(self.mbps(self.ours_s)),
+            "baseline": self.baseline,
+            "baseline_MBps": _round(self.mbps(self.base_s)),
+            "ratio_median": _round(statistics.median(r), 2) if r else None,
+            "ratio_min": _round(min(r), 2) if r else None,
+            "ratio_max": _round(max(r), 2) if r else None,
+            "runs": len(self.ours_s),
+            "note": self.note,
+        }
+
+
+def _round(v: float | None, digits: int = 0) -> float | None:
+    return None if v is None else round(v, digits)
+
+
+def pin(cpu: int) -> list[str]:
+    return ["taskset", "-c", str(cpu)] if shutil.which("taskset") and (os.cpu_count() or 1) > 1 else []
+
+
+def timed(cmd: list[str], **kwargs: Any) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, **kwargs)
+    return time.perf_counter() - start
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def peak_rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+@contextmanager
+def service(workdir: Path) -> Iterator[tuple[str, int]]:
+    """``transfer serve`` on a free port, pinned to CPU 0; yields (url, pid)."""
+    port = free_port()
+    log = open(workdir / "serve.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            *pin(0),
+            sys.executable,
+            "-m",
+            "transfer",
+            "serve",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--data-dir",
+            str(workdir / "data"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=workdir,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(url + "/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("service did not start: " + (workdir / "serve.log").read_text())
+            time.sleep(0.1)
+        yield url, proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@contextmanager
+def nginx(root: Path, workdir: Path) -> Iterator[str | None]:
+    """nginx serving ``root`` with sendfile on, if the binary exists; yields its base URL or None."""
+    binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if binary is None:
+        yield None
+        return
+    port = free_port()
+    conf = workdir / "nginx.conf"
+    conf.write_text(
+        ("user root;\n" if os.geteuid() == 0 else "")  # workers must read the temp files this process made
+        + f"""daemon off; worker_processes 1; pid {workdir}/nginx.pid; error_log {workdir}/nginx.err;
+events {{ worker_connections 64; }}
+http {{ access_log off; sendfile on; tcp_nopush on; client_body_temp_path {workdir};
+  proxy_temp_path {workdir}; fastcgi_temp_path {workdir}; uwsgi_temp_path {workdir}; scgi_temp_path {workdir};
+  server {{ listen 127.0.0.1:{port}; root {root}; }} }}
+"""
+    )
+    proc = subprocess.Popen([*pin(0), binary, "-c", str(conf), "-p", str(workdir)], stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def kernel_mbps(fn: Callable[[bytes], object], size: int = 256 << 20) -> float:
+    buf = os.urandom(1 << 20)
+    start = time.perf_counter()
+    for _ in range(size >> 20):
+        fn(buf)
+    return size / (time.perf_counter() - start) / MB
+
+
+def make_file(path: Path, size: int) -> None:
+    with open(path, "wb") as f:
+        block = os.urandom(1 << 20)
+        left = size
+        while left > 0:
+            f.write(block[: min(left, len(block))])
+            left -= len(block)
+
+
+def run(size: int, reps: int, workdir: Path, use_baselines: bool = True) -> dict[str, Any]:
+    """Run every case on a file of ``size`` bytes; returns the report (also printed as a table by the caller)."""
+    src_dir = workdir / "src"
+    src_dir.mkdir(parents=True, exist_ok=True)
+    src = src_dir / "payload.bin"
+    make_file(src, size)
+    cases: list[Case] = []
+    report: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": sys.platform},
+        "size": size,
+        "kernels_MBps": {
+            "sha256": round(kernel_mbps(lambda b: hashlib.sha256(b).digest())),
+            "xxh3_128": round(kernel_mbps(lambda b: xxhash.xxh3_128(b).digest())),
+        },
+    }
+    with service(workdir) as (url, pid):
+        upload = Case("upload (curl POST, SHA-256, fsync, new file)", size, baseline="dd bs=1M conv=fsync")
+        descriptor: dict[str, Any] = {}
+        for i in range(reps):
+            out = workdir / f"up{i}.json"
+            upload.ours_s.append(
+                timed(
+                    [
+                        *pin(1),
+                        "curl",
+                        "-sSf",
+                        "-X",
+                        "POST",
+                        "-T",
+                        str(src),
+                        "-H",
+                        "content-type: application/octet-stream",
+                        "-o",
+                        str(out),
+                        f"{url}/v1/files?name=payload.bin",
+                    ]
+                )
+            )
+            descriptor = json.loads(out.read_text())
+            if i < reps - 1:
+                httpx.delete(f"{url}/v1/files/{descriptor['metadata']['file_id']}")
+            if use_baselines:
+                target = workdir / f"dd{i}.bin"
+                upload.base_s.append(
+                    timed(
+                        [*pin(1), "dd", f"if={src}", f"of={target}", "bs=1M", "conv=fsync"], stderr=subprocess.DEVNULL
+                    )
+                )
+                target.unlink()
+        cases.append(upload)
+        signed = descriptor["url"]
+        half = size // 2
+        with nginx(src_dir, workdir) as nginx_url:
+            for label, extra, nbytes in (
+                ("download full body", [], size),
+                ("download one range (half)", ["-r", f"0-{half - 1}"], half),
+            ):
+                case = Case(label, nbytes, baseline="nginx sendfile" if nginx_url else "(nginx not installed)")
+                for _ in range(reps):
+                    case.ours_s.append(timed([*pin(1), "curl", "-sSf", *extra, "-o", "/dev/null", signed]))
+                    if nginx_url and use_baselines:
+                        case.base_s.append(
+                            timed([*pin(1), "curl", "-sSf", *extra, "-o", "/dev/null", f"{nginx_url}/payload.bin"])
+                        )
+                cases.append(case)
+        resolve = Case(
+            "resolve url descriptor (download + SHA-256 + write)", size, baseline="curl | tee out | sha256sum"
+        )
+        desc_path = workdir / "descriptor.json"
+        desc_path.write_text(json.dumps(descriptor))
+        for i in range(reps):
+            out = workdir / f"resolved{i}.bin"
+            resolve.ours_s.append(
+                timed(
+                    [
+                        *pin(1),
+                        sys.executable,
+                        "-m",
+                        "transfer",
+                        "resolve",
+                        str(desc_path),
+                        "-o",
+                        str(out),
+                        "--no-progress",
+                    ],
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+            out.unlink()
+            if use_baselines:
+                piped = workdir / f"piped{i}.bin"
+                resolve.base_s.append(timed([*pin(1), "sh", "-c", f"curl -sSf '{signed}' | tee '{piped}' | sha256sum"]))
+                piped.unlink()
+        cases.append(resolve)
+        report["server_peak_rss_bytes"] = peak_rss_bytes(pid)
+    report["cases"] = [c.row() for c in cases]
+    return report
+
+
+def table(report: dict[str, Any]) -> str:
+    lines = [
+        f"file size {report['size'] / (1 << 20):.0f} MiB; SHA-256 {report['kernels_MBps']['sha256']} MB/s, "
+        f"xxh3-128 {report['kernels_MBps']['xxh3_128']} MB/s (one core); "
+        f"server peak RSS {report['server_peak_rss_bytes'] / (1 << 20):.0f} MiB",
+        "",
+        "| case | ours MB/s | baseline | baseline MB/s | ratio median (min-max) |",
+        "|---|---|---|---|---|",
+    ]
+    for row in report["cases"]:
+        ratio = (
+            "—"
+            if row["ratio_median"] is None
+            else (f"{row['ratio_median']:.2f}× ({row['ratio_min']:.2f}-{row['ratio_max']:.2f})")
+        )
+        base = "—" if row["baseline_MBps"] is None else f"{row['baseline_MBps']:.0f}"
+        baseline = row["baseline"].replace("|", "\\|")
+        lines.append(f"| {row['case']} | {row['ours_MBps']:.0f} | {baseline} | {base} | {ratio} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="256 MiB, 3 runs (a few minutes at most)")
+    parser.add_argument("--size", type=int, help="file size in MiB (default 1024; --quick: 256)")
+    parser.add_argument("--reps", type=int, help="runs per case (default 5; --quick: 3)")
+    parser.add_argument("--out", default="benchmarks/results/latest.json", help="JSON report path")
+    parser.add_argument("--no-baselines", action="store_true", help="measure the service only")
+    args = parser.parse_args(argv)
+    size = (args.size or (256 if args.quick else 1024)) << 20
+    reps = args.reps or (3 if args.quick else 5)
+    with tempfile.TemporaryDirectory(prefix="transfer-bench-") as tmp:
+        report = run(size, reps, Path(tmp), use_baselines=not args.no_baselines)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(table(report))
+    return 0
+
+
+__all__ = ["Case", "main", "run", "table"]

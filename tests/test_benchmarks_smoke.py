@@ -1,0 +1,20 @@
+"""The benchmark machinery on a tiny file, so it cannot rot (figures are not asserted: speed is not a test)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from benchmarks.e2e import run, table
+
+
+@pytest.mark.skipif(not shutil.which("curl"), reason="curl is needed by the benchmark")
+def test_benchmark_runs_end_to_end(tmp_path: Path) -> None:
+    report = run(2 << 20, reps=1, workdir=tmp_path, use_baselines=True)
+    names = [row["case"] for row in report["cases"]]
+    assert any(n.startswith("upload") for n in names) and any(n.startswith("resolve") for n in names)
+    assert all(row["ours_MBps"] > 0 for row in report["cases"])
+    assert report["server_peak_rss_bytes"] > 0
+    assert "| case |" in table(report)

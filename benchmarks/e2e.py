@@ -99,28 +99,16 @@ def peak_rss_bytes(pid: int) -> int:
 
 
 @contextmanager
-def service(workdir: Path) -> Iterator[tuple[str, int]]:
-    """``transfer serve`` on a free port, pinned to CPU 0; yields (url, pid)."""
+def service(
+    workdir: Path, data_dir: Path | None = None, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, int]]:
+    """``transfer serve`` in ``workdir`` on a free port, pinned to CPU 0; yields (url, pid). ``data_dir`` None:
+    the service's own default (``./transfer-data``)."""
     port = free_port()
     log = open(workdir / "serve.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [
-            *pin(0),
-            sys.executable,
-            "-m",
-            "transfer",
-            "serve",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-            "--data-dir",
-            str(workdir / "data"),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=workdir,
-    )
+    dirs = [] if data_dir is None else ["--data-dir", str(data_dir)]
+    command = [sys.executable, "-m", "transfer", "serve", "--port", str(port), "--log-level", "warning", *dirs]
+    proc = subprocess.Popen([*pin(0), *command], stdout=log, stderr=subprocess.STDOUT, cwd=workdir, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -207,7 +195,7 @@ def run(size: int, reps: int, workdir: Path, use_baselines: bool = True) -> dict
             "xxh3_128": round(kernel_mbps(lambda b: xxhash.xxh3_128(b).digest())),
         },
     }
-    with service(workdir) as (url, pid):
+    with service(workdir, workdir / "data") as (url, pid):
         upload = Case("upload (curl POST, SHA-256, fsync, new file)", size, baseline="dd bs=1M conv=fsync")
         descriptor: dict[str, Any] = {}
         for i in range(reps):

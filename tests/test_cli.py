@@ -8,13 +8,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+from benchmarks.e2e import service
 from tests.conftest import free_port
 
 MiB = 1 << 20
@@ -37,34 +36,9 @@ def run(
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     workdir = tmp_path_factory.mktemp("serve")
-    port = free_port()
-    env = {**os.environ, "TRANSFER_URL_TTL": "600"}
-    log = open(workdir / "serve.log", "wb")  # noqa: SIM115 - closed at teardown
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "transfer", "serve", "--port", str(port), "--log-level", "warning"],
-        cwd=workdir,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            if httpx.get(url + "/healthz").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline or proc.poll() is not None:
-            proc.kill()
-            log.close()
-            raise RuntimeError("transfer serve did not start: " + (workdir / "serve.log").read_text())
-        time.sleep(0.1)
-    assert (workdir / "transfer-data").is_dir()  # the documented default data directory
-    yield url
-    proc.terminate()
-    proc.wait(10)
-    log.close()
+    with service(workdir, env={**os.environ, "TRANSFER_URL_TTL": "600"}) as (url, _pid):
+        assert (workdir / "transfer-data").is_dir()  # the documented default data directory
+        yield url
 
 
 def test_upload_then_resolve_in_another_directory(server: str, tmp_path: Path) -> None:

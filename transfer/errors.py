@@ -34,6 +34,8 @@ table so that ``storage/`` never imports ``transfer/``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from storage import errors as storage_errors
@@ -203,3 +205,12 @@ def from_storage_error(exc: storage_errors.StorageError) -> TransferError:
         if isinstance(exc, storage_cls):
             return ours(str(exc) or ours.code)
     return StorageUnavailable(f"storage backend failed: {exc}")
+
+
+@contextmanager
+def storage_errors_translated() -> Iterator[None]:
+    """Within the block, a backend's StorageError leaves as the matching TransferError."""
+    try:
+        yield
+    except storage_errors.StorageError as exc:
+        raise from_storage_error(exc) from exc

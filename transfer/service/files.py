@@ -27,7 +27,7 @@ from transfer.errors import (
     MethodNotAllowed,
     NotFound,
     TransferError,
-    from_storage_error,
+    storage_errors_translated,
 )
 from transfer.service.ingest import UploadRequest, ingest
 from transfer.service.records import FileRecord, is_file_id, new_file_id, object_key
@@ -78,7 +78,7 @@ class FileService:
         s = self.settings
         if request.description is not None and len(request.description) > s.max_description_length:
             raise InvalidRequest(f"description longer than {s.max_description_length} characters")
-        try:
+        with storage_errors_translated():
             return await ingest(
                 self.storage,
                 body,
@@ -91,35 +91,27 @@ class FileService:
                 zstd_level=s.zstd_level,
                 now=self._now,
             )
-        except StorageError as exc:
-            raise from_storage_error(exc) from exc
 
     async def record(self, file_id: str) -> FileRecord:
         if not is_file_id(file_id):
             raise NotFound(f"no file {file_id!r}")
-        try:
+        with storage_errors_translated():
             info = await self.storage.stat(object_key(file_id))
-        except StorageError as exc:
-            raise from_storage_error(exc) from exc
         return FileRecord.from_metadata(info.metadata)
 
     async def delete(self, file_id: str) -> None:
         """Delete a file; its signed URLs stop working at once. Deleting a missing file is NotFound."""
         await self.record(file_id)
-        try:
+        with storage_errors_translated():
             await self.storage.delete(object_key(file_id))
-        except StorageError as exc:
-            raise from_storage_error(exc) from exc
 
     async def list(self, limit: int = 1000) -> list[FileRecord]:
         out: list[FileRecord] = []
-        try:
+        with storage_errors_translated():
             async for info in self.storage.list("files/"):
                 out.append(FileRecord.from_metadata(info.metadata))
                 if len(out) >= limit:
                     break
-        except StorageError as exc:
-            raise from_storage_error(exc) from exc
         return out
 
     def signed_url(self, base_url: str, file_id: str, method: str, ttl: int) -> tuple[str, datetime]:
@@ -177,12 +169,10 @@ class FileService:
         """The original bytes of a small file (inline descriptors only: bounded by the inline threshold)."""
         decoder = make_decoder(record.encoding, DecodeLimits(max(record.size, 1)))
         parts: list[bytes] = []
-        try:
+        with storage_errors_translated():
             async with await self.storage.open(object_key(record.id)) as reader:
                 async for chunk in reader.read():
                     parts.extend(decoder.feed(chunk))
-        except StorageError as exc:
-            raise from_storage_error(exc) from exc
         parts.extend(decoder.finish())
         return b"".join(parts)
 
@@ -195,10 +185,8 @@ class FileService:
         self.signer.verify(method, content_path(file_id), query_string, self.clock())
         if not is_file_id(file_id):
             raise NotFound(f"no file {file_id!r}")
-        try:
+        with storage_errors_translated():
             reader = await self.storage.open(object_key(file_id))
-        except StorageError as exc:
-            raise from_storage_error(exc) from exc
         try:
             record = FileRecord.from_metadata(reader.info.metadata)
             rep = Representation(

@@ -279,6 +279,44 @@ def run(size: int, reps: int, workdir: Path, use_baselines: bool = True) -> dict
     return report
 
 
+def memory_profile(sizes: list[int], workdir: Path) -> list[dict[str, int]]:
+    """Peak RSS of a fresh server process after uploading and then downloading (full body) a file of each size:
+    flat peaks prove that no path holds a whole file in memory."""
+    rows = []
+    for size in sizes:
+        run_dir = workdir / f"mem{size}"
+        run_dir.mkdir()
+        src = run_dir / "payload.bin"
+        make_file(src, size)
+        with service(run_dir, run_dir / "data") as (url, pid):
+            out = run_dir / "d.json"
+            subprocess.run(
+                [
+                    *pin(1),
+                    "curl",
+                    "-sSf",
+                    "-X",
+                    "POST",
+                    "-T",
+                    str(src),
+                    "-H",
+                    "content-type: application/octet-stream",
+                    "-o",
+                    str(out),
+                    f"{url}/v1/files?inline=false",
+                ],
+                check=True,
+            )
+            after_upload = peak_rss_bytes(pid)
+            signed = json.loads(out.read_text())["url"]
+            subprocess.run([*pin(1), "curl", "-sSf", "-o", "/dev/null", signed], check=True)
+            rows.append(
+                {"size": size, "peak_rss_after_upload": after_upload, "peak_rss_after_download": peak_rss_bytes(pid)}
+            )
+        shutil.rmtree(run_dir)
+    return rows
+
+
 def table(report: dict[str, Any]) -> str:
     lines = [
         f"file size {report['size'] / (1 << 20):.0f} MiB; SHA-256 {report['kernels_MBps']['sha256']} MB/s, "
@@ -297,6 +335,13 @@ def table(report: dict[str, Any]) -> str:
         base = "—" if row["baseline_MBps"] is None else f"{row['baseline_MBps']:.0f}"
         baseline = row["baseline"].replace("|", "\\|")
         lines.append(f"| {row['case']} | {row['ours_MBps']:.0f} | {baseline} | {base} | {ratio} |")
+    if report.get("memory"):
+        lines += ["", "| file size | server peak RSS after upload | after download |", "|---|---|---|"]
+        for m in report["memory"]:
+            lines.append(
+                f"| {m['size'] >> 20} MiB | {m['peak_rss_after_upload'] / (1 << 20):.0f} MiB | "
+                f"{m['peak_rss_after_download'] / (1 << 20):.0f} MiB |"
+            )
     return "\n".join(lines)
 
 
@@ -309,11 +354,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, help="runs per case (default 5; --quick: 3)")
     parser.add_argument("--out", default="benchmarks/results/latest.json", help="JSON report path")
     parser.add_argument("--no-baselines", action="store_true", help="measure the service only")
+    parser.add_argument(
+        "--memory-sizes",
+        default=None,
+        help="MiB sizes for the peak-RSS runs, comma-separated (default 1024,4096; --quick: 256,1024; 0: skip)",
+    )
     args = parser.parse_args(argv)
     size = (args.size or (256 if args.quick else 1024)) << 20
     reps = args.reps or (3 if args.quick else 5)
     with tempfile.TemporaryDirectory(prefix="transfer-bench-") as tmp:
         report = run(size, reps, Path(tmp), use_baselines=not args.no_baselines)
+        sizes_text = args.memory_sizes or ("256,1024" if args.quick else "1024,4096")
+        sizes = [int(x) << 20 for x in sizes_text.split(",") if int(x) > 0]
+        report["memory"] = memory_profile(sizes, Path(tmp))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(table(report))

@@ -18,3 +18,11 @@ def test_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     assert all(row["ours_MBps"] > 0 for row in report["cases"])
     assert report["server_peak_rss_bytes"] > 0
     assert "| case |" in table(report)
+
+
+@pytest.mark.skipif(not shutil.which("curl"), reason="curl is needed by the benchmark")
+def test_memory_profile_runs(tmp_path: Path) -> None:
+    from benchmarks.e2e import memory_profile
+
+    rows = memory_profile([1 << 20], tmp_path)
+    assert rows[0]["size"] == 1 << 20 and rows[0]["peak_rss_after_download"] >= rows[0]["peak_rss_after_upload"] > 0

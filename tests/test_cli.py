@@ -129,3 +129,13 @@ def test_errors_are_one_line(tmp_path: Path, server: str) -> None:
     assert not (tmp_path / "o.bin").exists()
     usage = run("upload")
     assert usage.returncode == 2
+
+
+def test_serve_refuses_bad_settings_in_one_line(tmp_path: Path) -> None:
+    bad_port = run("serve", env={**os.environ, "TRANSFER_PORT": "abc"}, cwd=tmp_path)
+    assert bad_port.returncode == 1 and bad_port.stderr.startswith("transfer: invalid_settings: TRANSFER_PORT")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    bad_dir = run("serve", "--data-dir", str(blocker / "data"), cwd=tmp_path)
+    assert bad_dir.returncode == 1 and "cannot use data directory" in bad_dir.stderr
+    assert "Traceback" not in bad_port.stderr + bad_dir.stderr

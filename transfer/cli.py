@@ -88,10 +88,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from transfer.api.app import create_app
     from transfer.settings import Settings
 
+    from pydantic import ValidationError
+
+    from storage.errors import StorageError
+    from storage.local import LocalStorage
+
     try:
         settings = Settings()
-        app = create_app(settings)
-    except (ValueError, OSError) as exc:
+        storage = LocalStorage(settings.data_dir, buffer_size=settings.buffer_size)
+        asyncio.run(storage.start())  # fail here, in one line, rather than in uvicorn's lifespan with a traceback
+        app = create_app(settings, storage)
+    except ValidationError as exc:
+        problems = "; ".join(f"TRANSFER_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+        raise CliError("invalid_settings", problems) from exc
+    except (StorageError, ValueError, OSError) as exc:
         raise CliError("invalid_settings", str(exc).splitlines()[0]) from exc
     print(
         f"transfer {__version__}: serving {settings.data_dir.resolve()} on http://{settings.host}:{settings.port} "

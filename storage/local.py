@@ -63,6 +63,8 @@ class LocalWriter:
         self._tmp_meta = storage.tmp_dir / f"{token}.meta"
         self._file: AsyncFileIO | None = None
         self._written = 0
+        self._synced = 0
+        self._sync_every = storage.sync_every
         self._done = False
 
     @property
@@ -92,6 +94,11 @@ class LocalWriter:
                 n = await f.write(view)
                 view = view[n:]
                 self._written += n
+            if self._sync_every and self._written - self._synced >= self._sync_every:
+                # Flush as we go: the disk works while the network delivers, instead of one long fsync at commit
+                # with gigabytes of dirty pages behind it.
+                self._synced = self._written
+                await asyncio.to_thread(os.fdatasync, f.fileno())
         except OSError as exc:
             raise _translate(exc, "writing") from exc
 
@@ -189,8 +196,16 @@ class LocalReader:
 class LocalStorage:
     """Objects as files under one directory. Capabilities: ranged reads."""
 
-    def __init__(self, root: str | os.PathLike[str], *, buffer_size: int = 1 << 20, stale_after: float = 86400):
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        buffer_size: int = 1 << 20,
+        stale_after: float = 86400,
+        sync_every: int = 64 << 20,
+    ):
         self.root = Path(root)
+        self.sync_every = sync_every
         self.objects_dir = self.root / "objects"
         self.meta_dir = self.root / "meta"
         self.tmp_dir = self.root / "tmp"

@@ -127,4 +127,14 @@ class Storage(Protocol):
 class SupportsPresign(Protocol):
     """Capability PRESIGN: a URL the backend itself serves, valid for ``expires_in`` seconds."""
 
-    async def presign_get(self, key: str, *, expires_in: int, filename: str | None = None) -> str: ...
+    async def presign_get(
+        self,
+        key: str,
+        *,
+        expires_in: int,
+        content_type: str | None = None,
+        content_encoding: str | None = None,
+        content_disposition: str | None = None,
+    ) -> str:
+        """A GET URL valid for ``expires_in`` seconds (the backend may cap it) whose responses carry the given
+        Content-Type, Content-Encoding and Content-Disposition."""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -81,18 +84,9 @@ class LiveServer:
 @pytest.fixture
 def live_server(app: FastAPI, settings: Settings) -> Iterator[LiveServer]:
     """The app served by a real uvicorn (uvloop + httptools) on a loopback port, in a thread."""
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
+    url, server, thread = serve_in_thread(app)
     try:
-        yield LiveServer(f"http://127.0.0.1:{port}", app, settings)
+        yield LiveServer(url, app, settings)
     finally:
         server.should_exit = True
         thread.join(timeout=10)
@@ -102,3 +96,107 @@ def live_server(app: FastAPI, settings: Settings) -> Iterator[LiveServer]:
 def http(live_server: LiveServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=live_server.url, timeout=30) as client:
         yield client
+
+
+# --- S3: a real S3-compatible server (Swift's s3api, started here) or the endpoint named by the environment ---
+
+S3_ENV = "TRANSFER_TEST_S3_ENDPOINT"
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[Any]:
+    """``TRANSFER_TEST_S3_ENDPOINT`` (+ ``TRANSFER_TEST_S3_ACCESS_KEY``, ``..._SECRET_KEY``, ``..._REGION``), e.g. the
+    MinIO of ``docker compose up``; otherwise a Swift s3api server started for this test session."""
+    from tests.s3server import S3Endpoint, swift_s3_server
+
+    if os.environ.get(S3_ENV):
+        yield S3Endpoint(
+            os.environ[S3_ENV],
+            os.environ.get("TRANSFER_TEST_S3_ACCESS_KEY", "transfer"),
+            os.environ.get("TRANSFER_TEST_S3_SECRET_KEY", "transfer-secret"),
+            os.environ.get("TRANSFER_TEST_S3_REGION", "us-east-1"),
+        )
+        return
+    with swift_s3_server() as endpoint:
+        yield endpoint
+
+
+def s3_client(endpoint: Any) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint.url,
+        aws_access_key_id=endpoint.access_key,
+        aws_secret_access_key=endpoint.secret_key,
+        region_name=endpoint.region,
+        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+    )
+
+
+def in_progress_uploads(endpoint: Any, bucket: str) -> list[Any]:
+    uploads: list[Any] = s3_client(endpoint).list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    return uploads
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: Any) -> Iterator[str]:
+    """A fresh, empty bucket; emptied and removed afterwards."""
+    client = s3_client(s3_endpoint)
+    name = f"t-{uuid.uuid4().hex[:20]}"
+    client.create_bucket(Bucket=name)
+    yield name
+    for upload in client.list_multipart_uploads(Bucket=name).get("Uploads", []):
+        client.abort_multipart_upload(Bucket=name, Key=upload["Key"], UploadId=upload["UploadId"])
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+        for item in page.get("Contents", []):
+            client.delete_object(Bucket=name, Key=item["Key"])
+    client.delete_bucket(Bucket=name)
+
+
+def s3_config(endpoint: Any, bucket: str, **overrides: Any) -> Any:
+    from storage.s3 import S3Config
+
+    return S3Config(
+        bucket=bucket,
+        endpoint_url=endpoint.url,
+        region=endpoint.region,
+        access_key_id=endpoint.access_key,
+        secret_access_key=endpoint.secret_key,
+        addressing_style="path",
+        **overrides,
+    )
+
+
+@pytest.fixture
+def s3_env(s3_endpoint: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Settings for the service on the test bucket, the way a deployment sets them (TRANSFER_* and AWS_*)."""
+    env = {
+        "TRANSFER_STORAGE": "s3",
+        "TRANSFER_S3_BUCKET": s3_bucket,
+        "TRANSFER_S3_ENDPOINT_URL": s3_endpoint.url,
+        "TRANSFER_S3_ADDRESSING_STYLE": "path",
+        "TRANSFER_S3_PART_SIZE": str(5 << 20),
+        "AWS_ACCESS_KEY_ID": s3_endpoint.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3_endpoint.secret_key,
+        "AWS_REGION": s3_endpoint.region,
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env
+
+
+def serve_in_thread(app: FastAPI) -> tuple[str, Any, threading.Thread]:
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    return f"http://127.0.0.1:{port}", server, thread

@@ -19,7 +19,7 @@ import pytest
 import zstandard
 from fastapi import FastAPI
 
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, serve_in_thread
 from transfer.api.app import create_app
 from transfer.settings import Settings
 
@@ -154,23 +154,12 @@ def test_checksum_and_size_parameters(http: httpx.Client, live_server: LiveServe
 
 @pytest.fixture
 def small_limit_server(tmp_path: Any, clock: Any) -> Iterator[LiveServer]:
-    from tests.conftest import free_port
-
     settings = Settings(
         data_dir=tmp_path / "limited", max_upload_size=2 * MiB, signing_keys={"t": "0123456789abcdef0123"}
     )
     app: FastAPI = create_app(settings, clock=clock)
-    import threading
-
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    yield LiveServer(f"http://127.0.0.1:{port}", app, settings)
+    url, server, thread = serve_in_thread(app)
+    yield LiveServer(url, app, settings)
     server.should_exit = True
     thread.join(10)
 

@@ -73,6 +73,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ("port", "TRANSFER_PORT"),
         ("data_dir", "TRANSFER_DATA_DIR"),
         ("public_url", "TRANSFER_PUBLIC_URL"),
+        ("storage", "TRANSFER_STORAGE"),
+        ("s3_bucket", "TRANSFER_S3_BUCKET"),
+        ("s3_endpoint_url", "TRANSFER_S3_ENDPOINT_URL"),
     ):
         value = getattr(args, flag)
         if value is not None:
@@ -84,28 +87,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     os.environ.update(env)
 
     import uvicorn
-
-    from transfer.api.app import create_app
-    from transfer.settings import Settings
-
     from pydantic import ValidationError
 
     from storage.errors import StorageError
-    from storage.local import LocalStorage
+    from transfer.api.app import create_app
+    from transfer.service.backends import make_storage
+    from transfer.settings import Settings
 
     try:
         settings = Settings()
-        storage = LocalStorage(settings.data_dir, buffer_size=settings.buffer_size)
+        storage = make_storage(settings)
         asyncio.run(storage.start())  # fail here, in one line, rather than in uvicorn's lifespan with a traceback
         app = create_app(settings, storage)
     except ValidationError as exc:
         problems = "; ".join(f"TRANSFER_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
         raise CliError("invalid_settings", problems) from exc
-    except (StorageError, ValueError, OSError) as exc:
+    except StorageError as exc:
+        raise CliError("storage_unavailable", str(exc).splitlines()[0]) from exc
+    except (TransferError, ValueError, OSError) as exc:
         raise CliError("invalid_settings", str(exc).splitlines()[0]) from exc
+    where = f"s3://{settings.s3_bucket}" if settings.storage == "s3" else str(settings.data_dir.resolve())
     print(
-        f"transfer {__version__}: serving {settings.data_dir.resolve()} on http://{settings.host}:{settings.port} "
-        f"(OpenAPI docs at /docs)",
+        f"transfer {__version__}: serving {where} on http://{settings.host}:{settings.port} (OpenAPI docs at /docs)",
         file=sys.stderr,
     )
     uvicorn.run(
@@ -214,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port (TRANSFER_PORT, default 8080)")
     p.add_argument("--data-dir", help="local storage directory (TRANSFER_DATA_DIR, default ./transfer-data)")
     p.add_argument("--public-url", help="base URL for descriptors (TRANSFER_PUBLIC_URL)")
+    p.add_argument("--storage", choices=["local", "s3"], help="backend (TRANSFER_STORAGE, default local)")
+    p.add_argument("--s3-bucket", help="bucket for --storage s3 (TRANSFER_S3_BUCKET)")
+    p.add_argument("--s3-endpoint-url", help="S3 endpoint (TRANSFER_S3_ENDPOINT_URL; default AWS_ENDPOINT_URL)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=cmd_serve)
 

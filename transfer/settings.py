@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -20,7 +18,16 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="TRANSFER_", extra="ignore")
 
+    storage: Literal["local", "s3"] = Field(default="local", description="storage backend")
     data_dir: Path = Field(default=Path("transfer-data"), description="local storage directory")
+    s3_bucket: str | None = Field(default=None, description="bucket (storage=s3)")
+    s3_endpoint_url: str | None = Field(default=None, description="default: AWS_ENDPOINT_URL, else AWS")
+    s3_region: str | None = Field(default=None, description="default: AWS_REGION / AWS_DEFAULT_REGION")
+    s3_addressing_style: Literal["auto", "path", "virtual"] = Field(default="auto", description="path for MinIO")
+    s3_prefix: str = Field(default="", description="key prefix inside the bucket")
+    s3_part_size: int = Field(default=8 << 20, ge=5 << 20, le=5 << 30, description="preferred multipart part size")
+    s3_part_buffers: int = Field(default=4, ge=1, le=64, description="parts in memory per upload")
+    s3_max_concurrency: int = Field(default=8, ge=1, le=256, description="threads/connections for boto3")
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     public_url: str | None = Field(
@@ -28,7 +35,7 @@ class Settings(BaseSettings):
     )
     signing_keys: dict[str, str] | None = Field(
         default=None,
-        description='JSON {"key id": "secret"}; default: a key generated once and kept in <data_dir>/signing-keys.json',
+        description='JSON {"key id": "secret"}; default: a key generated once and kept in the storage backend',
     )
     signing_key_id: str | None = Field(default=None, description="key id that signs new URLs (default: the first)")
     url_ttl: int = Field(default=3600, gt=0, le=MAX_URL_TTL, description="seconds a signed URL lives")
@@ -47,21 +54,3 @@ class Settings(BaseSettings):
     @classmethod
     def _strip_slash(cls, v: str | None) -> str | None:
         return v.rstrip("/") if v else v
-
-    def load_signing_keys(self) -> tuple[dict[str, bytes], str]:
-        """The signing keys and the active key id; generates and persists one key on first use."""
-        if self.signing_keys:
-            keys = {kid: secret.encode() for kid, secret in self.signing_keys.items()}
-            active = self.signing_key_id or next(iter(keys))
-            return keys, active
-        path = self.data_dir / "signing-keys.json"
-        if not path.exists():
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                json.dump({"k1": secrets.token_urlsafe(32)}, f)
-            os.replace(tmp, path)
-        stored: dict[str, str] = json.loads(path.read_text())
-        keys = {kid: secret.encode() for kid, secret in stored.items()}
-        return keys, self.signing_key_id or next(iter(keys))

@@ -17,7 +17,6 @@ from starlette.requests import ClientDisconnect
 
 from storage.base import Storage
 from storage.errors import StorageError
-from storage.local import LocalStorage
 from transfer import __version__
 from transfer.api.multipart import file_part_stream, multipart_boundary
 from transfer.api.streaming import DownloadResponse
@@ -25,8 +24,8 @@ from transfer.core.content import DownloadMethod, FileRole, normalize_checksum
 from transfer.core.digests import sha256_from_digest_field
 from transfer.core.encodings import coding_from_http, storage_encoding
 from transfer.core.naming import filename_from_content_disposition
-from transfer.core.signing import UrlSigner
 from transfer.errors import ClientDisconnected, InvalidRequest, TransferError, from_storage_error
+from transfer.service.backends import make_storage
 from transfer.service.files import FileService
 from transfer.service.ingest import UploadRequest
 from transfer.settings import Settings
@@ -70,15 +69,13 @@ def create_app(
     """Build the ASGI application; storage defaults to the local data directory of ``settings``; ``clock`` (Unix
     seconds) decides URL expiry, so tests can move time."""
     settings = settings or Settings()
-    backend: Storage = storage or LocalStorage(settings.data_dir, buffer_size=settings.buffer_size)
-    keys, active = settings.load_signing_keys()
-    service = FileService(backend, settings, UrlSigner(keys, active), clock=clock)
+    service = FileService(storage or make_storage(settings), settings, clock=clock)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await backend.start()
+        await service.start()
         yield
-        await backend.close()
+        await service.close()
 
     app = FastAPI(
         title="Agent large-content transfer service",

@@ -12,23 +12,27 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from urllib.parse import parse_qs, urlsplit
 
 import pybase64
 
-from storage.base import ObjectReader, Storage
+from storage.base import Capability, ObjectReader, Storage, SupportsPresign
 from storage.errors import StorageError
 from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode
 from transfer.core.delivery import DeliveryPlan, DeliveryPolicy, Representation, plan_delivery
 from transfer.core.encodings import HTTP_CODINGS, DecodeLimits, make_decoder
-from transfer.core.mime import is_compressible
+from transfer.core.mime import ACTIVE_TYPES, essence, is_compressible
+from transfer.core.naming import content_disposition
 from transfer.core.signing import UrlSigner
 from transfer.errors import (
     InvalidRequest,
     MethodNotAllowed,
     NotFound,
+    StorageUnavailable,
     TransferError,
     storage_errors_translated,
 )
+from transfer.service.backends import load_signing_keys
 from transfer.service.ingest import UploadRequest, ingest
 from transfer.service.records import FileRecord, is_file_id, new_file_id, object_key
 from transfer.settings import MAX_URL_TTL, Settings
@@ -61,14 +65,31 @@ class FileService:
         self,
         storage: Storage,
         settings: Settings,
-        signer: UrlSigner,
+        signer: UrlSigner | None = None,
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.storage = storage
         self.settings = settings
-        self.signer = signer
+        self._signer = signer
         self.clock = clock
+
+    async def start(self) -> None:
+        """Check the backend and load the signing keys (kept in the backend unless configured)."""
+        with storage_errors_translated():
+            await self.storage.start()
+            if self._signer is None:
+                keys, active = await load_signing_keys(self.settings, self.storage)
+                self._signer = UrlSigner(keys, active)
+
+    async def close(self) -> None:
+        await self.storage.close()
+
+    @property
+    def signer(self) -> UrlSigner:
+        if self._signer is None:
+            raise StorageUnavailable("service not started")
+        return self._signer
 
     def _now(self) -> datetime:
         return datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0)
@@ -152,8 +173,11 @@ class FileService:
                 **common,  # type: ignore[arg-type]
             )
         method = download_method or s.default_download_method
-        http_method = "POST" if method is DownloadMethod.POST else "GET"
-        url, expires_at = self.signed_url(base_url, record.id, http_method, ttl)
+        if method is DownloadMethod.SIGNED_URL and Capability.PRESIGN in self.storage.capabilities:
+            url, expires_at = await self._presigned_url(record, ttl)
+        else:  # GET, POST, or signed_url on a backend that cannot presign: our own signed URL
+            http_method = "POST" if method is DownloadMethod.POST else "GET"
+            url, expires_at = self.signed_url(base_url, record.id, http_method, ttl)
         return FileContent(
             type=TransferMode.URL,
             encoding=record.encoding,
@@ -164,6 +188,22 @@ class FileService:
             range_supported=True,
             **common,  # type: ignore[arg-type]
         )
+
+    async def _presigned_url(self, record: FileRecord, ttl: int) -> tuple[str, datetime]:
+        """A URL the backend serves itself (S3 presigned GET), with our content headers forced onto its response."""
+        storage = self.storage
+        assert isinstance(storage, SupportsPresign)
+        disposition = "attachment" if essence(record.content_type) in ACTIVE_TYPES else "inline"
+        with storage_errors_translated():
+            url = await storage.presign_get(
+                object_key(record.id),
+                expires_in=ttl,
+                content_type=record.content_type,
+                content_encoding=HTTP_CODINGS.get(record.encoding),
+                content_disposition=content_disposition(disposition, record.name),
+            )
+        expires = parse_qs(urlsplit(url).query).get("X-Amz-Expires", [str(ttl)])[0]
+        return url, datetime.fromtimestamp(int(self.clock()) + int(expires), UTC)
 
     async def _read_original(self, record: FileRecord) -> bytes:
         """The original bytes of a small file (inline descriptors only: bounded by the inline threshold)."""

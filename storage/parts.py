@@ -1,0 +1,34 @@
+"""Part-size planning for multipart uploads (S3's limits). Pure.
+
+S3 (and MinIO, Swift's s3api with ``max_upload_part_num = 10000``): every part but the last is at least 5 MiB,
+at most 5 GiB, and an upload has at most 10,000 parts, so objects are at most 5 TiB in practice. The planner keeps
+the preferred part size when it fits and raises it, in whole MiB, until the (declared or maximum) size fits in
+10,000 parts. An unknown size is planned for the largest object the service accepts.
+"""
+
+from __future__ import annotations
+
+from storage.errors import ObjectTooLarge
+
+MIN_PART_SIZE = 5 << 20
+MAX_PART_SIZE = 5 << 30
+MAX_PARTS = 10_000
+MiB = 1 << 20
+
+
+def plan_part_size(size: int | None, *, max_size: int, preferred: int = 8 << 20) -> int:
+    """The part size for an object of ``size`` bytes (None: unknown, at most ``max_size``)."""
+    if preferred < MIN_PART_SIZE:
+        raise ValueError(f"part size must be at least {MIN_PART_SIZE} bytes")
+    total = max_size if size is None else size
+    if total > MAX_PARTS * MAX_PART_SIZE:
+        raise ObjectTooLarge(f"{total} bytes exceed {MAX_PARTS} parts of {MAX_PART_SIZE} bytes")
+    needed = -(-total // MAX_PARTS)  # ceil
+    part = max(preferred, needed)
+    part = -(-part // MiB) * MiB  # whole MiB
+    return min(part, MAX_PART_SIZE)
+
+
+def part_count(size: int, part_size: int) -> int:
+    """How many parts ``size`` bytes make (an empty object is one empty part)."""
+    return max(1, -(-size // part_size))

@@ -1,0 +1,452 @@
+"""S3-compatible backend (AWS S3, MinIO, Cloudflare R2, Swift's s3api) on boto3.
+
+Layout in the bucket, under an optional prefix::
+
+    data/<key>         the bytes; multipart uploads for anything of at least one part, PutObject below that
+    meta/<key>.json    the metadata, written before the bytes are published
+
+Publishing: parts are uploaded while the bytes arrive (at most ``part_buffers`` parts in memory per upload, each
+of the planned part size), then the metadata object is written, then CompleteMultipartUpload (or the PutObject of a
+small object) makes the bytes visible. Abort — on any failure, cancellation or a failed verification upstream —
+aborts the multipart upload, so no orphaned upload remains. Reads pass the range to GetObject with ``If-Match`` on
+the ETag seen when the reader was opened, so a reader never mixes two versions.
+
+boto3 calls run in a thread pool of ``max_concurrency`` threads (the event loop never blocks); transient errors
+(503 SlowDown, resets, timeouts) are retried by botocore's ``standard`` retry mode; every other error is translated
+by one table into ``storage.errors``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+from storage.base import Capability, ObjectInfo, validate_key
+from storage.errors import BackendUnavailable, ObjectNotFound, ObjectTooLarge, StorageError, StorageFull
+from storage.parts import plan_part_size
+
+T = TypeVar("T")
+MAX_PRESIGN_SECONDS = 7 * 24 * 3600  # SigV4 presigned URLs live at most 7 days
+
+# S3 error codes -> our storage errors (the s3fs errors.py idea); anything else is BackendUnavailable.
+_ERROR_TABLE: dict[str, type[StorageError]] = {
+    "NoSuchKey": ObjectNotFound,
+    "404": ObjectNotFound,
+    "NotFound": ObjectNotFound,
+    "NoSuchUpload": ObjectNotFound,
+    "EntityTooLarge": ObjectTooLarge,
+    "EntityTooSmall": BackendUnavailable,
+    "QuotaExceeded": StorageFull,
+    "XMinioStorageFull": StorageFull,
+    "InsufficientStorage": StorageFull,
+}
+_ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "Forbidden"}
+
+
+def translate_error(exc: Exception, what: str) -> StorageError:
+    """One table from boto errors to storage errors."""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code in _ACCESS_CODES:
+            return BackendUnavailable(f"S3 refused {what}: access denied ({code}); check the credentials")
+        if code == "NoSuchBucket":
+            return BackendUnavailable(f"S3 bucket does not exist ({what})")
+        if code in ("PreconditionFailed", "412") or status == 412:
+            return BackendUnavailable(f"object changed while {what}")
+        cls = _ERROR_TABLE.get(code)
+        if cls is not None:
+            return cls(f"{what}: {code}")
+        return BackendUnavailable(f"S3 error while {what}: {code or status} {error.get('Message', '')}".strip())
+    if isinstance(exc, botocore.exceptions.NoCredentialsError | botocore.exceptions.PartialCredentialsError):
+        return BackendUnavailable("no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+    if isinstance(exc, botocore.exceptions.EndpointConnectionError | botocore.exceptions.ConnectionError):
+        return BackendUnavailable(f"cannot reach the S3 endpoint while {what}: {exc}")
+    if isinstance(exc, botocore.exceptions.BotoCoreError):
+        return BackendUnavailable(f"S3 client error while {what}: {exc}")
+    return BackendUnavailable(f"unexpected error while {what}: {exc}")
+
+
+@dataclass(frozen=True, slots=True)
+class S3Config:
+    bucket: str
+    endpoint_url: str | None = None  # None: AWS_ENDPOINT_URL, else AWS itself
+    region: str | None = None
+    access_key_id: str | None = None  # None: the standard AWS credential chain
+    secret_access_key: str | None = None
+    session_token: str | None = None
+    addressing_style: str = "auto"  # "path" for MinIO and Swift
+    prefix: str = ""
+    part_size: int = 8 << 20
+    part_buffers: int = 4  # parts in memory per upload
+    max_concurrency: int = 8  # threads (and HTTP connections) for boto3 calls
+    max_object_size: int = 64 << 30
+    buffer_size: int = 1 << 20  # bytes per read call
+    max_attempts: int = 5
+    connect_timeout: float = 5.0
+    read_timeout: float = 60.0
+
+
+class S3Writer:
+    """An upload in progress: nothing is visible until :meth:`commit`."""
+
+    def __init__(self, storage: S3Storage, key: str, size_hint: int | None) -> None:
+        self._s = storage
+        self._key = key
+        self._part_size = plan_part_size(
+            size_hint, max_size=storage.config.max_object_size, preferred=storage.config.part_size
+        )
+        self._buf = bytearray()
+        self._upload_id: str | None = None
+        self._next_part = 1
+        self._etags: dict[int, str] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(storage.config.part_buffers)
+        self._failure: StorageError | None = None
+        self._written = 0
+        self._done = False
+        self._meta_written = False
+
+    @property
+    def bytes_written(self) -> int:
+        return self._written
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._done:
+            raise BackendUnavailable("write after commit or abort")
+        if self._failure is not None:
+            raise self._failure
+        self._buf += data
+        self._written += len(data)
+        while len(self._buf) >= self._part_size:
+            part = bytes(self._buf[: self._part_size])
+            del self._buf[: self._part_size]
+            await self._submit(part)
+
+    async def _submit(self, part: bytes) -> None:
+        await self._slots.acquire()  # bounded: at most part_buffers parts in flight
+        if self._failure is not None:
+            self._slots.release()
+            raise self._failure
+        try:
+            if self._upload_id is None:
+                response = await self._s.call(
+                    "starting a multipart upload",
+                    self._s.client.create_multipart_upload,
+                    Bucket=self._s.config.bucket,
+                    Key=self._s.data_key(self._key),
+                )
+                self._upload_id = str(response["UploadId"])
+        except BaseException:
+            self._slots.release()
+            raise
+        number = self._next_part
+        self._next_part += 1
+        task = asyncio.create_task(self._upload_part(number, part))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _upload_part(self, number: int, body: bytes) -> None:
+        try:
+            response = await self._s.call(
+                f"uploading part {number}",
+                self._s.client.upload_part,
+                Bucket=self._s.config.bucket,
+                Key=self._s.data_key(self._key),
+                UploadId=self._upload_id,
+                PartNumber=number,
+                Body=body,
+                ContentLength=len(body),
+            )
+            self._etags[number] = str(response["ETag"])
+        except StorageError as exc:
+            self._failure = self._failure or exc
+        finally:
+            self._slots.release()
+
+    async def _drain(self) -> None:
+        while self._tasks:
+            await asyncio.wait(list(self._tasks))
+
+    async def commit(self, metadata: Mapping[str, str]) -> ObjectInfo:
+        if self._done:
+            raise BackendUnavailable("commit after commit or abort")
+        s = self._s
+        try:
+            if self._upload_id is not None and self._buf:
+                await self._submit(bytes(self._buf))
+                self._buf.clear()
+            await self._drain()
+            if self._failure is not None:
+                raise self._failure
+            await s.put_meta(self._key, {"metadata": dict(metadata), "size": self._written})
+            self._meta_written = True
+            if self._upload_id is None:  # small: one PutObject is the moment of publication
+                await s.call(
+                    "publishing",
+                    s.client.put_object,
+                    Bucket=s.config.bucket,
+                    Key=s.data_key(self._key),
+                    Body=bytes(self._buf),
+                )
+            else:
+                parts = [{"PartNumber": n, "ETag": self._etags[n]} for n in sorted(self._etags)]
+                await s.call(
+                    "completing the multipart upload",
+                    s.client.complete_multipart_upload,
+                    Bucket=s.config.bucket,
+                    Key=s.data_key(self._key),
+                    UploadId=self._upload_id,
+                    MultipartUpload={"Parts": parts},
+                )
+        except BaseException:
+            await self.abort()
+            raise
+        self._done = True
+        self._buf = bytearray()
+        return await s.stat(self._key)
+
+    async def abort(self) -> None:
+        if self._done and self._upload_id is None and not self._meta_written:
+            return
+        self._done = True
+        self._buf = bytearray()
+        await self._drain()  # never leave a part upload running behind an abort
+        s = self._s
+        if self._upload_id is not None:
+            upload_id, self._upload_id = self._upload_id, None
+            try:
+                await s.call(
+                    "aborting a multipart upload",
+                    s.client.abort_multipart_upload,
+                    Bucket=s.config.bucket,
+                    Key=s.data_key(self._key),
+                    UploadId=upload_id,
+                )
+            except ObjectNotFound:
+                pass
+        if self._meta_written:
+            self._meta_written = False
+            await s.call("deleting metadata", s.client.delete_object, Bucket=s.config.bucket, Key=s.meta_key(self._key))
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self._done:
+            await self.abort()
+
+
+class S3Reader:
+    def __init__(self, storage: S3Storage, info: ObjectInfo, etag: str) -> None:
+        self._s = storage
+        self._info = info
+        self._etag = etag
+
+    @property
+    def info(self) -> ObjectInfo:
+        return self._info
+
+    async def read(self, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
+        stop = self._info.size if end is None else min(end, self._info.size)
+        if start >= stop:
+            return
+        s = self._s
+        response = await s.call(
+            f"reading {self._info.key}",
+            s.client.get_object,
+            Bucket=s.config.bucket,
+            Key=s.data_key(self._info.key),
+            Range=f"bytes={start}-{stop - 1}",
+            IfMatch=self._etag,
+        )
+        body = response["Body"]
+        try:
+            remaining = stop - start
+            while remaining > 0:
+                chunk: bytes = await s.call(
+                    f"reading {self._info.key}", body.read, min(s.config.buffer_size, remaining)
+                )
+                if not chunk:
+                    raise BackendUnavailable(f"S3 response for {self._info.key} ended early")
+                remaining -= len(chunk)
+                yield chunk
+        finally:
+            await asyncio.get_running_loop().run_in_executor(s.executor, body.close)
+
+    async def close(self) -> None:
+        return None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+class S3Storage:
+    """Objects in an S3 bucket. Capabilities: ranged reads, presigned URLs, multipart."""
+
+    def __init__(self, config: S3Config) -> None:
+        self.config = config
+        self.executor = ThreadPoolExecutor(max_workers=config.max_concurrency, thread_name_prefix="s3")
+        session = boto3.session.Session(
+            aws_access_key_id=config.access_key_id,
+            aws_secret_access_key=config.secret_access_key,
+            aws_session_token=config.session_token,
+            region_name=config.region,
+        )
+        self.session = session
+        self.client = session.client(
+            "s3",
+            endpoint_url=config.endpoint_url,
+            config=Config(
+                signature_version="s3v4",
+                s3={"addressing_style": config.addressing_style},
+                retries={"mode": "standard", "max_attempts": config.max_attempts},
+                max_pool_connections=config.max_concurrency,
+                connect_timeout=config.connect_timeout,
+                read_timeout=config.read_timeout,
+            ),
+        )
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        return frozenset({Capability.RANGED_READ, Capability.PRESIGN, Capability.MULTIPART})
+
+    def data_key(self, key: str) -> str:
+        return f"{self.config.prefix}data/{validate_key(key)}"
+
+    def meta_key(self, key: str) -> str:
+        return f"{self.config.prefix}meta/{validate_key(key)}.json"
+
+    async def call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a blocking boto3 call in the pool; translate its errors."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self.executor, partial(fn, *args, **kwargs))
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise translate_error(exc, what) from exc
+
+    async def start(self) -> None:
+        """Check that the bucket exists and the credentials may use it."""
+        where = self.config.endpoint_url or "AWS"
+        try:
+            await self.call(
+                f"checking bucket {self.config.bucket!r}", self.client.head_bucket, Bucket=self.config.bucket
+            )
+        except ObjectNotFound as exc:  # HeadBucket answers a bare 404
+            raise BackendUnavailable(f"S3 bucket {self.config.bucket!r} does not exist at {where}") from exc
+
+    async def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def create(self, key: str, *, size_hint: int | None = None) -> S3Writer:
+        validate_key(key)
+        return S3Writer(self, key, size_hint)
+
+    async def put_meta(self, key: str, record: dict[str, Any]) -> None:
+        body = json.dumps(record, ensure_ascii=True).encode("ascii")
+        await self.call(
+            "writing metadata",
+            self.client.put_object,
+            Bucket=self.config.bucket,
+            Key=self.meta_key(key),
+            Body=body,
+            ContentType="application/json",
+        )
+
+    async def _head_and_meta(self, key: str) -> tuple[ObjectInfo, str]:
+        head = await self.call(
+            f"stat {key}", self.client.head_object, Bucket=self.config.bucket, Key=self.data_key(key)
+        )
+        try:
+            meta = await self.call(
+                f"reading metadata of {key}", self.client.get_object, Bucket=self.config.bucket, Key=self.meta_key(key)
+            )
+            raw = await self.call(f"reading metadata of {key}", meta["Body"].read)
+            record = json.loads(raw)
+        except ValueError as exc:
+            raise BackendUnavailable(f"unreadable metadata for {key}") from exc
+        modified = head.get("LastModified") or datetime.now(UTC)
+        info = ObjectInfo(
+            key=key,
+            size=int(head["ContentLength"]),
+            modified=modified,
+            metadata={str(k): str(v) for k, v in record.get("metadata", {}).items()},
+        )
+        return info, str(head["ETag"])
+
+    async def open(self, key: str) -> S3Reader:
+        info, etag = await self._head_and_meta(key)
+        return S3Reader(self, info, etag)
+
+    async def stat(self, key: str) -> ObjectInfo:
+        info, _ = await self._head_and_meta(key)
+        return info
+
+    async def delete(self, key: str) -> None:
+        # bytes first: the object stops being visible before its metadata goes
+        await self.call(f"deleting {key}", self.client.delete_object, Bucket=self.config.bucket, Key=self.data_key(key))
+        await self.call(f"deleting {key}", self.client.delete_object, Bucket=self.config.bucket, Key=self.meta_key(key))
+
+    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        root = f"{self.config.prefix}data/"
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"Bucket": self.config.bucket, "Prefix": root + prefix}
+            if token:
+                kwargs["ContinuationToken"] = token
+            page = await self.call("listing objects", self.client.list_objects_v2, **kwargs)
+            for item in page.get("Contents", []):
+                try:
+                    yield await self.stat(str(item["Key"])[len(root) :])
+                except ObjectNotFound:
+                    continue  # deleted meanwhile
+            if not page.get("IsTruncated"):
+                return
+            token = page.get("NextContinuationToken")
+
+    async def presign_get(
+        self,
+        key: str,
+        *,
+        expires_in: int,
+        content_type: str | None = None,
+        content_encoding: str | None = None,
+        content_disposition: str | None = None,
+    ) -> str:
+        """A presigned GET URL for ``key``, valid for ``expires_in`` seconds (capped at 7 days and at the lifetime of
+        temporary credentials)."""
+        expires_in = min(expires_in, MAX_PRESIGN_SECONDS)
+        credentials = self.session.get_credentials()
+        expiry = getattr(credentials, "_expiry_time", None)
+        if isinstance(expiry, datetime):
+            expires_in = max(1, min(expires_in, int((expiry - datetime.now(UTC)).total_seconds())))
+        params: dict[str, Any] = {"Bucket": self.config.bucket, "Key": self.data_key(key)}
+        if content_type:
+            params["ResponseContentType"] = content_type
+        if content_encoding:
+            params["ResponseContentEncoding"] = content_encoding
+        if content_disposition:
+            params["ResponseContentDisposition"] = content_disposition
+        url: str = await self.call(
+            "presigning a URL", self.client.generate_presigned_url, "get_object", Params=params, ExpiresIn=expires_in
+        )
+        return url

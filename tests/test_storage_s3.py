@@ -1,0 +1,170 @@
+"""The S3 backend against a real S3-compatible server (Swift s3api started by the test session, or the endpoint in
+``TRANSFER_TEST_S3_ENDPOINT``): the conformance suite unchanged, multipart boundaries, aborts that leave no
+multipart upload behind, presigned URLs the server itself checks, and clear start-up errors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from storage.errors import BackendUnavailable, ObjectNotFound
+from storage.parts import MAX_PART_SIZE, MIN_PART_SIZE, plan_part_size
+from storage.s3 import S3Config, S3Storage
+from tests.conftest import in_progress_uploads, s3_client, s3_config
+from tests.storage_conformance import StorageConformance, put, read_all
+
+pytestmark = [pytest.mark.anyio, pytest.mark.s3]
+MiB = 1 << 20
+
+
+@pytest.fixture
+async def storage(s3_endpoint: Any, s3_bucket: str) -> AsyncIterator[S3Storage]:
+    backend = S3Storage(s3_config(s3_endpoint, s3_bucket, part_size=5 * MiB, buffer_size=256 << 10))
+    await backend.start()
+    yield backend
+    await backend.close()
+    assert in_progress_uploads(s3_endpoint, s3_bucket) == []  # no test leaves a multipart upload behind
+
+
+class TestS3Conformance(StorageConformance):
+    pass
+
+
+def etag_parts(endpoint: Any, bucket: str, storage: S3Storage, key: str) -> int:
+    etag = s3_client(endpoint).head_object(Bucket=bucket, Key=storage.data_key(key))["ETag"].strip('"')
+    return int(etag.rsplit("-", 1)[1]) if "-" in etag else 1
+
+
+@pytest.mark.parametrize(("size", "parts"), [(5 * MiB - 1, 1), (5 * MiB, 1), (5 * MiB + 1, 2), (15 * MiB + 3, 4)])
+async def test_multipart_boundaries(
+    storage: S3Storage, s3_endpoint: Any, s3_bucket: str, size: int, parts: int
+) -> None:
+    data = os.urandom(size)
+    await put(storage, "files/m", data)
+    assert await read_all(storage, "files/m") == data
+    assert await read_all(storage, "files/m", size - 10, size + 10) == data[-10:]
+    assert etag_parts(s3_endpoint, s3_bucket, storage, "files/m") == parts
+
+
+async def test_failure_mid_upload_aborts_the_multipart_upload(
+    storage: S3Storage, s3_endpoint: Any, s3_bucket: str
+) -> None:
+    with pytest.raises(RuntimeError):
+        async with storage.create("files/fail") as writer:
+            await writer.write(os.urandom(12 * MiB))
+            assert in_progress_uploads(s3_endpoint, s3_bucket) != []  # parts were really on their way
+            raise RuntimeError("checksum mismatch upstream")
+    assert in_progress_uploads(s3_endpoint, s3_bucket) == []
+    with pytest.raises(ObjectNotFound):
+        await storage.stat("files/fail")
+
+
+async def test_cancelled_upload_is_aborted(storage: S3Storage, s3_endpoint: Any, s3_bucket: str) -> None:
+    started = asyncio.Event()
+
+    async def upload() -> None:
+        async with storage.create("files/cancel") as writer:
+            for _ in range(100):
+                await writer.write(os.urandom(MiB))
+                started.set()
+            await writer.commit({})
+
+    task = asyncio.create_task(upload())
+    await started.wait()
+    await asyncio.sleep(0.3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert in_progress_uploads(s3_endpoint, s3_bucket) == []
+    assert [i.key async for i in storage.list()] == []
+
+
+async def test_part_buffers_bound_memory(s3_endpoint: Any, s3_bucket: str) -> None:
+    backend = S3Storage(s3_config(s3_endpoint, s3_bucket, part_size=5 * MiB, part_buffers=2))
+    await backend.start()
+    writer = backend.create("files/bounded", size_hint=40 * MiB)
+    for _ in range(40):
+        await writer.write(b"z" * MiB)
+        in_flight = sum(not t.done() for t in writer._tasks)
+        assert in_flight <= 2 and len(writer._buf) < 5 * MiB  # at most 2 parts + 1 buffer in memory
+    await writer.commit({})
+    assert (await backend.stat("files/bounded")).size == 40 * MiB
+    await backend.close()
+
+
+async def test_presigned_urls_are_checked_by_the_server(storage: S3Storage) -> None:
+    data = os.urandom(MiB)
+    await put(storage, "files/p", data)
+    await put(storage, "files/q", b"other")
+    url = await storage.presign_get("files/p", expires_in=60, content_type="image/png")
+    async with httpx.AsyncClient() as http:
+        r = await http.get(url)
+        assert r.status_code == 200 and r.content == data and r.headers["content-type"] == "image/png"
+        r = await http.get(url, headers={"range": "bytes=10-19"})
+        assert r.status_code == 206 and r.content == data[10:20]
+        sig_at = url.index("X-Amz-Signature=") + len("X-Amz-Signature=")
+        tampered = url[:sig_at] + ("0" if url[sig_at] != "0" else "1") + url[sig_at + 1 :]
+        assert (await http.get(tampered)).status_code == 403
+        other_key = url.replace("/data/files/p?", "/data/files/q?")
+        assert (await http.get(other_key)).status_code == 403
+        short = await storage.presign_get("files/p", expires_in=1)
+        await asyncio.sleep(2.1)
+        assert (await http.get(short)).status_code == 403
+    assert "X-Amz-Expires=604800" in await storage.presign_get("files/p", expires_in=30 * 86400)  # capped at 7 days
+
+
+async def test_startup_errors_are_clear(s3_endpoint: Any, s3_bucket: str) -> None:
+    missing = S3Storage(s3_config(s3_endpoint, "no-such-bucket-here", max_attempts=1))
+    with pytest.raises(BackendUnavailable, match="does not exist|access denied"):
+        await missing.start()
+    wrong = S3Storage(
+        S3Config(bucket=s3_bucket, endpoint_url=s3_endpoint.url, region=s3_endpoint.region, access_key_id="test:x",
+                 secret_access_key="wrong", addressing_style="path", max_attempts=1)
+    )
+    with pytest.raises(BackendUnavailable, match="access denied"):
+        await wrong.start()
+    unreachable = S3Storage(
+        S3Config(bucket=s3_bucket, endpoint_url="http://127.0.0.1:9", access_key_id="a", secret_access_key="b",
+                 region="us-east-1", addressing_style="path", max_attempts=1, connect_timeout=1)
+    )
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailable, match="cannot reach"):
+        await unreachable.start()
+    assert time.monotonic() - started < 30
+    for backend in (missing, wrong, unreachable):
+        await backend.close()
+
+
+@pytest.mark.parametrize(
+    ("size", "preferred", "expected"),
+    [
+        (0, 8 * MiB, 8 * MiB),
+        (5 * MiB, 5 * MiB, 5 * MiB),
+        (10_000 * 8 * MiB, 8 * MiB, 8 * MiB),  # exactly 10,000 parts
+        (10_000 * 8 * MiB + 1, 8 * MiB, 9 * MiB),  # one byte more: the part size grows (whole MiB)
+        (1 << 40, 8 * MiB, 105 * MiB),  # 1 TiB needs ~104.9 MiB parts
+        (10_000 * MAX_PART_SIZE, 8 * MiB, MAX_PART_SIZE),
+        (None, 8 * MiB, 8 * MiB),  # unknown size, planned for max_size = 64 GiB: 6.6 MiB < 8 MiB
+    ],
+)
+def test_plan_part_size_boundaries(size: int | None, preferred: int, expected: int) -> None:
+    part = plan_part_size(size, max_size=64 << 30, preferred=preferred)
+    assert part == expected
+    total = size if size is not None else 64 << 30
+    assert MIN_PART_SIZE <= part <= MAX_PART_SIZE and -(-total // part) <= 10_000
+
+
+def test_plan_part_size_limits() -> None:
+    with pytest.raises(ValueError):
+        plan_part_size(10, max_size=100, preferred=MiB)
+    from storage.errors import ObjectTooLarge
+
+    with pytest.raises(ObjectTooLarge):
+        plan_part_size(10_000 * MAX_PART_SIZE + 1, max_size=0)
+    assert plan_part_size(None, max_size=1 << 40) == 105 * MiB  # unknown size planned for the largest allowed

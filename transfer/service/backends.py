@@ -1,0 +1,61 @@
+"""Choosing and building the storage backend from settings, and the state the service keeps in it."""
+
+from __future__ import annotations
+
+import json
+import secrets
+
+from storage.base import Storage
+from storage.errors import ObjectNotFound
+from storage.local import LocalStorage
+from storage.s3 import S3Config, S3Storage
+from transfer.errors import InvalidRequest
+from transfer.settings import Settings
+
+SIGNING_KEYS_KEY = "system/signing-keys.json"
+
+
+def make_storage(settings: Settings) -> Storage:
+    """The backend ``settings`` name: local (the embedded default) or S3 (credentials from the AWS chain)."""
+    if settings.storage == "s3":
+        if not settings.s3_bucket:
+            raise InvalidRequest("storage=s3 needs TRANSFER_S3_BUCKET")
+        return S3Storage(
+            S3Config(
+                bucket=settings.s3_bucket,
+                endpoint_url=settings.s3_endpoint_url,
+                region=settings.s3_region,
+                addressing_style=settings.s3_addressing_style,
+                prefix=settings.s3_prefix,
+                part_size=settings.s3_part_size,
+                part_buffers=settings.s3_part_buffers,
+                max_concurrency=settings.s3_max_concurrency,
+                max_object_size=settings.max_upload_size,
+                buffer_size=settings.buffer_size,
+            )
+        )
+    return LocalStorage(settings.data_dir, buffer_size=settings.buffer_size)
+
+
+async def load_signing_keys(settings: Settings, storage: Storage) -> tuple[dict[str, bytes], str]:
+    """Signing keys from settings, else the ones kept in the backend (created on first start), so that every
+    replica sharing the backend verifies every other replica's URLs."""
+    if settings.signing_keys:
+        keys = {kid: secret.encode() for kid, secret in settings.signing_keys.items()}
+        return keys, settings.signing_key_id or next(iter(keys))
+    try:
+        stored = await _read_keys(storage)
+    except ObjectNotFound:
+        async with storage.create(SIGNING_KEYS_KEY) as writer:
+            await writer.write(json.dumps({"k1": secrets.token_urlsafe(32)}).encode())
+            await writer.commit({})
+        stored = await _read_keys(storage)  # another replica may have won the race: use what is stored
+    keys = {kid: secret.encode() for kid, secret in stored.items()}
+    return keys, settings.signing_key_id or next(iter(keys))
+
+
+async def _read_keys(storage: Storage) -> dict[str, str]:
+    async with await storage.open(SIGNING_KEYS_KEY) as reader:
+        raw = b"".join([chunk async for chunk in reader.read()])
+    keys: dict[str, str] = json.loads(raw)
+    return keys

@@ -124,14 +124,29 @@ async def test_startup_errors_are_clear(s3_endpoint: Any, s3_bucket: str) -> Non
     with pytest.raises(BackendUnavailable, match="does not exist|access denied"):
         await missing.start()
     wrong = S3Storage(
-        S3Config(bucket=s3_bucket, endpoint_url=s3_endpoint.url, region=s3_endpoint.region, access_key_id="test:x",
-                 secret_access_key="wrong", addressing_style="path", max_attempts=1)
+        S3Config(
+            bucket=s3_bucket,
+            endpoint_url=s3_endpoint.url,
+            region=s3_endpoint.region,
+            access_key_id="test:x",
+            secret_access_key="wrong",
+            addressing_style="path",
+            max_attempts=1,
+        )
     )
     with pytest.raises(BackendUnavailable, match="access denied"):
         await wrong.start()
     unreachable = S3Storage(
-        S3Config(bucket=s3_bucket, endpoint_url="http://127.0.0.1:9", access_key_id="a", secret_access_key="b",
-                 region="us-east-1", addressing_style="path", max_attempts=1, connect_timeout=1)
+        S3Config(
+            bucket=s3_bucket,
+            endpoint_url="http://127.0.0.1:9",
+            access_key_id="a",
+            secret_access_key="b",
+            region="us-east-1",
+            addressing_style="path",
+            max_attempts=1,
+            connect_timeout=1,
+        )
     )
     started = time.monotonic()
     with pytest.raises(BackendUnavailable, match="cannot reach"):

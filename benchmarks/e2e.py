@@ -354,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, help="runs per case (default 5; --quick: 3)")
     parser.add_argument("--out", default="benchmarks/results/latest.json", help="JSON report path")
     parser.add_argument("--no-baselines", action="store_true", help="measure the service only")
+    parser.add_argument("--s3", action="store_true", help="also the S3 cases (starts a Swift s3api server)")
     parser.add_argument(
         "--memory-sizes",
         default=None,
@@ -367,9 +368,17 @@ def main(argv: list[str] | None = None) -> int:
         sizes_text = args.memory_sizes or ("256,1024" if args.quick else "1024,4096")
         sizes = [int(x) << 20 for x in sizes_text.split(",") if int(x) > 0]
         report["memory"] = memory_profile(sizes, Path(tmp))
+        if args.s3:
+            from benchmarks.s3 import run_s3
+
+            report["s3"] = run_s3(size, reps, Path(tmp), memory_size=2 * size)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(table(report))
+    if "s3" in report:
+        from benchmarks.s3 import s3_table
+
+        print("\n" + s3_table(report["s3"]))
     return 0
 
 

@@ -26,3 +26,14 @@ def test_memory_profile_runs(tmp_path: Path) -> None:
 
     rows = memory_profile([1 << 20], tmp_path)
     assert rows[0]["size"] == 1 << 20 and rows[0]["peak_rss_after_download"] >= rows[0]["peak_rss_after_upload"] > 0
+
+
+@pytest.mark.s3
+@pytest.mark.skipif(not shutil.which("curl"), reason="curl is needed by the benchmark")
+def test_s3_benchmark_runs(tmp_path: Path, s3_endpoint: object) -> None:
+    from benchmarks.s3 import run_s3, s3_table
+
+    report = run_s3(6 << 20, 1, tmp_path, endpoint=s3_endpoint, memory_size=6 << 20)
+    assert [row["runs"] for row in report["cases"]] == [1, 1]
+    assert report["memory"]["stored_sha256_matches"] is True
+    assert "boto3 upload_file" in s3_table(report)

@@ -1,0 +1,147 @@
+"""S3 cases: the service on the S3 backend vs boto3's own ``upload_file`` / ``download_file`` against the same
+S3-compatible server, alternating, plus the service's peak RSS while a large file passes through it to S3."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from benchmarks.e2e import Case, make_file, peak_rss_bytes, pin, service, timed
+
+BOTO_SCRIPT = """
+import sys, boto3
+from botocore.config import Config
+op, endpoint, key_id, secret, region, bucket, key, path = sys.argv[1:]
+s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=key_id, aws_secret_access_key=secret,
+                  region_name=region, config=Config(signature_version="s3v4", s3={"addressing_style": "path"}))
+if op == "upload":
+    s3.upload_file(path, bucket, key)
+else:
+    s3.download_file(bucket, key, path)
+"""
+
+
+def run_s3(size: int, reps: int, workdir: Path, endpoint: Any = None, memory_size: int = 0) -> dict[str, Any]:
+    """Upload/download ``size`` bytes through the service on S3 and with boto3 directly; returns rows + memory."""
+    from tests.conftest import s3_client
+    from tests.s3server import swift_s3_server
+
+    with ExitStack() as stack:
+        if endpoint is None:
+            endpoint = stack.enter_context(swift_s3_server())
+        bucket = f"bench-{uuid.uuid4().hex[:12]}"
+        client = s3_client(endpoint)
+        client.create_bucket(Bucket=bucket)
+        env = {
+            **os.environ,
+            "TRANSFER_STORAGE": "s3",
+            "TRANSFER_S3_BUCKET": bucket,
+            "TRANSFER_S3_ENDPOINT_URL": endpoint.url,
+            "TRANSFER_S3_ADDRESSING_STYLE": "path",
+            "AWS_ACCESS_KEY_ID": endpoint.access_key,
+            "AWS_SECRET_ACCESS_KEY": endpoint.secret_key,
+            "AWS_REGION": endpoint.region,
+        }
+        src = workdir / "s3-payload.bin"
+        make_file(src, size)
+        boto = [sys.executable, "-c", BOTO_SCRIPT]
+        creds = [endpoint.url, endpoint.access_key, endpoint.secret_key, endpoint.region, bucket]
+        up = Case("S3 upload through the service", size, baseline="boto3 upload_file")
+        down = Case("S3 download through the service", size, baseline="boto3 download_file")
+        report: dict[str, Any] = {"endpoint": "swift s3api" if "127.0.0.1" in endpoint.url else endpoint.url}
+        (workdir / "s3serve").mkdir(exist_ok=True)
+        with service(workdir / "s3serve", env=env) as (url, pid):
+            for i in range(reps):
+                out = workdir / f"s3up{i}.json"
+                up.ours_s.append(
+                    timed(
+                        [
+                            *pin(1),
+                            "curl",
+                            "-sSf",
+                            "-X",
+                            "POST",
+                            "-T",
+                            str(src),
+                            "-H",
+                            "content-type: application/octet-stream",
+                            "-o",
+                            str(out),
+                            f"{url}/v1/files",
+                        ]
+                    )
+                )
+                up.base_s.append(timed([*pin(1), *boto, "upload", *creds, f"direct-{i}", str(src)]))
+                signed = json.loads(out.read_text())["url"]
+                down.ours_s.append(timed([*pin(1), "curl", "-sSf", "-o", str(workdir / "s3down.bin"), signed]))
+                down.base_s.append(
+                    timed([*pin(1), *boto, "download", *creds, f"direct-{i}", str(workdir / "s3direct.bin")])
+                )
+            report["server_peak_rss_bytes"] = peak_rss_bytes(pid)
+        report["cases"] = [up.row(), down.row()]
+        if memory_size:
+            big = workdir / "s3-big.bin"
+            make_file(big, memory_size)
+            (workdir / "s3mem").mkdir(exist_ok=True)
+            with service(workdir / "s3mem", env=env) as (url, pid):
+                out = workdir / "s3big.json"
+                subprocess.run(
+                    [
+                        *pin(1),
+                        "curl",
+                        "-sSf",
+                        "-X",
+                        "POST",
+                        "-T",
+                        str(big),
+                        "-H",
+                        "content-type: application/octet-stream",
+                        "-o",
+                        str(out),
+                        f"{url}/v1/files",
+                    ],
+                    check=True,
+                )
+                descriptor = json.loads(out.read_text())
+                key = f"data/files/{descriptor['metadata']['file_id']}"
+                digest = hashlib.sha256()
+                body = client.get_object(Bucket=bucket, Key=key)["Body"]
+                while chunk := body.read(1 << 20):
+                    digest.update(chunk)
+                report["memory"] = {
+                    "size": memory_size,
+                    "peak_rss_after_upload": peak_rss_bytes(pid),
+                    "stored_sha256_matches": "sha256:" + digest.hexdigest() == descriptor["checksum"],
+                }
+            big.unlink()
+        src.unlink()
+        return report
+
+
+def s3_table(report: dict[str, Any]) -> str:
+    lines = [
+        f"S3 endpoint: {report['endpoint']}; service peak RSS {report['server_peak_rss_bytes'] / (1 << 20):.0f} MiB",
+        "",
+        "| case | ours MB/s | baseline | baseline MB/s | ratio median (min-max) |",
+        "|---|---|---|---|---|",
+    ]
+    for row in report["cases"]:
+        lines.append(
+            f"| {row['case']} | {row['ours_MBps']:.0f} | {row['baseline']} | {row['baseline_MBps']:.0f} | "
+            f"{row['ratio_median']:.2f}× ({row['ratio_min']:.2f}-{row['ratio_max']:.2f}) |"
+        )
+    if "memory" in report:
+        m = report["memory"]
+        lines.append("")
+        lines.append(
+            f"{m['size'] >> 20} MiB through the service into S3: peak RSS {m['peak_rss_after_upload'] / (1 << 20):.0f}"
+            f" MiB, stored object's SHA-256 matches the descriptor: {m['stored_sha256_matches']}"
+        )
+    return "\n".join(lines)

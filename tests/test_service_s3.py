@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,24 +17,26 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import in_progress_uploads, serve_in_thread
+from benchmarks.e2e import service
+from tests.conftest import in_progress_uploads
 from tests.test_api_upload import assert_error
-from transfer.api.app import create_app
 from transfer.client import AsyncTransferClient, ResolveOptions
-from transfer.settings import Settings
 
 pytestmark = pytest.mark.s3
 MiB = 1 << 20
 
 
 @pytest.fixture
-def replicas(s3_env: dict[str, str]) -> Iterator[list[str]]:
-    """Two service processes' worth of apps (separate objects, nothing shared but the bucket and the environment)."""
-    servers = [serve_in_thread(create_app(Settings())) for _ in range(2)]
-    yield [url for url, _, _ in servers]
-    for _, server, thread in servers:
-        server.should_exit = True
-        thread.join(10)
+def replicas(s3_env: dict[str, str], tmp_path: Path) -> Iterator[list[str]]:
+    """Two ``transfer serve`` processes on two ports; they share nothing but the bucket and their settings."""
+    with ExitStack() as stack:
+        urls = []
+        for name in ("a", "b"):
+            workdir = tmp_path / f"replica-{name}"
+            workdir.mkdir()
+            url, _pid = stack.enter_context(service(workdir, env={**os.environ, **s3_env}))
+            urls.append(url)
+        yield urls
 
 
 def test_upload_download_ranges_on_s3(replicas: list[str], s3_endpoint: Any, s3_bucket: str) -> None:

@@ -1,9 +1,19 @@
 """Storage backends for the transfer service. This package never imports ``transfer``."""
 
-from storage.base import Capability, ObjectInfo, ObjectReader, ObjectWriter, Storage, SupportsPresign, validate_key
+from storage.base import (
+    Capability,
+    ObjectInfo,
+    ObjectReader,
+    ObjectWriter,
+    Storage,
+    SupportsCompose,
+    SupportsPresign,
+    validate_key,
+)
 from storage.errors import (
     BackendUnavailable,
     InvalidKey,
+    ObjectExists,
     ObjectNotFound,
     ObjectTooLarge,
     StorageError,
@@ -14,6 +24,7 @@ __all__ = [
     "BackendUnavailable",
     "Capability",
     "InvalidKey",
+    "ObjectExists",
     "ObjectInfo",
     "ObjectNotFound",
     "ObjectReader",
@@ -22,6 +33,7 @@ __all__ = [
     "Storage",
     "StorageError",
     "StorageFull",
+    "SupportsCompose",
     "SupportsPresign",
     "validate_key",
 ]

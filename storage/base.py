@@ -47,6 +47,7 @@ class Capability(enum.Enum):
     PRESIGN = "presign"  # the backend can mint its own time-limited GET URLs (SupportsPresign)
     MULTIPART = "multipart"  # parts uploaded independently and combined server-side
     COMPOSE = "compose"  # concatenate existing objects into a new one
+    ATOMIC_IF_ABSENT = "atomic_if_absent"  # create(if_absent=True) holds under concurrent writers too
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +70,8 @@ class ObjectWriter(Protocol):
         """Append bytes. Raises StorageFull / BackendUnavailable; the writer must then be aborted."""
 
     async def commit(self, metadata: Mapping[str, str]) -> ObjectInfo:
-        """Publish atomically under the key with ``metadata``; replaces an existing object of that key."""
+        """Publish atomically under the key with ``metadata``; replaces an existing object of that key unless the
+        writer was created ``if_absent`` (then ObjectExists)."""
 
     async def abort(self) -> None:
         """Discard everything written; idempotent, safe after a failed write or commit."""
@@ -111,7 +113,9 @@ class Storage(Protocol):
 
     async def close(self) -> None: ...
 
-    def create(self, key: str, *, size_hint: int | None = None) -> ObjectWriter: ...
+    def create(self, key: str, *, size_hint: int | None = None, if_absent: bool = False) -> ObjectWriter:
+        """A writer for a new object. With ``if_absent``, commit publishes only if no object has the key (else
+        ObjectExists, and nothing changes): the compare-and-set that concurrent writers and replicas rely on."""
 
     async def open(self, key: str) -> ObjectReader:
         """Raise ObjectNotFound when the key has no published object."""
@@ -121,6 +125,14 @@ class Storage(Protocol):
     async def delete(self, key: str) -> None: ...
 
     def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]: ...
+
+
+@runtime_checkable
+class SupportsCompose(Protocol):
+    """Capability COMPOSE: a new object made of existing ones, concatenated in order, without the bytes passing
+    through the caller (local: copy_file_range; S3: UploadPartCopy + CompleteMultipartUpload). Sources stay."""
+
+    async def compose(self, key: str, sources: list[str], metadata: Mapping[str, str]) -> ObjectInfo: ...
 
 
 @runtime_checkable

@@ -19,6 +19,10 @@ class ObjectNotFound(StorageError):
     pass
 
 
+class ObjectExists(StorageError):
+    pass
+
+
 class InvalidKey(StorageError):
     pass
 

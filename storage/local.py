@@ -30,7 +30,7 @@ import aiofiles.os
 from aiofiles.threadpool.binary import AsyncFileIO
 
 from storage.base import Capability, ObjectInfo, validate_key
-from storage.errors import BackendUnavailable, ObjectNotFound, StorageError, StorageFull
+from storage.errors import BackendUnavailable, ObjectExists, ObjectNotFound, StorageError, StorageFull
 
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
@@ -54,10 +54,11 @@ def _fsync_dir(path: Path) -> None:
 class LocalWriter:
     """A temp file that becomes ``objects/<key>`` on commit."""
 
-    def __init__(self, storage: LocalStorage, key: str, size_hint: int | None) -> None:
+    def __init__(self, storage: LocalStorage, key: str, size_hint: int | None, if_absent: bool = False) -> None:
         self._storage = storage
         self._key = key
         self._size_hint = size_hint
+        self._if_absent = if_absent
         token = secrets.token_hex(12)
         self._tmp = storage.tmp_dir / f"{token}.part"
         self._tmp_meta = storage.tmp_dir / f"{token}.meta"
@@ -113,6 +114,9 @@ class LocalWriter:
             await asyncio.to_thread(os.fsync, f.fileno())
             await f.close()
             await asyncio.to_thread(self._publish, record, final, final_meta)
+        except FileExistsError as exc:
+            await self.abort()
+            raise ObjectExists(self._key) from exc
         except OSError as exc:
             await self.abort()
             raise _translate(exc, "publishing") from exc
@@ -120,16 +124,7 @@ class LocalWriter:
         return await self._storage.stat(self._key)
 
     def _publish(self, record: dict[str, Any], final: Path, final_meta: Path) -> None:
-        with open(self._tmp_meta, "x", encoding="ascii") as mf:
-            json.dump(record, mf, ensure_ascii=True)
-            mf.flush()
-            os.fsync(mf.fileno())
-        final.parent.mkdir(parents=True, exist_ok=True)
-        final_meta.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(self._tmp_meta, final_meta)
-        os.replace(self._tmp, final)  # the moment the object becomes visible
-        _fsync_dir(final_meta.parent)
-        _fsync_dir(final.parent)
+        self._storage.publish(self._tmp, self._tmp_meta, record, final, final_meta, if_absent=self._if_absent)
 
     async def abort(self) -> None:
         self._done = True
@@ -194,7 +189,7 @@ class LocalReader:
 
 
 class LocalStorage:
-    """Objects as files under one directory. Capabilities: ranged reads."""
+    """Objects as files under one directory. Capabilities: ranged reads, compose."""
 
     def __init__(
         self,
@@ -214,7 +209,7 @@ class LocalStorage:
 
     @property
     def capabilities(self) -> frozenset[Capability]:
-        return frozenset({Capability.RANGED_READ})
+        return frozenset({Capability.RANGED_READ, Capability.COMPOSE, Capability.ATOMIC_IF_ABSENT})
 
     def object_path(self, key: str) -> Path:
         return self.objects_dir / validate_key(key)
@@ -244,9 +239,74 @@ class LocalStorage:
     async def close(self) -> None:
         return None
 
-    def create(self, key: str, *, size_hint: int | None = None) -> LocalWriter:
+    def create(self, key: str, *, size_hint: int | None = None, if_absent: bool = False) -> LocalWriter:
         validate_key(key)
-        return LocalWriter(self, key, size_hint)
+        return LocalWriter(self, key, size_hint, if_absent)
+
+    def publish(
+        self, tmp: Path, tmp_meta: Path, record: dict[str, Any], final: Path, final_meta: Path, *, if_absent: bool
+    ) -> None:
+        """Make a finished temp file the object: visible once both its bytes and its metadata are in place.
+
+        Replace: metadata first, then the bytes (the visibility point). If absent: the bytes are hard-linked into
+        place first — link fails if the name exists, which is the compare-and-set — then the metadata."""
+        with open(tmp_meta, "x", encoding="ascii") as mf:
+            json.dump(record, mf, ensure_ascii=True)
+            mf.flush()
+            os.fsync(mf.fileno())
+        final.parent.mkdir(parents=True, exist_ok=True)
+        final_meta.parent.mkdir(parents=True, exist_ok=True)
+        if if_absent:
+            os.link(tmp, final)  # FileExistsError: another writer published first
+            os.remove(tmp)
+            os.replace(tmp_meta, final_meta)
+        else:
+            os.replace(tmp_meta, final_meta)
+            os.replace(tmp, final)
+        _fsync_dir(final_meta.parent)
+        _fsync_dir(final.parent)
+
+    async def compose(self, key: str, sources: list[str], metadata: Mapping[str, str]) -> ObjectInfo:
+        """Concatenate ``sources`` into ``key`` with copy_file_range (the bytes never enter this process)."""
+        token = secrets.token_hex(12)
+        tmp, tmp_meta = self.tmp_dir / f"{token}.part", self.tmp_dir / f"{token}.meta"
+
+        def run() -> None:
+            try:
+                with open(tmp, "xb") as out:
+                    for source in sources:
+                        with open(self.object_path(source), "rb") as src:
+                            left = os.fstat(src.fileno()).st_size
+                            while left > 0:
+                                n = os.copy_file_range(src.fileno(), out.fileno(), min(left, 1 << 30))
+                                if n == 0:
+                                    raise BackendUnavailable(f"{source} shrank while being composed")
+                                left -= n
+                    out.flush()
+                    os.fsync(out.fileno())
+                    size = out.tell()
+                self.publish(
+                    tmp,
+                    tmp_meta,
+                    {"metadata": dict(metadata), "size": size},
+                    self.object_path(key),
+                    self.meta_path(key),
+                    if_absent=False,
+                )
+            finally:
+                for leftover in (tmp, tmp_meta):
+                    try:
+                        os.remove(leftover)
+                    except FileNotFoundError:
+                        pass
+
+        try:
+            await asyncio.to_thread(run)
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(f"compose source missing: {exc.filename}") from exc
+        except OSError as exc:
+            raise _translate(exc, f"composing {key}") from exc
+        return await self.stat(key)
 
     def _read_meta(self, key: str) -> dict[str, Any]:
         with open(self.meta_path(key), encoding="ascii") as mf:

@@ -33,7 +33,14 @@ import botocore.exceptions
 from botocore.config import Config
 
 from storage.base import Capability, ObjectInfo, validate_key
-from storage.errors import BackendUnavailable, ObjectNotFound, ObjectTooLarge, StorageError, StorageFull
+from storage.errors import (
+    BackendUnavailable,
+    ObjectExists,
+    ObjectNotFound,
+    ObjectTooLarge,
+    StorageError,
+    StorageFull,
+)
 from storage.parts import plan_part_size
 
 T = TypeVar("T")
@@ -95,6 +102,9 @@ class S3Config:
     max_object_size: int = 64 << 30
     buffer_size: int = 1 << 20  # bytes per read call
     max_attempts: int = 5
+    # AWS S3 and MinIO evaluate If-None-Match on PutObject atomically; Swift's s3api checks it before writing, so
+    # two concurrent conditional writers may both succeed there.
+    atomic_if_absent: bool = True
     connect_timeout: float = 5.0
     read_timeout: float = 60.0
 
@@ -102,9 +112,10 @@ class S3Config:
 class S3Writer:
     """An upload in progress: nothing is visible until :meth:`commit`."""
 
-    def __init__(self, storage: S3Storage, key: str, size_hint: int | None) -> None:
+    def __init__(self, storage: S3Storage, key: str, size_hint: int | None, if_absent: bool = False) -> None:
         self._s = storage
         self._key = key
+        self._if_absent = if_absent
         self._part_size = plan_part_size(
             size_hint, max_size=storage.config.max_object_size, preferred=storage.config.part_size
         )
@@ -130,7 +141,7 @@ class S3Writer:
             raise self._failure
         self._buf += data
         self._written += len(data)
-        while len(self._buf) >= self._part_size:
+        while len(self._buf) > self._part_size:  # an object of at most one part is a single PutObject
             part = bytes(self._buf[: self._part_size])
             del self._buf[: self._part_size]
             await self._submit(part)
@@ -191,26 +202,41 @@ class S3Writer:
             await self._drain()
             if self._failure is not None:
                 raise self._failure
-            await s.put_meta(self._key, {"metadata": dict(metadata), "size": self._written})
-            self._meta_written = True
-            if self._upload_id is None:  # small: one PutObject is the moment of publication
-                await s.call(
-                    "publishing",
-                    s.client.put_object,
-                    Bucket=s.config.bucket,
-                    Key=s.data_key(self._key),
-                    Body=bytes(self._buf),
-                )
-            else:
-                parts = [{"PartNumber": n, "ETag": self._etags[n]} for n in sorted(self._etags)]
-                await s.call(
-                    "completing the multipart upload",
-                    s.client.complete_multipart_upload,
-                    Bucket=s.config.bucket,
-                    Key=s.data_key(self._key),
-                    UploadId=self._upload_id,
-                    MultipartUpload={"Parts": parts},
-                )
+            record = {"metadata": dict(metadata), "size": self._written}
+            if not self._if_absent:  # replace: metadata first, the bytes are the visibility point
+                await s.put_meta(self._key, record)
+                self._meta_written = True
+            conditional = {"IfNoneMatch": "*"} if self._if_absent else {}
+            try:
+                if self._upload_id is None:  # small: one PutObject is the moment of publication
+                    await s.call(
+                        "publishing",
+                        s.client.put_object,
+                        Bucket=s.config.bucket,
+                        Key=s.data_key(self._key),
+                        Body=bytes(self._buf),
+                        **conditional,
+                    )
+                else:
+                    parts = [{"PartNumber": n, "ETag": self._etags[n]} for n in sorted(self._etags)]
+                    await s.call(
+                        "completing the multipart upload",
+                        s.client.complete_multipart_upload,
+                        Bucket=s.config.bucket,
+                        Key=s.data_key(self._key),
+                        UploadId=self._upload_id,
+                        MultipartUpload={"Parts": parts},
+                        **conditional,
+                    )
+                    self._upload_id = None
+            except BackendUnavailable as exc:
+                if self._if_absent and isinstance(exc.__cause__, botocore.exceptions.ClientError):
+                    status = exc.__cause__.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                    if status in (409, 412):
+                        raise ObjectExists(self._key) from exc
+                raise
+            if self._if_absent:  # if absent: the bytes won the race, now the metadata makes them visible
+                await s.put_meta(self._key, record)
         except BaseException:
             await self.abort()
             raise
@@ -301,7 +327,7 @@ class S3Reader:
 
 
 class S3Storage:
-    """Objects in an S3 bucket. Capabilities: ranged reads, presigned URLs, multipart."""
+    """Objects in an S3 bucket. Capabilities: ranged reads, presigned URLs, multipart, compose."""
 
     def __init__(self, config: S3Config) -> None:
         self.config = config
@@ -328,7 +354,10 @@ class S3Storage:
 
     @property
     def capabilities(self) -> frozenset[Capability]:
-        return frozenset({Capability.RANGED_READ, Capability.PRESIGN, Capability.MULTIPART})
+        caps = {Capability.RANGED_READ, Capability.PRESIGN, Capability.MULTIPART, Capability.COMPOSE}
+        if self.config.atomic_if_absent:
+            caps.add(Capability.ATOMIC_IF_ABSENT)
+        return frozenset(caps)
 
     def data_key(self, key: str) -> str:
         return f"{self.config.prefix}data/{validate_key(key)}"
@@ -357,9 +386,63 @@ class S3Storage:
     async def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
-    def create(self, key: str, *, size_hint: int | None = None) -> S3Writer:
+    def create(self, key: str, *, size_hint: int | None = None, if_absent: bool = False) -> S3Writer:
         validate_key(key)
-        return S3Writer(self, key, size_hint)
+        return S3Writer(self, key, size_hint, if_absent)
+
+    async def compose(self, key: str, sources: list[str], metadata: Mapping[str, str]) -> ObjectInfo:
+        """Concatenate ``sources`` server-side: one UploadPartCopy per source (every source but the last at least
+        5 MiB, S3's part minimum), then the metadata, then CompleteMultipartUpload."""
+        bucket = self.config.bucket
+        response = await self.call(
+            "starting a compose", self.client.create_multipart_upload, Bucket=bucket, Key=self.data_key(key)
+        )
+        upload_id = str(response["UploadId"])
+        limit = asyncio.Semaphore(self.config.max_concurrency)
+
+        async def copy(number: int, source: str) -> dict[str, Any]:
+            async with limit:
+                result = await self.call(
+                    f"copying {source}",
+                    self.client.upload_part_copy,
+                    Bucket=bucket,
+                    Key=self.data_key(key),
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    CopySource={"Bucket": bucket, "Key": self.data_key(source)},
+                )
+            return {"PartNumber": number, "ETag": result["CopyPartResult"]["ETag"]}
+
+        try:
+            parts = await asyncio.gather(*(copy(i + 1, src) for i, src in enumerate(sources)))
+            size = 0
+            for source in sources:
+                head = await self.call(
+                    f"stat {source}", self.client.head_object, Bucket=bucket, Key=self.data_key(source)
+                )
+                size += int(head["ContentLength"])
+            await self.put_meta(key, {"metadata": dict(metadata), "size": size})
+            await self.call(
+                "completing a compose",
+                self.client.complete_multipart_upload,
+                Bucket=bucket,
+                Key=self.data_key(key),
+                UploadId=upload_id,
+                MultipartUpload={"Parts": list(parts)},
+            )
+        except BaseException:
+            try:
+                await self.call(
+                    "aborting a compose",
+                    self.client.abort_multipart_upload,
+                    Bucket=bucket,
+                    Key=self.data_key(key),
+                    UploadId=upload_id,
+                )
+            except StorageError:
+                pass
+            raise
+        return await self.stat(key)
 
     async def put_meta(self, key: str, record: dict[str, Any]) -> None:
         body = json.dumps(record, ensure_ascii=True).encode("ascii")

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from storage.base import Storage
-from storage.errors import InvalidKey, ObjectNotFound
+from storage.base import Capability, Storage, SupportsCompose
+from storage.errors import InvalidKey, ObjectExists, ObjectNotFound
 
 pytestmark = pytest.mark.anyio
 
@@ -108,3 +108,47 @@ class StorageConformance:
             await w.write(memoryview(b"defg"))
             assert w.bytes_written == 7
             await w.commit({})
+
+    async def test_if_absent_is_a_compare_and_set(self, storage: Storage) -> None:
+        async with storage.create("cas", if_absent=True) as w:
+            await w.write(b"first")
+            await w.commit({"n": "1"})
+        with pytest.raises(ObjectExists):
+            async with storage.create("cas", if_absent=True) as w:
+                await w.write(b"second")
+                await w.commit({"n": "2"})
+        assert await read_all(storage, "cas") == b"first"
+        assert (await storage.stat("cas")).metadata["n"] == "1"
+
+    async def test_concurrent_if_absent_writers_one_wins(self, storage: Storage) -> None:
+        if Capability.ATOMIC_IF_ABSENT not in storage.capabilities:
+            pytest.skip("this backend's conditional create is not atomic under concurrency")
+        async def attempt(i: int) -> bool:
+            try:
+                async with storage.create("once", if_absent=True) as w:
+                    await w.write(bytes([i]) * 200_000)
+                    await w.commit({"i": str(i)})
+                return True
+            except ObjectExists:
+                return False
+
+        results = await asyncio.gather(*(attempt(i) for i in range(4)))
+        assert sum(results) == 1
+        winner = results.index(True)
+        assert await read_all(storage, "once") == bytes([winner]) * 200_000
+
+    async def test_compose_concatenates_in_order(self, storage: Storage) -> None:
+        if Capability.COMPOSE not in storage.capabilities:
+            pytest.skip("backend cannot compose")
+        assert isinstance(storage, SupportsCompose)
+        parts = [os.urandom(6 << 20), os.urandom(5 << 20), b"tail"]
+        for i, data in enumerate(parts):
+            await put(storage, f"parts/{i}", data)
+        info = await storage.compose("whole", [f"parts/{i}" for i in range(3)], {"k": "v"})
+        assert info.size == sum(len(p) for p in parts) and info.metadata["k"] == "v"
+        assert await read_all(storage, "whole") == b"".join(parts)
+        assert await read_all(storage, "parts/2") == b"tail"  # sources stay
+        with pytest.raises(ObjectNotFound):
+            await storage.compose("broken", ["parts/0", "parts/missing"], {})
+        with pytest.raises(ObjectNotFound):
+            await storage.stat("broken")

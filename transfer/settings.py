@@ -28,6 +28,9 @@ class Settings(BaseSettings):
     s3_part_size: int = Field(default=8 << 20, ge=5 << 20, le=5 << 30, description="preferred multipart part size")
     s3_part_buffers: int = Field(default=4, ge=1, le=64, description="parts in memory per upload")
     s3_max_concurrency: int = Field(default=8, ge=1, le=256, description="threads/connections for boto3")
+    s3_atomic_if_absent: bool = Field(
+        default=True, description="the store evaluates If-None-Match atomically (AWS, MinIO: yes; Swift: no)"
+    )
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     public_url: str | None = Field(

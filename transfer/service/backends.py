@@ -30,6 +30,7 @@ def make_storage(settings: Settings) -> Storage:
                 part_size=settings.s3_part_size,
                 part_buffers=settings.s3_part_buffers,
                 max_concurrency=settings.s3_max_concurrency,
+                atomic_if_absent=settings.s3_atomic_if_absent,
                 max_object_size=settings.max_upload_size,
                 buffer_size=settings.buffer_size,
             )

@@ -123,6 +123,7 @@ class StorageConformance:
     async def test_concurrent_if_absent_writers_one_wins(self, storage: Storage) -> None:
         if Capability.ATOMIC_IF_ABSENT not in storage.capabilities:
             pytest.skip("this backend's conditional create is not atomic under concurrency")
+
         async def attempt(i: int) -> bool:
             try:
                 async with storage.create("once", if_absent=True) as w:

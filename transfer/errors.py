@@ -9,10 +9,13 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── InvalidDigestHeader        400 invalid_digest_header
     │   ├── ContentLengthMismatch      400 content_length_mismatch
     │   ├── MalformedBody              400 malformed_body
-    │   └── UnsupportedEncoding        415 unsupported_encoding
+    │   ├── UnsupportedEncoding        415 unsupported_encoding
+    │   ├── ChunkOutOfRange            400 chunk_out_of_range
+    │   └── ChunkLengthMismatch        400 chunk_length_mismatch
     ├── IntegrityError                 422 integrity_error
     │   ├── DigestMismatch             422 digest_mismatch       (RFC 9530 Content-Digest / Repr-Digest)
     │   ├── ChecksumMismatch           422 checksum_mismatch     (descriptor checksum, SHA-256 of original bytes)
+    │   ├── ChunkChecksumMismatch      422 chunk_checksum_mismatch
     │   └── SizeMismatch               422 size_mismatch
     ├── TooLarge                       413 payload_too_large
     │   └── DecodedSizeLimit           413 decoded_size_limit    (decompression bomb guard)
@@ -23,6 +26,14 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── MethodNotAllowed               405 method_not_allowed
     ├── PreconditionFailed             412 precondition_failed
     ├── RangeNotSatisfiable            416 range_not_satisfiable
+    ├── Conflict                       409 conflict
+    │   ├── ChunkConflict              409 chunk_conflict        (other bytes already stored for that chunk)
+    │   ├── SessionCompleted           409 session_completed
+    │   └── SessionIncomplete          409 session_incomplete    (detail: missing chunk ranges)
+    ├── Gone                           410 gone
+    │   ├── SessionAborted             410 session_aborted
+    │   └── SessionExpired             410 session_expired
+    ├── ChunkNotReady                  503 chunk_not_ready       (live read waited long enough; retry)
     ├── ClientDisconnected             499 client_disconnected   (nobody is left to read it; logged only)
     ├── InsufficientStorage            507 insufficient_storage
     ├── StorageUnavailable             503 storage_unavailable
@@ -88,6 +99,14 @@ class UnsupportedEncoding(InvalidRequest):
     status = 415
 
 
+class ChunkOutOfRange(InvalidRequest):
+    code = "chunk_out_of_range"
+
+
+class ChunkLengthMismatch(InvalidRequest):
+    code = "chunk_length_mismatch"
+
+
 class IntegrityError(TransferError):
     code = "integrity_error"
     status = 422
@@ -99,6 +118,10 @@ class DigestMismatch(IntegrityError):
 
 class ChecksumMismatch(IntegrityError):
     code = "checksum_mismatch"
+
+
+class ChunkChecksumMismatch(IntegrityError):
+    code = "chunk_checksum_mismatch"
 
 
 class SizeMismatch(IntegrityError):
@@ -147,6 +170,41 @@ class RangeNotSatisfiable(TransferError):
     status = 416
 
 
+class Conflict(TransferError):
+    code = "conflict"
+    status = 409
+
+
+class ChunkConflict(Conflict):
+    code = "chunk_conflict"
+
+
+class SessionCompleted(Conflict):
+    code = "session_completed"
+
+
+class SessionIncomplete(Conflict):
+    code = "session_incomplete"
+
+
+class Gone(TransferError):
+    code = "gone"
+    status = 410
+
+
+class SessionAborted(Gone):
+    code = "session_aborted"
+
+
+class SessionExpired(Gone):
+    code = "session_expired"
+
+
+class ChunkNotReady(TransferError):
+    code = "chunk_not_ready"
+    status = 503
+
+
 class ClientDisconnected(TransferError):
     code = "client_disconnected"
     status = 499
@@ -192,6 +250,7 @@ def error_from_payload(status: int, payload: Any) -> TransferError:
 # One table from storage errors to ours (the s3fs errors.py idea): order matters, most specific first.
 _STORAGE_TABLE: tuple[tuple[type[storage_errors.StorageError], type[TransferError]], ...] = (
     (storage_errors.ObjectNotFound, NotFound),
+    (storage_errors.ObjectExists, Conflict),
     (storage_errors.StorageFull, InsufficientStorage),
     (storage_errors.ObjectTooLarge, TooLarge),
     (storage_errors.InvalidKey, InvalidRequest),

@@ -52,6 +52,13 @@ class Settings(BaseSettings):
     zstd_level: int = Field(default=3, ge=1, le=19)
     compress_on_the_fly: bool = True
     max_description_length: int = Field(default=1024, ge=0)
+    session_chunk_size: int = Field(default=8 << 20, ge=64 << 10, description="default chunk size of sessions")
+    session_max_chunk_size: int = Field(default=512 << 20, ge=64 << 10)
+    session_ttl: int = Field(default=24 * 3600, gt=0, description="seconds an unfinished session lives")
+    session_max_ttl: int = Field(default=7 * 24 * 3600, gt=0)
+    session_retention: int = Field(default=24 * 3600, ge=0, description="seconds ended sessions stay visible")
+    session_gc_interval: float = Field(default=60.0, gt=0, description="seconds between expiry sweeps")
+    live_read_timeout: float = Field(default=30.0, ge=0, description="longest wait for a chunk not yet uploaded")
 
     @field_validator("public_url")
     @classmethod

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -13,21 +14,22 @@ from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
 from storage.base import Storage
 from storage.errors import StorageError
 from transfer import __version__
 from transfer.api.multipart import file_part_stream, multipart_boundary
-from transfer.api.streaming import DownloadResponse
+from transfer.api.sessions import add_session_routes
+from transfer.api.streaming import DownloadResponse, request_body
 from transfer.core.content import DownloadMethod, FileRole, normalize_checksum
 from transfer.core.digests import sha256_from_digest_field
 from transfer.core.encodings import coding_from_http, storage_encoding
 from transfer.core.naming import filename_from_content_disposition
-from transfer.errors import ClientDisconnected, InvalidRequest, TransferError, from_storage_error
+from transfer.errors import InvalidRequest, TransferError, from_storage_error
 from transfer.service.backends import make_storage
 from transfer.service.files import FileService
 from transfer.service.ingest import UploadRequest
+from transfer.service.sessions import SessionService
 from transfer.settings import Settings
 
 log = logging.getLogger("transfer.api")
@@ -70,11 +72,22 @@ def create_app(
     seconds) decides URL expiry, so tests can move time."""
     settings = settings or Settings()
     service = FileService(storage or make_storage(settings), settings, clock=clock)
+    sessions = SessionService(service.storage, settings, clock=clock)
+
+    async def sweep_sessions() -> None:
+        while True:
+            await asyncio.sleep(settings.session_gc_interval)
+            try:
+                await sessions.collect_garbage()
+            except TransferError:
+                log.exception("session garbage collection failed; retrying at the next interval")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await service.start()
+        sweeper = asyncio.create_task(sweep_sessions())
         yield
+        sweeper.cancel()
         await service.close()
 
     app = FastAPI(
@@ -85,6 +98,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.service = service
+    app.state.sessions = sessions
 
     @app.exception_handler(TransferError)
     async def _transfer_error(request: Request, exc: TransferError) -> JSONResponse:
@@ -115,12 +129,7 @@ def create_app(
     def base_url(request: Request) -> str:
         return settings.public_url or str(request.base_url).rstrip("/")
 
-    async def body_stream(request: Request) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in request.stream():
-                yield chunk
-        except ClientDisconnect as exc:
-            raise ClientDisconnected("client disconnected before the body was complete") from exc
+    add_session_routes(app, sessions, service, base_url)
 
     @app.get("/healthz", tags=["service"])
     async def healthz() -> dict[str, str]:
@@ -211,7 +220,7 @@ def create_app(
             req.declared_length = int(length)
         raw_type = request.headers.get("content-type", "")
         boundary = multipart_boundary(raw_type) if raw_type else None
-        stream = body_stream(request)
+        stream = request_body(request)
         if boundary is not None:
             stream = file_part_stream(stream, boundary, req)
             req.declared_length = None  # the length covers the form framing, not the file

@@ -7,13 +7,24 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import anyio
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from transfer.core.content import ContentEncoding
 from transfer.core.delivery import CompressedBody, MultipartBody, NoBody, RangeBody
 from transfer.core.encodings import make_encoder
+from transfer.errors import ClientDisconnected
 from transfer.service.files import Download
+
+
+async def request_body(request: Request) -> AsyncIterator[bytes]:
+    """The request body as it arrives; a client that goes away mid-body becomes ClientDisconnected."""
+    try:
+        async for chunk in request.stream():
+            yield chunk
+    except ClientDisconnect as exc:
+        raise ClientDisconnected("client disconnected before the body was complete") from exc
 
 
 async def plan_body(download: Download, gzip_level: int, zstd_level: int) -> AsyncIterator[bytes]:

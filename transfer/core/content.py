@@ -95,7 +95,7 @@ def base64_decoded_length(data: str) -> int:
 
 def format_timestamp(value: datetime) -> str:
     """RFC 3339 UTC, ``Z`` suffix, no fractional part unless there is one."""
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return value.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 class _Model(BaseModel):

@@ -136,9 +136,13 @@ class FileService:
         return out
 
     def signed_url(self, base_url: str, file_id: str, method: str, ttl: int) -> tuple[str, datetime]:
+        return self.signed_url_for_path(base_url, content_path(file_id), method, ttl)
+
+    def signed_url_for_path(self, base_url: str, path: str, method: str, ttl: int) -> tuple[str, datetime]:
+        """``base_url + path`` signed for ``method`` until now + ``ttl``; returns the URL and its expiry."""
         expires = int(self.clock()) + ttl
-        query = self.signer.sign(method, content_path(file_id), expires)
-        return f"{base_url}{content_path(file_id)}?{query.encode()}", datetime.fromtimestamp(expires, UTC)
+        query = self.signer.sign(method, path, expires)
+        return f"{base_url}{path}?{query.encode()}", datetime.fromtimestamp(expires, UTC)
 
     async def describe(
         self,

@@ -1,0 +1,208 @@
+"""REST front door for chunked sessions (a thin adapter over :class:`SessionService`).
+
+POST   /v1/sessions                            create -> 201 session document (ids, sizes, URLs)
+PUT    /v1/sessions/{id}/chunks/{index}        one chunk; ``Chunk-Checksum: xxh3-128:<hex>`` or ``sha256:<hex>``
+                                               (or RFC 9530 ``Content-Digest: sha-256=:…:``) -> 201, or 200 if
+                                               the same bytes were already stored
+GET    /v1/sessions/{id}                       status: stored / missing chunk ranges, bytes, state, expiry
+POST   /v1/sessions/{id}/complete              verify + publish -> FileContent (url or streaming mode)
+DELETE /v1/sessions/{id}                       abort
+GET    /v1/sessions/{id}/chunks?<signed>       the status, for holders of a streaming descriptor
+GET    /v1/sessions/{id}/chunks/{index}?<signed>  chunk bytes with ``Chunk-Checksum``; while the session is
+                                               still uploading, waits for the chunk (``Prefer: wait=<s>``)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import FastAPI, Header, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, Field
+
+from transfer.api.streaming import request_body
+from transfer.core.content import DownloadMethod, FileContent, FileRole, TransferMode, format_timestamp
+from transfer.core.digests import sha256_from_digest_field
+from transfer.errors import InvalidRequest
+from transfer.service.files import FileService
+from transfer.service.sessions import ChunkDigest, SessionService
+from transfer.settings import MAX_URL_TTL
+
+
+class SessionCreate(BaseModel):
+    name: str | None = Field(default=None, max_length=1024)
+    content_type: str | None = Field(default=None, max_length=255)
+    size: int | None = Field(default=None, ge=0, description="total bytes; omit if unknown until completion")
+    chunk_size: int | None = Field(default=None, gt=0)
+    checksum: str | None = Field(default=None, description="sha256:<hex> of the whole file, verified at completion")
+    ttl: int | None = Field(default=None, gt=0, description="seconds the session may stay unfinished")
+    role: FileRole | None = None
+    description: str | None = Field(default=None, max_length=4096)
+
+
+class SessionComplete(BaseModel):
+    size: int | None = Field(default=None, ge=0, description="required when the size was not declared")
+    mode: Literal["url", "streaming"] = "url"
+    download_method: DownloadMethod | None = None
+    ttl: int | None = Field(default=None, gt=0)
+
+
+def chunks_path(sid: str) -> str:
+    return f"/v1/sessions/{sid}/chunks"
+
+
+def parse_prefer_wait(value: str | None, default: float, maximum: float) -> float:
+    """``Prefer: wait=<seconds>`` (RFC 7240 §4.3); the service's default when absent."""
+    if value:
+        for pref in value.split(","):
+            name, _, arg = pref.strip().partition("=")
+            if name.strip().lower() == "wait" and arg.strip().isdigit():
+                return min(float(arg.strip()), maximum)
+    return default
+
+
+def add_session_routes(
+    app: FastAPI, sessions: SessionService, files: FileService, base_url: Callable[[Request], str]
+) -> None:
+    """Mount the session endpoints on ``app``."""
+    settings = files.settings
+
+    def streaming_descriptor(session: Any, base: str, ttl: int | None, record: Any = None) -> FileContent:
+        ttl = min(ttl or settings.url_ttl, MAX_URL_TTL)
+        url, expires_at = files.signed_url_for_path(base, chunks_path(session.id), "GET", ttl)
+        return FileContent(
+            type=TransferMode.STREAMING,
+            content_type=(record.content_type if record else session.content_type) or "application/octet-stream",
+            size=session.size,
+            checksum=("sha256:" + record.sha256) if record else session.checksum,
+            name=session.name,
+            role=FileRole(session.role) if session.role else None,
+            description=session.description,
+            url=url,
+            url_expires_at=expires_at,
+            download_method=DownloadMethod.GET,
+            streaming_session_id=session.id,
+            total_chunks=session.total_chunks,
+            chunk_size=session.chunk_size,
+            metadata={"chunk_checksum": "xxh3-128", **({"file_id": record.id} if record else {})},
+        )
+
+    def session_document(session: Any, base: str) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "streaming_session_id": session.id,
+            "state": session.state.value,
+            "name": session.name,
+            "size": session.size,
+            "chunk_size": session.chunk_size,
+            "total_chunks": session.total_chunks,
+            "expires_at": format_timestamp(datetime.fromtimestamp(session.expires_at, UTC)),
+            "urls": {
+                "chunk": f"{base}/v1/sessions/{session.id}/chunks/{{index}}",
+                "status": f"{base}/v1/sessions/{session.id}",
+                "complete": f"{base}/v1/sessions/{session.id}/complete",
+            },
+        }
+        if session.size is not None:  # a live reader can follow it from now on
+            doc["descriptor"] = streaming_descriptor(session, base, None).to_json()
+        return doc
+
+    @app.post("/v1/sessions", status_code=201, tags=["sessions"], summary="Open a chunked upload session")
+    async def create_session(request: Request, body: SessionCreate) -> dict[str, Any]:
+        session = await sessions.create(
+            name=body.name,
+            content_type=body.content_type,
+            size=body.size,
+            chunk_size=body.chunk_size,
+            checksum=body.checksum,
+            ttl=body.ttl,
+            role=body.role,
+            description=body.description,
+        )
+        return session_document(session, base_url(request))
+
+    @app.put(
+        "/v1/sessions/{sid}/chunks/{index}",
+        tags=["sessions"],
+        summary="Upload one chunk (any order, in parallel); verified against Chunk-Checksum",
+        openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {}}}},
+    )
+    async def put_chunk(
+        request: Request,
+        sid: str,
+        index: int,
+        chunk_checksum: Annotated[str | None, Header(description="xxh3-128:<32 hex> or sha256:<64 hex>")] = None,
+        content_digest: Annotated[str | None, Header()] = None,
+        content_length: Annotated[int | None, Header()] = None,
+    ) -> Response:
+        if chunk_checksum:
+            digest = ChunkDigest.parse(chunk_checksum)
+        elif content_digest:
+            sha = sha256_from_digest_field(content_digest)
+            if sha is None:
+                raise InvalidRequest("Content-Digest carries no sha-256")
+            digest = ChunkDigest("sha256", sha.hex())
+        else:
+            raise InvalidRequest("a chunk needs its checksum: Chunk-Checksum: xxh3-128:<hex> (or sha256:<hex>)")
+
+        receipt = await sessions.put_chunk(sid, index, request_body(request), digest, content_length)
+        return JSONResponse(
+            {"index": receipt.index, "size": receipt.size, "xxh3": receipt.xxh3, "duplicate": receipt.duplicate},
+            status_code=200 if receipt.duplicate else 201,
+        )
+
+    @app.get("/v1/sessions/{sid}", tags=["sessions"], summary="Session status: stored and missing chunks")
+    async def session_status(sid: str) -> dict[str, Any]:
+        return await sessions.status(sid)
+
+    @app.post("/v1/sessions/{sid}/complete", tags=["sessions"], summary="Verify and publish; returns a FileContent")
+    async def complete_session(request: Request, sid: str, body: SessionComplete | None = None) -> dict[str, Any]:
+        body = body or SessionComplete()
+        session, record = await sessions.complete(sid, body.size)
+        if body.mode == "streaming":
+            return streaming_descriptor(session, base_url(request), body.ttl, record).to_json()
+        descriptor = await files.describe(
+            record, base_url(request), download_method=body.download_method, ttl=body.ttl, inline=False
+        )
+        return descriptor.to_json()
+
+    @app.delete("/v1/sessions/{sid}", status_code=204, tags=["sessions"], summary="Abort a session")
+    async def abort_session(sid: str) -> Response:
+        await sessions.abort(sid)
+        return Response(status_code=204)
+
+    @app.get("/v1/sessions/{sid}/descriptor", tags=["sessions"], summary="A streaming descriptor for the session")
+    async def session_descriptor(request: Request, sid: str, ttl: int | None = None) -> dict[str, Any]:
+        session = await sessions.load(sid)
+        record = await files.record(session.file_id) if session.file_id else None
+        return streaming_descriptor(session, base_url(request), ttl, record).to_json()
+
+    @app.get("/v1/sessions/{sid}/chunks", tags=["sessions"], summary="Status through a streaming descriptor's URL")
+    async def signed_status(request: Request, sid: str) -> dict[str, Any]:
+        files.signer.verify("GET", chunks_path(sid), request.url.query, files.clock())
+        return await sessions.status(sid)
+
+    @app.api_route(
+        "/v1/sessions/{sid}/chunks/{index}",
+        methods=["GET", "HEAD"],
+        tags=["sessions"],
+        summary="Read one chunk (signed); waits for chunks not uploaded yet (Prefer: wait=<seconds>)",
+        response_class=Response,
+    )
+    async def get_chunk(
+        request: Request, sid: str, index: int, prefer: Annotated[str | None, Header()] = None
+    ) -> Response:
+        files.signer.verify(request.method, chunks_path(sid), request.url.query, files.clock())
+        wait = parse_prefer_wait(prefer, settings.live_read_timeout, max(settings.live_read_timeout, 300))
+        _session, stream, length, xxh3 = await sessions.open_chunk(sid, index, wait)
+        headers = {
+            "content-length": str(length),
+            "chunk-checksum": f"xxh3-128:{xxh3}",
+            "cache-control": "private, max-age=0",
+            "x-content-type-options": "nosniff",
+        }
+        if request.method == "HEAD":
+            await stream.aclose()  # type: ignore[attr-defined]
+            return Response(status_code=200, headers=headers, media_type="application/octet-stream")
+        return StreamingResponse(stream, headers=headers, media_type="application/octet-stream")

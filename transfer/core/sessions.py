@@ -1,0 +1,178 @@
+"""Chunked upload sessions (the seed's ``streaming`` mode): the state machine and the chunk arithmetic. Pure.
+
+States and transitions (anything not listed is refused with the error named):
+
+    OPEN       --put chunk-->  OPEN
+    OPEN       --complete-->   COMPLETED      all chunks present, lengths right, SHA-256 verified
+    OPEN       --abort------>  ABORTED
+    OPEN       --clock ≥ expires_at-->  EXPIRED   (derived from the clock; garbage collection deletes it)
+    COMPLETED  --put chunk-->  session_completed (409) unless the same bytes are already stored (a no-op)
+    ABORTED    --anything-->   session_aborted (410)
+    EXPIRED    --anything-->   session_expired (410)
+
+Chunk ``i`` covers bytes ``[i * chunk_size, min((i + 1) * chunk_size, size))``. When the size is not declared at
+creation, every chunk but the last must be exactly ``chunk_size`` and the size is declared at completion.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from transfer.errors import (
+    ChunkLengthMismatch,
+    ChunkOutOfRange,
+    InvalidRequest,
+    SessionAborted,
+    SessionCompleted,
+    SessionExpired,
+    SessionIncomplete,
+)
+
+
+class SessionState(enum.StrEnum):
+    OPEN = "open"
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+    EXPIRED = "expired"
+
+
+def total_chunks(size: int, chunk_size: int) -> int:
+    """Chunks needed for ``size`` bytes (0 for an empty file)."""
+    return -(-size // chunk_size)
+
+
+def plan_chunk_size(requested: int | None, *, default: int, minimum: int, maximum: int) -> int:
+    """The chunk size of a new session: the requested one within [minimum, maximum], else the default."""
+    size = default if requested is None else requested
+    if not minimum <= size <= maximum:
+        raise InvalidRequest(
+            f"chunk_size must be between {minimum} and {maximum} bytes", minimum=minimum, maximum=maximum
+        )
+    return size
+
+
+def compact_ranges(indices: Iterable[int]) -> list[list[int]]:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``[[0, 2], [5, 5], [7, 8]]`` (inclusive ranges)."""
+    out: list[list[int]] = []
+    for i in sorted(set(indices)):
+        if out and i == out[-1][1] + 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """Everything persisted about a session (JSON in the storage backend)."""
+
+    id: str
+    name: str
+    content_type: str | None
+    size: int | None
+    chunk_size: int
+    created_at: float
+    expires_at: float
+    state: SessionState = SessionState.OPEN
+    checksum: str | None = None  # declared sha256:<hex> of the whole
+    role: str | None = None
+    description: str | None = None
+    file_id: str | None = None  # once completed
+    chunk_digests: list[str] = field(default_factory=list)  # xxh3-128 hex per chunk, once completed
+
+    @property
+    def total_chunks(self) -> int | None:
+        return None if self.size is None else total_chunks(self.size, self.chunk_size)
+
+    def state_at(self, now: float) -> SessionState:
+        if self.state is SessionState.OPEN and now >= self.expires_at:
+            return SessionState.EXPIRED
+        return self.state
+
+    def require_open(self, now: float) -> None:
+        state = self.state_at(now)
+        if state is SessionState.COMPLETED:
+            raise SessionCompleted(f"session {self.id} is already completed", file_id=self.file_id)
+        if state is SessionState.ABORTED:
+            raise SessionAborted(f"session {self.id} was aborted")
+        if state is SessionState.EXPIRED:
+            raise SessionExpired(f"session {self.id} expired")
+
+    def require_readable(self, now: float) -> None:
+        state = self.state_at(now)
+        if state is SessionState.ABORTED:
+            raise SessionAborted(f"session {self.id} was aborted")
+        if state is SessionState.EXPIRED:
+            raise SessionExpired(f"session {self.id} expired")
+
+    def check_index(self, index: int) -> None:
+        total = self.total_chunks
+        if index < 0 or (total is not None and index >= total):
+            raise ChunkOutOfRange(
+                f"chunk {index} is outside 0..{(total or 0) - 1}" if total is not None else f"chunk {index} < 0",
+                total_chunks=total,
+            )
+
+    def expected_length(self, index: int) -> int | None:
+        """The exact length of chunk ``index``; None when the size is unknown (then: at most chunk_size)."""
+        self.check_index(index)
+        if self.size is None:
+            return None
+        return min(self.chunk_size, self.size - index * self.chunk_size)
+
+    def check_length(self, index: int, length: int) -> None:
+        expected = self.expected_length(index)
+        if expected is None:
+            if not 0 < length <= self.chunk_size:
+                raise ChunkLengthMismatch(f"chunk {index} has {length} bytes; at most {self.chunk_size} allowed")
+        elif length != expected:
+            raise ChunkLengthMismatch(f"chunk {index} has {length} bytes; expected {expected}", expected=expected)
+
+    def completion_plan(self, stored: dict[int, int], declared_size: int | None) -> tuple[int, int]:
+        """Check that the stored chunks (index -> length) make the whole file; return (size, total_chunks)."""
+        size = self.size if self.size is not None else declared_size
+        if size is None:
+            raise InvalidRequest("this session has no declared size: complete it with 'size'")
+        if self.size is not None and declared_size is not None and declared_size != self.size:
+            raise InvalidRequest(f"size {declared_size} differs from the session's {self.size}")
+        total = total_chunks(size, self.chunk_size)
+        missing = [i for i in range(total) if i not in stored]
+        extra = [i for i in stored if i >= total]
+        if missing or extra:
+            raise SessionIncomplete(
+                f"{len(missing)} chunk(s) missing" + (f", {len(extra)} beyond the end" if extra else ""),
+                missing=compact_ranges(missing),
+                beyond_end=compact_ranges(extra),
+            )
+        for i in range(total):
+            expected = min(self.chunk_size, size - i * self.chunk_size)
+            if stored[i] != expected:
+                raise ChunkLengthMismatch(f"chunk {i} has {stored[i]} bytes; expected {expected}", index=i)
+        return size, total
+
+    def with_changes(self, **changes: Any) -> Session:
+        return replace(self, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "content_type": self.content_type,
+            "size": self.size,
+            "chunk_size": self.chunk_size,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            "state": self.state.value,
+            "checksum": self.checksum,
+            "role": self.role,
+            "description": self.description,
+            "file_id": self.file_id,
+            "chunk_digests": self.chunk_digests,
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Session:
+        return cls(**{**doc, "state": SessionState(doc["state"])})

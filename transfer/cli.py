@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from transfer import __version__
+from transfer.client.chunks import state_dir
 from transfer.client.client import DEFAULT_SERVER, AsyncTransferClient, load_descriptor
 from transfer.client.resolver import Progress, ResolveOptions
 from transfer.core.content import ContentBundle, FileContent, TransferMode
@@ -124,7 +125,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 async def cmd_upload(args: argparse.Namespace) -> int:
-    options = ResolveOptions(buffer_size=1 << 20)
+    options = ResolveOptions(buffer_size=1 << 20, connections=args.connections)
     results: list[dict[str, Any]] = []
     async with AsyncTransferClient(args.server, options=options) as client:
         for file in args.files:
@@ -134,6 +135,19 @@ async def cmd_upload(args: argparse.Namespace) -> int:
             show = args.progress or (args.progress is None and sys.stderr.isatty() and path.stat().st_size > 8 << 20)
             progress, close = _progress_bar(show, path.name)
             try:
+                if args.chunked:
+                    descriptor = await client.upload_chunked(
+                        path,
+                        chunk_size=args.chunk_size,
+                        name=args.name if len(args.files) == 1 else None,
+                        content_type=args.content_type,
+                        role=args.role,
+                        description=args.description,
+                        progress=progress,
+                        remember=Path(args.state_dir) if args.state_dir else state_dir(),
+                    )
+                    results.append(descriptor.to_json())
+                    continue
                 descriptor = await client.upload(
                     path,
                     name=args.name if len(args.files) == 1 else None,
@@ -160,9 +174,11 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
         raise CliError("invalid_descriptor", "bundles are not resolvable by this version")
     dest = Path(args.output) if args.output else Path(getattr(descriptor, "name", None) or "content.bin").name
     dest = Path(dest)
-    if dest.exists() and not args.force:
+    if dest.exists() and not args.force and not args.follow:
         raise CliError("invalid_request", f"{dest} exists; pass --force to replace it")
     options = ResolveOptions(connections=args.connections)
+    if args.follow:
+        return await _follow(descriptor, args, options)
     show = args.progress or (args.progress is None and sys.stderr.isatty())
     progress, close = _progress_bar(show and descriptor.type is TransferMode.URL, str(dest.name))
     async with AsyncTransferClient(DEFAULT_SERVER, options=options) as client:
@@ -171,6 +187,37 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
         finally:
             close()
     print(f"{dest}: verified {descriptor.checksum or '(no checksum declared)'}", file=sys.stderr)
+    return 0
+
+
+async def _follow(descriptor: Any, args: argparse.Namespace, options: ResolveOptions) -> int:
+    """Write a streaming descriptor's bytes as its chunks arrive: to stdout with ``-o -``; to a file otherwise, which
+    appears under its name only once the whole was verified."""
+    if not isinstance(descriptor, FileContent) or descriptor.type is not TransferMode.STREAMING:
+        raise CliError("invalid_descriptor", "--follow needs a streaming descriptor")
+    async with AsyncTransferClient(DEFAULT_SERVER, options=options) as client:
+        if args.output == "-":
+            async for piece in client.resolver.follow(descriptor):
+                sys.stdout.buffer.write(piece)
+                sys.stdout.buffer.flush()
+            return 0
+        dest = Path(args.output) if args.output else Path(Path(descriptor.name).name)
+        tmp = dest.with_name(f".{dest.name}.following")
+        try:
+            with open(tmp, "wb") as out:
+                async for piece in client.resolver.follow(descriptor):
+                    out.write(piece)
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+    print(f"{dest}: verified {descriptor.checksum or '(no checksum declared)'}", file=sys.stderr)
+    return 0
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    async with AsyncTransferClient(args.server) as client:
+        status = await client.session_status(args.session)
+    print(json.dumps(status, indent=2))
     return 0
 
 
@@ -236,7 +283,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ttl", type=int, help="seconds the signed URL lives")
     p.add_argument("--url", action="store_true", help="always url mode, even for small files")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--chunked", action="store_true", help="a resumable chunked session, chunks in parallel")
+    p.add_argument("--chunk-size", type=int, help="bytes per chunk (--chunked; default: the server's)")
+    p.add_argument("--connections", type=int, default=4, help="parallel chunks (--chunked; default 4)")
+    p.add_argument("--state-dir", help="where --chunked remembers sessions to resume (default ~/.cache/transfer)")
     p.set_defaults(func=cmd_upload)
+
+    p = sub.add_parser("status", help="a chunked session's state: stored and missing chunks")
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("--server", default=server_default, help=f"service URL (default {DEFAULT_SERVER})")
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("resolve", help="download, decode and verify a descriptor")
     p.add_argument("descriptor", help="descriptor JSON file, or - for stdin")
@@ -244,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace an existing destination")
     p.add_argument("--connections", type=int, default=4, help="parallel ranged requests (default 4)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--follow", action="store_true", help="streaming descriptor: write chunks as they are uploaded")
     p.set_defaults(func=cmd_resolve)
 
     p = sub.add_parser("inspect", help="validate a descriptor and explain it")

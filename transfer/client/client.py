@@ -20,6 +20,7 @@ import anyio.from_thread
 import httpx
 from pydantic import ValidationError
 
+from transfer.client.chunks import ChunkOptions, upload_chunked
 from transfer.client.resolver import Descriptor, Progress, ResolveOptions, Resolver, raise_for_error
 from transfer.core.content import ContentBundle, FileContent, checksum_hex, parse_descriptor
 from transfer.errors import ChecksumMismatch, InvalidDescriptor, SizeMismatch
@@ -149,6 +150,43 @@ class AsyncTransferClient:
                 raise SizeMismatch(f"sent {sent} bytes, server stored {descriptor.size}")
             raise ChecksumMismatch("server's checksum differs from the bytes sent", actual=descriptor.checksum)
         return descriptor
+
+    async def upload_chunked(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        chunk_size: int | None = None,
+        name: str | None = None,
+        content_type: str | None = None,
+        role: str | None = None,
+        description: str | None = None,
+        progress: Progress | None = None,
+        remember: Path | None = None,
+    ) -> FileContent:
+        """Upload a file as a chunked session, ``connections`` chunks in parallel; with ``remember`` (a directory),
+        a rerun after a crash resumes the same session and sends only the missing chunks."""
+        source = Path(path)
+        metadata = {"name": name or source.name, "content_type": content_type, "role": role, "description": description}
+        doc = await upload_chunked(
+            self.http,
+            self.server,
+            source,
+            options=ChunkOptions(connections=self.options.connections, retries=self.options.retries),
+            chunk_size=chunk_size,
+            metadata={k: v for k, v in metadata.items() if v is not None},
+            progress=progress,
+            remember=remember,
+        )
+        descriptor = load_descriptor(doc)
+        assert isinstance(descriptor, FileContent)
+        return descriptor
+
+    async def session_status(self, session_id: str) -> dict[str, Any]:
+        """Stored and missing chunks, bytes received, state and expiry of a session."""
+        response = await self.http.get(f"{self.server}/v1/sessions/{quote(session_id)}")
+        await raise_for_error(response)
+        status: dict[str, Any] = response.json()
+        return status
 
     async def describe(self, file_id: str, **params: Any) -> FileContent:
         """A fresh descriptor (new signed URL) for a stored file."""

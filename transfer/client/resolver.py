@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 import pybase64
 
+from transfer.client.chunks import ChunkOptions, follow, streaming_to_path
 from transfer.core.content import (
     CodeContent,
     ContentBundle,
@@ -132,13 +133,22 @@ class Resolver:
             if progress:
                 progress(len(data), len(data))
             return dest_path
+        if descriptor.type is TransferMode.STREAMING:
+            return await streaming_to_path(self.http, descriptor, dest_path, self._chunk_options(), progress)
         if descriptor.type is not TransferMode.URL:
-            raise InvalidDescriptor(f"{descriptor.type.value} mode cannot be resolved by this version")
+            raise InvalidDescriptor(f"{descriptor.type.value} mode cannot be resolved")
         return await self._url_to_path(descriptor, dest_path, progress)
+
+    def _chunk_options(self) -> ChunkOptions:
+        return ChunkOptions(connections=self.options.connections, retries=self.options.retries)
+
+    def follow(self, descriptor: FileContent) -> AsyncIterator[bytes]:
+        """Bytes of a streaming descriptor in order as its chunks are stored (for sessions still uploading)."""
+        return follow(self.http, descriptor, self._chunk_options())
 
     async def to_bytes(self, descriptor: Descriptor, max_size: int = 256 << 20) -> bytes:
         """Resolve into memory (for small content; refuses more than ``max_size`` bytes)."""
-        if isinstance(descriptor, FileContent) and descriptor.type is TransferMode.URL:
+        if isinstance(descriptor, FileContent) and descriptor.type in (TransferMode.URL, TransferMode.STREAMING):
             if descriptor.size is not None and descriptor.size > max_size:
                 raise InvalidDescriptor(f"content of {descriptor.size} bytes is larger than max_size; use to_path")
             chunks = [c async for c in self.stream(descriptor)]
@@ -155,6 +165,10 @@ class Resolver:
         iteration finishes."""
         if descriptor.type is TransferMode.INLINE:
             yield await self.to_bytes(descriptor)
+            return
+        if descriptor.type is TransferMode.STREAMING:
+            async for piece in follow(self.http, descriptor, self._chunk_options()):
+                yield piece
             return
         if descriptor.url is None:
             raise InvalidDescriptor("url mode requires 'url'")

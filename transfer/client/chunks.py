@@ -1,0 +1,301 @@
+"""Streaming-mode content on the client side: chunked, resumable uploads, and reading streaming descriptors —
+in parallel into a file, or in order as the chunks arrive (``follow``, for sessions still being uploaded).
+
+Every chunk carries its xxh3-128 both ways (``Chunk-Checksum``); the whole file's SHA-256 is checked against the
+descriptor. A chunk that fails (cut connection, 5xx, checksum) is fetched or sent again, a bounded number of times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import secrets
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import xxhash
+
+from transfer.core.content import FileContent, checksum_hex
+from transfer.errors import (
+    ChunkChecksumMismatch,
+    ChunkNotReady,
+    InvalidDescriptor,
+    RemoteError,
+    SizeMismatch,
+    TransferError,
+)
+
+Progress = Callable[[int, int | None], None]
+RETRYABLE = (httpx.TransportError, ChunkChecksumMismatch, RemoteError)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkOptions:
+    connections: int = 4
+    retries: int = 5
+    wait: int = 30  # seconds a chunk read may wait for a chunk not uploaded yet (Prefer: wait)
+
+
+def _chunk_url(descriptor: FileContent, index: int) -> str:
+    if not descriptor.url or "?" not in descriptor.url:
+        raise InvalidDescriptor("streaming descriptor has no signed chunk URL")
+    base, _, query = descriptor.url.partition("?")
+    return f"{base}/{index}?{query}"
+
+
+def _error_from(response: httpx.Response) -> TransferError:
+    from transfer.errors import error_from_payload
+
+    try:
+        payload = response.json()
+    except ValueError:
+        payload = None
+    return error_from_payload(response.status_code, payload)
+
+
+async def fetch_chunk(http: httpx.AsyncClient, descriptor: FileContent, index: int, options: ChunkOptions) -> bytes:
+    """One chunk, verified against its xxh3-128; waits for chunks not yet uploaded; retries cut connections."""
+    attempt = 0
+    while True:
+        try:
+            response = await http.get(
+                _chunk_url(descriptor, index), headers={"prefer": f"wait={options.wait}", "accept-encoding": "identity"}
+            )
+            if response.status_code >= 500 and not (response.status_code == 503 and "retry-after" in response.headers):
+                raise RemoteError(f"server answered {response.status_code}")
+            if response.status_code >= 400:
+                raise _error_from(response)
+            declared = response.headers.get("chunk-checksum", "")
+            actual = "xxh3-128:" + xxhash.xxh3_128_hexdigest(response.content)
+            if declared and declared.lower() != actual:
+                raise ChunkChecksumMismatch(f"chunk {index}: {actual}, server declared {declared}")
+            return response.content
+        except ChunkNotReady:
+            continue  # still being produced: ask again (the server already waited)
+        except RETRYABLE as exc:
+            attempt += 1
+            if attempt > options.retries:
+                raise RemoteError(f"chunk {index} failed after {options.retries} retries: {exc}") from exc
+            await asyncio.sleep(min(0.1 * 2**attempt, 5.0))
+
+
+def _layout(descriptor: FileContent) -> tuple[int, int, int]:
+    if descriptor.size is None or descriptor.total_chunks is None or descriptor.chunk_size is None:
+        raise InvalidDescriptor("streaming descriptor needs size, total_chunks and chunk_size")
+    return descriptor.size, descriptor.total_chunks, descriptor.chunk_size
+
+
+def _verify(descriptor: FileContent, sha_hex: str, size: int) -> None:
+    from transfer.client.resolver import verify_bytes
+
+    verify_bytes(descriptor, sha_hex, size)
+
+
+async def streaming_to_path(
+    http: httpx.AsyncClient, descriptor: FileContent, dest: Path, options: ChunkOptions, progress: Progress | None
+) -> Path:
+    """Chunks in parallel into a temp file at their offsets, hashed in order as the prefix completes; renamed to
+    ``dest`` only when the size and SHA-256 match the descriptor."""
+    size, total, chunk_size = _layout(descriptor)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.parent / f".{dest.name}.{secrets.token_hex(6)}.part"
+    fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    sha = hashlib.sha256()
+    done = [asyncio.Event() for _ in range(total)]
+    slots = asyncio.Semaphore(options.connections)
+    received = 0
+    try:
+
+        async def one(index: int) -> None:
+            nonlocal received
+            async with slots:
+                data = await fetch_chunk(http, descriptor, index, options)
+            expected = min(chunk_size, size - index * chunk_size)
+            if len(data) != expected:
+                raise SizeMismatch(f"chunk {index} has {len(data)} bytes, expected {expected}")
+            await asyncio.to_thread(os.pwrite, fd, data, index * chunk_size)
+            received += len(data)
+            if progress:
+                progress(received, size)
+            done[index].set()
+
+        async def hash_in_order() -> None:
+            for index in range(total):
+                await done[index].wait()
+                start = index * chunk_size
+                data = await asyncio.to_thread(os.pread, fd, min(chunk_size, size - start), start)
+                await asyncio.to_thread(sha.update, data)
+
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(hash_in_order())
+                for index in range(total):
+                    tg.create_task(one(index))
+        except BaseExceptionGroup as group:
+            raise _first(group) from None
+        os.close(fd)
+        fd = -1
+        _verify(descriptor, sha.hexdigest(), os.path.getsize(part))
+        os.replace(part, dest)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        try:
+            os.remove(part)
+        except FileNotFoundError:
+            pass
+    return dest
+
+
+async def follow(http: httpx.AsyncClient, descriptor: FileContent, options: ChunkOptions) -> AsyncIterator[bytes]:
+    """The original bytes in order, each chunk as soon as it is stored (a few fetched ahead); the whole SHA-256 is
+    checked after the last chunk (a mismatch raises then)."""
+    size, total, _chunk_size = _layout(descriptor)
+    sha = hashlib.sha256()
+    received = 0
+    ahead: dict[int, asyncio.Task[bytes]] = {}
+    try:
+        for index in range(total):
+            for j in range(index, min(total, index + options.connections)):
+                if j not in ahead:
+                    ahead[j] = asyncio.create_task(fetch_chunk(http, descriptor, j, options))
+            data = await ahead.pop(index)
+            sha.update(data)
+            received += len(data)
+            yield data
+    finally:
+        for task in ahead.values():
+            task.cancel()
+    _verify(descriptor, sha.hexdigest(), received)
+    del size
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first(exc)
+        if isinstance(exc, TransferError):
+            return exc
+    return group.exceptions[0]
+
+
+# -- uploads ---------------------------------------------------------------------------------------------------------
+
+
+def state_dir() -> Path:
+    """Where resumable uploads remember their session (``$XDG_CACHE_HOME/transfer/sessions``)."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "transfer" / "sessions"
+
+
+def _state_key(path: Path, server: str) -> str:
+    st = path.stat()
+    ident = f"{server}\n{path.resolve()}\n{st.st_size}\n{st.st_mtime_ns}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:32]
+
+
+def _file_sha256(path: Path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+async def upload_chunked(
+    http: httpx.AsyncClient,
+    server: str,
+    path: Path,
+    *,
+    options: ChunkOptions,
+    chunk_size: int | None = None,
+    metadata: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+    remember: Path | None = None,
+) -> dict[str, Any]:
+    """Upload ``path`` as a chunked session — resuming the session remembered for this file under ``remember`` —
+    and complete it. Returns the completed descriptor (JSON)."""
+    size = path.stat().st_size
+    sha = await asyncio.to_thread(_file_sha256, path)
+    state_file = remember / f"{_state_key(path, server)}.json" if remember else None
+    sid: str | None = None
+    if state_file is not None and state_file.exists():
+        sid = json.loads(state_file.read_text()).get("session")
+    status: dict[str, Any] | None = None
+    if sid:
+        response = await http.get(f"{server}/v1/sessions/{sid}")
+        if response.status_code == 200 and response.json().get("state") == "open":
+            status = response.json()
+    if status is None:
+        body = {"size": size, "checksum": "sha256:" + sha, "chunk_size": chunk_size, **(metadata or {})}
+        response = await http.post(f"{server}/v1/sessions", json={k: v for k, v in body.items() if v is not None})
+        if response.status_code != 201:
+            raise _error_from(response)
+        status = response.json()
+        sid = status["streaming_session_id"]
+        if state_file is not None:
+            state_file.parent.mkdir(parents=True, exist_ok=True)
+            state_file.write_text(json.dumps({"session": sid, "path": str(path)}))
+        stored: set[int] = set()
+    else:
+        stored = {i for a, b in status["stored"] for i in range(a, b + 1)}
+    assert sid is not None
+    cs = int(status["chunk_size"])
+    total = -(-size // cs)
+    sent = sum(min(cs, size - i * cs) for i in stored)
+    if progress:
+        progress(sent, size)
+    slots = asyncio.Semaphore(options.connections)
+
+    async def send(index: int) -> None:
+        nonlocal sent
+        async with slots:
+            length = min(cs, size - index * cs)
+            data = await asyncio.to_thread(_pread_file, path, index * cs, length)
+            header = {"chunk-checksum": "xxh3-128:" + xxhash.xxh3_128_hexdigest(data)}
+            attempt = 0
+            while True:
+                try:
+                    response = await http.put(
+                        f"{server}/v1/sessions/{sid}/chunks/{index}", content=data, headers=header
+                    )
+                    if response.status_code >= 500:
+                        raise RemoteError(f"server answered {response.status_code}")
+                    if response.status_code >= 400:
+                        raise _error_from(response)
+                    break
+                except (httpx.TransportError, RemoteError) as exc:
+                    attempt += 1
+                    if attempt > options.retries:
+                        raise RemoteError(f"chunk {index} failed after {options.retries} retries: {exc}") from exc
+                    await asyncio.sleep(min(0.1 * 2**attempt, 5.0))
+        sent += length
+        if progress:
+            progress(sent, size)
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for index in range(total):
+                if index not in stored:
+                    tg.create_task(send(index))
+    except BaseExceptionGroup as group:
+        raise _first(group) from None
+    response = await http.post(f"{server}/v1/sessions/{sid}/complete", json={})
+    if response.status_code != 200:
+        raise _error_from(response)
+    descriptor: dict[str, Any] = response.json()
+    if checksum_hex(descriptor.get("checksum", "0" * 64)) != sha:
+        raise RemoteError("the completed file's checksum differs from the local file's")
+    if state_file is not None:
+        state_file.unlink(missing_ok=True)
+    return descriptor
+
+
+def _pread_file(path: Path, offset: int, length: int) -> bytes:
+    with open(path, "rb") as f:
+        return os.pread(f.fileno(), length, offset)

@@ -246,3 +246,19 @@ class _Probe:
 @pytest.fixture
 def s3_probe(request: pytest.FixtureRequest) -> _Probe:
     return _Probe(request)
+
+
+def test_concurrent_completions_have_one_outcome(server: LiveServer) -> None:
+    data = os.urandom(2 * CHUNK + 3)
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        sid = http.post("/v1/sessions", json={"size": len(data), "chunk_size": CHUNK}).json()["streaming_session_id"]
+        for i, piece in enumerate(chunks_of(data)):
+            assert put(http, sid, i, piece).status_code == 201
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            results = list(pool.map(lambda _: http.post(f"/v1/sessions/{sid}/complete", json={}), range(3)))
+        ok = [r.json() for r in results if r.status_code == 200]
+        assert ok and all(r.status_code in (200, 409) for r in results)
+        assert len({d["metadata"]["file_id"] for d in ok}) == 1
+        assert [f["metadata"]["file_id"] for f in http.get("/v1/files").json()["files"]] == [
+            ok[0]["metadata"]["file_id"]
+        ]

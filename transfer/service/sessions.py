@@ -43,7 +43,7 @@ from transfer.errors import (
     from_storage_error,
     storage_errors_translated,
 )
-from transfer.service.records import FileRecord, new_file_id, object_key
+from transfer.service.records import FileRecord, object_key
 from transfer.settings import Settings
 
 MiB = 1 << 20
@@ -330,7 +330,9 @@ class SessionService:
             for i in range(total):
                 with storage_errors_translated():
                     digests.append((await self.storage.stat(chunk_key(sid, i))).metadata.get("xxh3", ""))
-            file_id = new_file_id()
+            # the file id follows from the session id: two replicas completing at once compose the same object
+            # and write the same record, so there is one outcome and no orphan
+            file_id = "f_" + sid[2:]
             record = FileRecord(
                 id=file_id,
                 name=session.name,

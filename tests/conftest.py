@@ -202,3 +202,24 @@ def serve_in_thread(app: FastAPI) -> tuple[str, Any, threading.Thread]:
             raise RuntimeError("uvicorn did not start")
         time.sleep(0.01)
     return f"http://127.0.0.1:{port}", server, thread
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def server(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Iterator[LiveServer]:
+    """A live server on local storage, and again on the S3 test server (tests using it run on both)."""
+    extra: dict[str, Any] = {}
+    if request.param == "s3":
+        request.getfixturevalue("s3_env")  # TRANSFER_STORAGE=s3 and friends in the environment
+        extra = {"storage": "s3"}
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        signing_keys={"t": "0123456789abcdef0123"},
+        live_read_timeout=5,
+        session_gc_interval=0.2,
+        **extra,
+    )
+    app = create_app(settings, clock=clock)
+    url, srv, thread = serve_in_thread(app)
+    yield LiveServer(url, app, settings)
+    srv.should_exit = True
+    thread.join(10)

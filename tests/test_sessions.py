@@ -8,41 +8,17 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import xxhash
 
-from tests.conftest import Clock, LiveServer, in_progress_uploads, serve_in_thread
+from tests.conftest import Clock, LiveServer, in_progress_uploads
 from tests.test_api_upload import assert_error
-from transfer.api.app import create_app
-from transfer.settings import Settings
 
 MiB = 1 << 20
 CHUNK = 5 * MiB  # the smallest chunk S3 composes
-
-
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
-def server(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Iterator[LiveServer]:
-    extra: dict[str, Any] = {}
-    if request.param == "s3":
-        request.getfixturevalue("s3_env")  # TRANSFER_STORAGE=s3 and friends in the environment
-        extra = {"storage": "s3"}
-    settings = Settings(
-        data_dir=tmp_path / "data",
-        signing_keys={"t": "0123456789abcdef0123"},
-        live_read_timeout=5,
-        session_gc_interval=0.2,
-        **extra,
-    )
-    app = create_app(settings, clock=clock)
-    url, srv, thread = serve_in_thread(app)
-    yield LiveServer(url, app, settings)
-    srv.should_exit = True
-    thread.join(10)
 
 
 def chunk_header(data: bytes) -> dict[str, str]:

@@ -171,7 +171,12 @@ async def cmd_upload(args: argparse.Namespace) -> int:
 async def cmd_resolve(args: argparse.Namespace) -> int:
     descriptor = _read_descriptor(args.descriptor)
     if isinstance(descriptor, ContentBundle):
-        raise CliError("invalid_descriptor", "bundles are not resolvable by this version")
+        directory = Path(args.output or descriptor.id)
+        async with AsyncTransferClient(DEFAULT_SERVER, options=ResolveOptions(connections=args.connections)) as c:
+            placed = await c.resolver.bundle_to_dir(descriptor, directory)
+        for path in placed:
+            print(f"{path}: verified", file=sys.stderr)
+        return 0
     dest = Path(args.output) if args.output else Path(getattr(descriptor, "name", None) or "content.bin").name
     dest = Path(dest)
     if dest.exists() and not args.force and not args.follow:
@@ -211,6 +216,37 @@ async def _follow(descriptor: Any, args: argparse.Namespace, options: ResolveOpt
         finally:
             tmp.unlink(missing_ok=True)
     print(f"{dest}: verified {descriptor.checksum or '(no checksum declared)'}", file=sys.stderr)
+    return 0
+
+
+async def cmd_bundle(args: argparse.Namespace) -> int:
+    """Upload files and gather them, with inline text, into a ContentBundle (printed as JSON)."""
+    items: list[dict[str, Any]] = []
+    async with AsyncTransferClient(args.server) as client:
+        for spec in args.items:
+            role, sep, what = spec.partition(":")
+            if not sep or not what:
+                raise CliError("invalid_request", f"item {spec!r}: use ROLE:PATH or ROLE:text=STRING")
+            if what.startswith("text="):
+                items.append(
+                    {
+                        "role": role,
+                        "content": {
+                            "type": "inline",
+                            "content_type": "text/plain",
+                            "charset": "utf-8",
+                            "data": what[5:],
+                        },
+                    }
+                )
+                continue
+            path = Path(what)
+            if not path.is_file():
+                raise CliError("invalid_request", f"{what}: no such file")
+            descriptor = await client.upload(path, inline=False)
+            items.append({"role": role, "file_id": (descriptor.metadata or {})["file_id"]})
+        bundle = await client.create_bundle(items, name=args.name, description=args.description)
+    print(json.dumps(bundle.to_json(), ensure_ascii=False, indent=2))
     return 0
 
 
@@ -289,6 +325,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", help="where --chunked remembers sessions to resume (default ~/.cache/transfer)")
     p.set_defaults(func=cmd_upload)
 
+    p = sub.add_parser("bundle", help="upload files and make a ContentBundle of them (JSON to stdout)")
+    p.add_argument(
+        "items", nargs="+", metavar="ROLE:PATH|ROLE:text=STRING", help="roles: main, reference, attachment, thumbnail"
+    )
+    p.add_argument("--server", default=server_default, help=f"service URL (default {DEFAULT_SERVER})")
+    p.add_argument("--name")
+    p.add_argument("--description")
+    p.set_defaults(func=cmd_bundle)
+
     p = sub.add_parser("status", help="a chunked session's state: stored and missing chunks")
     p.add_argument("session", metavar="SESSION")
     p.add_argument("--server", default=server_default, help=f"service URL (default {DEFAULT_SERVER})")
@@ -296,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("resolve", help="download, decode and verify a descriptor")
     p.add_argument("descriptor", help="descriptor JSON file, or - for stdin")
-    p.add_argument("-o", "--output", help="destination path (default: the descriptor's name)")
+    p.add_argument("-o", "--output", help="destination path (default: the descriptor's name; a bundle: a directory)")
     p.add_argument("--force", action="store_true", help="replace an existing destination")
     p.add_argument("--connections", type=int, default=4, help="parallel ranged requests (default 4)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from storage.base import Storage
 from storage.errors import StorageError
 from transfer import __version__
+from transfer.api.bundles import add_bundle_routes
 from transfer.api.multipart import file_part_stream, multipart_boundary
 from transfer.api.sessions import add_session_routes
 from transfer.api.streaming import DownloadResponse, request_body
@@ -27,6 +28,7 @@ from transfer.core.encodings import coding_from_http, storage_encoding
 from transfer.core.naming import filename_from_content_disposition
 from transfer.errors import InvalidRequest, TransferError, from_storage_error
 from transfer.service.backends import make_storage
+from transfer.service.bundles import BundleService
 from transfer.service.files import FileService
 from transfer.service.ingest import UploadRequest
 from transfer.service.sessions import SessionService
@@ -130,6 +132,7 @@ def create_app(
         return settings.public_url or str(request.base_url).rstrip("/")
 
     add_session_routes(app, sessions, service, base_url)
+    add_bundle_routes(app, BundleService(service.storage, service, clock=clock), base_url)
 
     @app.get("/healthz", tags=["service"])
     async def healthz() -> dict[str, str]:

@@ -209,9 +209,26 @@ class AsyncTransferClient:
         """Resolve into ``dest`` (returns the path) or, without ``dest``, into memory (returns the bytes)."""
         if not isinstance(descriptor, FileContent | ContentBundle) and isinstance(descriptor, str | dict):
             descriptor = load_descriptor(descriptor)
+        if isinstance(descriptor, ContentBundle):
+            if dest is None:
+                raise InvalidDescriptor("a bundle resolves into a directory: give dest")
+            await self.resolver.bundle_to_dir(descriptor, dest)
+            return Path(dest)
         if dest is None:
             return await self.resolver.to_bytes(descriptor)
         return await self.resolver.to_path(descriptor, dest, progress)
+
+    async def create_bundle(
+        self, items: list[dict[str, Any]], *, name: str | None = None, description: str | None = None
+    ) -> ContentBundle:
+        """A ContentBundle of stored files (``{"role", "file_id"}``) and inline content (``{"role", "content"}``)."""
+        response = await self.http.post(
+            f"{self.server}/v1/bundles", json={"items": items, "name": name, "description": description}
+        )
+        await raise_for_error(response)
+        bundle = load_descriptor(response.content)
+        assert isinstance(bundle, ContentBundle)
+        return bundle
 
     def stream(self, descriptor: FileContent) -> AsyncIterator[bytes]:
         """The original bytes as an async stream, verified when it ends."""

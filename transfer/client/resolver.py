@@ -39,6 +39,7 @@ from transfer.core.content import (
     checksum_hex,
 )
 from transfer.core.encodings import DecodeLimits, make_decoder
+from transfer.core.naming import sanitize_filename
 from transfer.errors import (
     ChecksumMismatch,
     InvalidDescriptor,
@@ -124,7 +125,7 @@ class Resolver:
     ) -> Path:
         """Resolve into ``dest`` (written only once verified). Returns the path."""
         if isinstance(descriptor, ContentBundle):
-            raise InvalidDescriptor("bundles resolve into a directory; resolve their items one by one")
+            raise InvalidDescriptor("a bundle resolves into a directory: use bundle_to_dir")
         dest_path = Path(dest)
         if descriptor.type is TransferMode.INLINE or not isinstance(descriptor, FileContent):
             data = inline_bytes(descriptor)
@@ -145,6 +146,38 @@ class Resolver:
     def follow(self, descriptor: FileContent) -> AsyncIterator[bytes]:
         """Bytes of a streaming descriptor in order as its chunks are stored (for sessions still uploading)."""
         return follow(self.http, descriptor, self._chunk_options())
+
+    async def bundle_to_dir(self, bundle: ContentBundle, directory: str | os.PathLike[str]) -> list[Path]:
+        """Every item of ``bundle`` into ``directory`` (files under their names, inline text/JSON/code as
+        ``<item id>.txt|.json|.code``), each verified; on any failure, nothing of this call is left behind."""
+        target = Path(directory)
+        target.mkdir(parents=True, exist_ok=True)
+        staging = target / f".bundle-{secrets.token_hex(6)}"
+        staging.mkdir()
+        names: list[str] = []
+        try:
+            for item in bundle.items:
+                content = item.content
+                if isinstance(content, FileContent):
+                    name = sanitize_filename(content.name, default=item.id)
+                else:
+                    ext = {"TextContent": ".txt", "JSONContent": ".json", "CodeContent": ".code"}[
+                        type(content).__name__
+                    ]
+                    name = sanitize_filename(item.id, default="item") + ext
+                if name in names or (target / name).exists():
+                    name = f"{sanitize_filename(item.id, default='item')}-{name}"
+                names.append(name)
+                await self.to_path(content, staging / name)
+            placed = []
+            for name in names:
+                os.replace(staging / name, target / name)
+                placed.append(target / name)
+            return placed
+        finally:
+            for leftover in staging.iterdir():
+                leftover.unlink()
+            staging.rmdir()
 
     async def to_bytes(self, descriptor: Descriptor, max_size: int = 256 << 20) -> bytes:
         """Resolve into memory (for small content; refuses more than ``max_size`` bytes)."""

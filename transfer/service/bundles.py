@@ -1,0 +1,128 @@
+"""Content bundles (seed 000 §3.5): several content objects with roles, stored as a record that refers to stored
+files by id and carries inline Text/JSON/Code content as is. Fetching a bundle describes its files afresh (new signed
+URLs), so a bundle outlives the URLs it was first handed out with."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from storage.base import Storage
+from transfer.core.content import (
+    BundleItemRole,
+    CodeContent,
+    ContentBundle,
+    ContentBundleItem,
+    JSONContent,
+    TextContent,
+    parse_descriptor,
+)
+from transfer.errors import InvalidDescriptor, InvalidRequest, NotFound, storage_errors_translated
+from transfer.service.files import FileService
+
+MAX_ITEMS = 1000
+
+
+def bundle_key(bundle_id: str) -> str:
+    return f"bundles/{bundle_id}.json"
+
+
+def is_bundle_id(value: str) -> bool:
+    return value.startswith("b_") and len(value) == 34 and all(c in "0123456789abcdef" for c in value[2:])
+
+
+class BundleService:
+    def __init__(self, storage: Storage, files: FileService, *, clock: Callable[[], float] = time.time) -> None:
+        self.storage = storage
+        self.files = files
+        self.clock = clock
+
+    async def create(
+        self, items: list[dict[str, Any]], *, name: str | None = None, description: str | None = None
+    ) -> str:
+        """Validate and store a bundle. Each item: ``{"id"?, "role", "file_id"}`` for a stored file, or
+        ``{"id"?, "role", "content": <inline Text/JSON/Code object>}``. Returns the bundle id."""
+        if not items:
+            raise InvalidRequest("a bundle needs at least one item")
+        if len(items) > MAX_ITEMS:
+            raise InvalidRequest(f"a bundle holds at most {MAX_ITEMS} items")
+        stored: list[dict[str, Any]] = []
+        for n, item in enumerate(items):
+            try:
+                role = BundleItemRole(item.get("role", ""))
+            except ValueError:
+                raise InvalidRequest(f"item {n}: role must be one of main, reference, attachment, thumbnail") from None
+            entry: dict[str, Any] = {"id": str(item.get("id") or f"item-{n + 1:03d}"), "role": role.value}
+            if "file_id" in item:
+                await self.files.record(str(item["file_id"]))  # NotFound if it does not exist
+                entry["file_id"] = str(item["file_id"])
+            elif "content" in item:
+                content = _inline_content(item["content"], n)
+                entry["content"] = content.to_json()
+            else:
+                raise InvalidRequest(f"item {n}: give 'file_id' (a stored file) or 'content' (inline text/JSON/code)")
+            stored.append(entry)
+        if len({e["id"] for e in stored}) != len(stored):
+            raise InvalidRequest("bundle item ids must be unique")
+        bundle_id = "b_" + secrets.token_hex(16)
+        doc = {
+            "id": bundle_id,
+            "name": name,
+            "description": description,
+            "items": stored,
+            "created_at": datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0).isoformat(),
+        }
+        with storage_errors_translated():
+            async with self.storage.create(bundle_key(bundle_id), if_absent=True) as writer:
+                await writer.write(json.dumps(doc, ensure_ascii=True).encode())
+                await writer.commit({})
+        return bundle_id
+
+    async def describe(self, bundle_id: str, base_url: str, *, ttl: int | None = None) -> ContentBundle:
+        """The bundle as a ContentBundle: stored files described afresh, ``total_size`` computed."""
+        if not is_bundle_id(bundle_id):
+            raise NotFound(f"no bundle {bundle_id!r}")
+        try:
+            with storage_errors_translated():
+                async with await self.storage.open(bundle_key(bundle_id)) as reader:
+                    doc = json.loads(b"".join([c async for c in reader.read()]))
+        except NotFound:
+            raise NotFound(f"no bundle {bundle_id!r}") from None
+        items = []
+        for entry in doc["items"]:
+            if "file_id" in entry:
+                record = await self.files.record(entry["file_id"])
+                content: Any = await self.files.describe(record, base_url, ttl=ttl)
+            else:
+                content = _inline_content(entry["content"], 0)
+            items.append(ContentBundleItem(id=entry["id"], role=BundleItemRole(entry["role"]), content=content))
+        total = sum(item.content.size or 0 for item in items)
+        return ContentBundle(
+            id=doc["id"],
+            name=doc.get("name"),
+            description=doc.get("description"),
+            items=items,
+            total_size=total,
+            created_at=datetime.fromisoformat(doc["created_at"]),
+        )
+
+
+def _inline_content(value: Any, n: int) -> TextContent | JSONContent | CodeContent:
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"item {n}: 'content' must be a Text, JSON or Code content object")
+    try:
+        content = parse_descriptor(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InvalidDescriptor(f"item {n}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from exc
+    if not isinstance(content, TextContent | JSONContent | CodeContent):
+        raise InvalidRequest(f"item {n}: files go in by 'file_id'; 'content' is for inline text, JSON or code")
+    if content.type.value != "inline":
+        raise InvalidRequest(f"item {n}: inline content must have type 'inline'")
+    return content

@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     session_max_ttl: int = Field(default=7 * 24 * 3600, gt=0)
     session_retention: int = Field(default=24 * 3600, ge=0, description="seconds ended sessions stay visible")
     session_gc_interval: float = Field(default=60.0, gt=0, description="seconds between expiry sweeps")
+    cors_allow_origins: list[str] = Field(
+        default_factory=list, description='JSON list of origins allowed to call the API from a browser, e.g. ["*"]'
+    )
     live_read_timeout: float = Field(default=30.0, ge=0, description="longest wait for a chunk not yet uploaded")
 
     @field_validator("public_url")

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -22,6 +23,7 @@ from transfer.api.bundles import add_bundle_routes
 from transfer.api.multipart import file_part_stream, multipart_boundary
 from transfer.api.sessions import add_session_routes
 from transfer.api.streaming import DownloadResponse, request_body
+from transfer.api.tus import TusMiddleware, add_tus_routes
 from transfer.core.content import DownloadMethod, FileRole, normalize_checksum
 from transfer.core.digests import sha256_from_digest_field
 from transfer.core.encodings import coding_from_http, storage_encoding
@@ -32,6 +34,7 @@ from transfer.service.bundles import BundleService
 from transfer.service.files import FileService
 from transfer.service.ingest import UploadRequest
 from transfer.service.sessions import SessionService
+from transfer.service.tus import TusService
 from transfer.settings import Settings
 
 log = logging.getLogger("transfer.api")
@@ -75,12 +78,14 @@ def create_app(
     settings = settings or Settings()
     service = FileService(storage or make_storage(settings), settings, clock=clock)
     sessions = SessionService(service.storage, settings, clock=clock)
+    tus = TusService(service.storage, settings, clock=clock)
 
     async def sweep_sessions() -> None:
         while True:
             await asyncio.sleep(settings.session_gc_interval)
             try:
                 await sessions.collect_garbage()
+                await tus.collect_garbage()
             except TransferError:
                 log.exception("session garbage collection failed; retrying at the next interval")
 
@@ -133,6 +138,36 @@ def create_app(
 
     add_session_routes(app, sessions, service, base_url)
     add_bundle_routes(app, BundleService(service.storage, service, clock=clock), base_url)
+    add_tus_routes(app, tus, service, base_url)
+    app.add_middleware(TusMiddleware)
+    if settings.cors_allow_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_allow_origins,
+            allow_methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
+            allow_headers=["*"],
+            expose_headers=[
+                "location",
+                "etag",
+                "content-range",
+                "content-disposition",
+                "repr-digest",
+                "chunk-checksum",
+                "tus-resumable",
+                "tus-version",
+                "tus-extension",
+                "tus-max-size",
+                "tus-checksum-algorithm",
+                "upload-offset",
+                "upload-length",
+                "upload-metadata",
+                "upload-expires",
+                "upload-concat",
+                "upload-defer-length",
+                "upload-file-id",
+            ],
+            max_age=600,
+        )
 
     @app.get("/healthz", tags=["service"])
     async def healthz() -> dict[str, str]:

@@ -1,0 +1,206 @@
+"""tus 1.0.0 front door at ``/tus/files/`` (core, creation, creation-with-upload, creation-defer-length, checksum,
+termination, expiration, concatenation). A thin adapter over :class:`TusService`.
+
+When an upload is complete, ``GET /tus/files/{id}`` returns its Synapse ``FileContent`` descriptor (the upload URL
+is all a tus client keeps), and the last PATCH answers with ``Upload-File-Id``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Header, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from transfer.api.streaming import request_body
+from transfer.errors import InvalidRequest, NotFound, TransferError
+from transfer.service.files import FileService
+from transfer.service.tus import CHECKSUM_ALGORITHMS, TusService, encode_metadata, http_date, parse_metadata
+
+TUS_VERSION = "1.0.0"
+EXTENSIONS = "creation,creation-with-upload,creation-defer-length,checksum,termination,expiration,concatenation"
+OFFSET_TYPE = "application/offset+octet-stream"
+PREFIX = "/tus/files"
+
+
+class UnsupportedMediaType(TransferError):
+    code = "unsupported_media_type"
+    status = 415
+
+
+class TusVersionUnsupported(TransferError):
+    code = "tus_version_unsupported"
+    status = 412
+
+
+class TusMiddleware:
+    """For every ``/tus/`` request: ``X-HTTP-Method-Override`` (for clients that can only POST), the
+    ``Tus-Resumable`` check (412 with ``Tus-Version``), and ``Tus-Resumable`` on every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/tus/"):
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        override = headers.get("x-http-method-override")
+        if override and scope["method"] == "POST":
+            scope = {**scope, "method": override.upper()}
+        method = scope["method"]
+        if method not in ("OPTIONS", "GET") and headers.get("tus-resumable") != TUS_VERSION:
+            err = TusVersionUnsupported(f"Tus-Resumable must be {TUS_VERSION}")
+            response = JSONResponse(
+                err.to_payload(), status_code=412, headers={"tus-version": TUS_VERSION, "tus-resumable": TUS_VERSION}
+            )
+            await response(scope, receive, send)
+            return
+
+        async def send_with_version(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"tus-resumable", b"1.0.0")]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_version)
+
+
+def _parse_checksum(value: str | None) -> tuple[str, bytes] | None:
+    if not value:
+        return None
+    algorithm, _, digest = value.strip().partition(" ")
+    if algorithm not in CHECKSUM_ALGORITHMS:
+        raise InvalidRequest(f"unsupported checksum algorithm {algorithm!r}; use one of {sorted(CHECKSUM_ALGORITHMS)}")
+    try:
+        return algorithm, base64.b64decode(digest.strip(), validate=True)
+    except binascii.Error as exc:
+        raise InvalidRequest("Upload-Checksum digest is not base64") from exc
+
+
+def _non_negative(value: str | None, name: str) -> int | None:
+    if value is None:
+        return None
+    if not value.strip().isdigit():
+        raise InvalidRequest(f"{name} must be a non-negative integer")
+    return int(value)
+
+
+def add_tus_routes(app: FastAPI, tus: TusService, files: FileService, base_url: Callable[[Request], str]) -> None:
+    settings = files.settings
+
+    def capability_headers() -> dict[str, str]:
+        return {
+            "tus-version": TUS_VERSION,
+            "tus-extension": EXTENSIONS,
+            "tus-max-size": str(settings.max_upload_size),
+            "tus-checksum-algorithm": ",".join(sorted(CHECKSUM_ALGORITHMS)),
+        }
+
+    @app.options(PREFIX, tags=["tus"], summary="tus capabilities")
+    @app.options(PREFIX + "/{uid}", tags=["tus"], include_in_schema=False)
+    async def tus_options() -> Response:
+        return Response(status_code=204, headers=capability_headers())
+
+    @app.post(PREFIX, status_code=201, tags=["tus"], summary="tus creation (+ with-upload, defer-length, concat)")
+    async def tus_create(
+        request: Request,
+        upload_length: Annotated[str | None, Header()] = None,
+        upload_defer_length: Annotated[str | None, Header()] = None,
+        upload_metadata: Annotated[str | None, Header()] = None,
+        upload_concat: Annotated[str | None, Header()] = None,
+        upload_checksum: Annotated[str | None, Header()] = None,
+        content_type: Annotated[str | None, Header()] = None,
+    ) -> Response:
+        length = _non_negative(upload_length, "Upload-Length")
+        concat, parts = "", []
+        if upload_concat:
+            kind, _, urls = upload_concat.partition(";")
+            concat = kind.strip()
+            if concat == "final":
+                for url in urls.split():
+                    parts.append(url.rstrip("/").rsplit("/", 1)[-1])
+                if not parts:
+                    raise InvalidRequest("Upload-Concat: final needs the partial uploads' URLs")
+                if length is not None:
+                    raise InvalidRequest("a final upload takes no Upload-Length")
+            elif concat != "partial":
+                raise InvalidRequest("Upload-Concat must be 'partial' or 'final;<urls>'")
+        if concat != "final":
+            deferred = upload_defer_length is not None
+            if deferred and upload_defer_length != "1":
+                raise InvalidRequest("Upload-Defer-Length must be 1")
+            if (length is None) == (not deferred):
+                raise InvalidRequest("send exactly one of Upload-Length and Upload-Defer-Length: 1")
+        upload = await tus.create(length=length, metadata=parse_metadata(upload_metadata), concat=concat, parts=parts)
+        headers = {
+            "location": f"{base_url(request)}{PREFIX}/{upload.id}",
+            "upload-expires": http_date(upload.expires_at),
+        }
+        if (content_type or "").split(";")[0].strip() == OFFSET_TYPE and concat != "final":
+            upload, offset = await tus.append(
+                upload.id, 0, request_body(request), checksum=_parse_checksum(upload_checksum)
+            )
+            headers["upload-offset"] = str(offset)
+        if upload.file_id:
+            headers["upload-file-id"] = upload.file_id
+        return Response(status_code=201, headers=headers)
+
+    @app.head(PREFIX + "/{uid}", tags=["tus"], summary="tus offset")
+    async def tus_head(uid: str) -> Response:
+        upload = await tus.load(uid)
+        headers = {"cache-control": "no-store", "upload-expires": http_date(upload.expires_at)}
+        headers["upload-offset"] = str(upload.length if upload.concat == "final" else await tus.offset(uid))
+        if upload.length is None:
+            headers["upload-defer-length"] = "1"
+        else:
+            headers["upload-length"] = str(upload.length)
+        if upload.metadata:
+            headers["upload-metadata"] = encode_metadata(upload.metadata)
+        if upload.concat == "partial":
+            headers["upload-concat"] = "partial"
+        elif upload.concat == "final":
+            headers["upload-concat"] = "final;" + " ".join(f"{PREFIX}/{p}" for p in upload.parts)
+        return Response(status_code=200, headers=headers)
+
+    @app.patch(PREFIX + "/{uid}", status_code=204, tags=["tus"], summary="tus append at Upload-Offset")
+    async def tus_patch(
+        request: Request,
+        uid: str,
+        upload_offset: Annotated[str | None, Header()] = None,
+        upload_checksum: Annotated[str | None, Header()] = None,
+        upload_length: Annotated[str | None, Header()] = None,
+        content_type: Annotated[str | None, Header()] = None,
+    ) -> Response:
+        if (content_type or "").split(";")[0].strip() != OFFSET_TYPE:
+            raise UnsupportedMediaType(f"PATCH needs Content-Type: {OFFSET_TYPE}")
+        offset = _non_negative(upload_offset, "Upload-Offset")
+        if offset is None:
+            raise InvalidRequest("PATCH needs Upload-Offset")
+        upload, new_offset = await tus.append(
+            uid,
+            offset,
+            request_body(request),
+            checksum=_parse_checksum(upload_checksum),
+            declare_length=_non_negative(upload_length, "Upload-Length"),
+        )
+        headers = {"upload-offset": str(new_offset), "upload-expires": http_date(upload.expires_at)}
+        if upload.file_id:
+            headers["upload-file-id"] = upload.file_id
+        return Response(status_code=204, headers=headers)
+
+    @app.delete(PREFIX + "/{uid}", status_code=204, tags=["tus"], summary="tus termination")
+    async def tus_delete(uid: str) -> Response:
+        await tus.terminate(uid)
+        return Response(status_code=204)
+
+    @app.get(PREFIX + "/{uid}", tags=["tus"], summary="The FileContent descriptor of a finished tus upload")
+    async def tus_descriptor(request: Request, uid: str) -> dict[str, Any]:
+        upload = await tus.load(uid, allow_ended=True)
+        if not upload.file_id:
+            raise NotFound(f"upload {uid} is not finished yet")
+        record = await files.record(upload.file_id)
+        return (await files.describe(record, base_url(request), inline=False)).to_json()

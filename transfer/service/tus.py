@@ -1,0 +1,372 @@
+"""tus 1.0.0 uploads (https://tus.io/protocols/resumable-upload): the operations behind the tus front door.
+
+An upload is an info record plus the segments its PATCH requests delivered, all in the storage backend:
+
+    tus/<id>/info.json               length (or deferred), metadata, concat role, expiry, state
+    tus/<id>/seg/<offset:016d>       the bytes of one PATCH, created if-absent: two PATCHes at one offset -> 409
+
+The offset is the sum of the segment sizes, so any replica, or a restarted process, knows it. A PATCH cut short
+keeps what arrived (tus servers SHOULD), unless it carried an Upload-Checksum. When the offset reaches the length,
+the segments become an ordinary stored file (FileRecord; name and type from Upload-Metadata) and the upload records
+its file id. Partial uploads (concatenation) are kept as segments until a final upload concatenates them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from storage.base import Capability, Storage, SupportsCompose
+from storage.errors import ObjectExists, StorageError
+from transfer.core.content import ContentEncoding
+from transfer.core.naming import sanitize_filename, sniff_content_type
+from transfer.errors import (
+    ClientDisconnected,
+    Conflict,
+    Gone,
+    InvalidRequest,
+    NotFound,
+    TooLarge,
+    TransferError,
+    from_storage_error,
+    storage_errors_translated,
+)
+from transfer.service.records import FileRecord, object_key
+from transfer.settings import Settings
+
+CHECKSUM_ALGORITHMS = {"sha1": hashlib.sha1, "sha256": hashlib.sha256, "md5": hashlib.md5}
+S3_MIN_PART = 5 << 20
+
+
+class ChecksumMismatch460(TransferError):
+    """tus checksum extension: the PATCH body does not match Upload-Checksum (status 460)."""
+
+    code = "tus_checksum_mismatch"
+    status = 460
+
+
+class UploadForbidden(TransferError):
+    code = "forbidden"
+    status = 403
+
+
+def new_upload_id() -> str:
+    return "t_" + secrets.token_hex(16)
+
+
+def is_upload_id(value: str) -> bool:
+    return value.startswith("t_") and len(value) == 34 and all(c in "0123456789abcdef" for c in value[2:])
+
+
+def parse_metadata(value: str | None) -> dict[str, str]:
+    """``Upload-Metadata``: comma-separated ``key base64value`` pairs (value optional); keys unique."""
+    out: dict[str, str] = {}
+    if not value:
+        return out
+    for pair in value.split(","):
+        pair = pair.strip()
+        if not pair:
+            continue
+        key, _, encoded = pair.partition(" ")
+        if not key or " " in encoded.strip() or key in out:
+            raise InvalidRequest(f"malformed Upload-Metadata pair {pair[:60]!r}")
+        try:
+            out[key] = base64.b64decode(encoded.strip(), validate=True).decode("utf-8") if encoded.strip() else ""
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidRequest(f"Upload-Metadata value of {key!r} is not base64 of UTF-8") from exc
+    return out
+
+
+def encode_metadata(metadata: dict[str, str]) -> str:
+    return ",".join(f"{k} {base64.b64encode(v.encode()).decode()}" if v else k for k, v in metadata.items())
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    id: str
+    length: int | None  # None: deferred
+    metadata: dict[str, str]
+    created_at: float
+    expires_at: float
+    concat: str = ""  # "", "partial" or "final"
+    parts: list[str] = field(default_factory=list)  # final: the partial upload ids, in order
+    terminated: bool = False
+    file_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class _Hasher:
+    offset: int = 0
+    sha: Any = field(default_factory=hashlib.sha256)
+
+
+def _info_key(uid: str) -> str:
+    return f"tus/{uid}/info.json"
+
+
+def _segment_key(uid: str, offset: int) -> str:
+    return f"tus/{uid}/seg/{offset:016d}"
+
+
+class TusService:
+    def __init__(self, storage: Storage, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+        self.storage = storage
+        self.settings = settings
+        self.clock = clock
+        self._hashers: dict[str, _Hasher] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def _save(self, upload: Upload, *, new: bool = False) -> None:
+        with storage_errors_translated():
+            async with self.storage.create(_info_key(upload.id), if_absent=new) as writer:
+                await writer.write(json.dumps(upload.to_json(), ensure_ascii=True).encode())
+                await writer.commit({})
+
+    async def load(self, uid: str, *, allow_ended: bool = False) -> Upload:
+        if not is_upload_id(uid):
+            raise NotFound(f"no upload {uid!r}")
+        try:
+            with storage_errors_translated():
+                async with await self.storage.open(_info_key(uid)) as reader:
+                    doc = json.loads(b"".join([c async for c in reader.read()]))
+        except NotFound:
+            raise NotFound(f"no upload {uid!r}") from None
+        upload = Upload(**doc)
+        if not allow_ended and (upload.terminated or self.clock() >= upload.expires_at):
+            raise Gone(f"upload {uid} was terminated or has expired")
+        return upload
+
+    async def segments(self, uid: str) -> list[tuple[int, int]]:
+        """(offset, size) of the stored segments, in order."""
+        prefix = f"tus/{uid}/seg/"
+        out = []
+        with storage_errors_translated():
+            async for info in self.storage.list(prefix):
+                out.append((int(info.key[len(prefix) :]), info.size))
+        return sorted(out)
+
+    async def offset(self, uid: str) -> int:
+        return sum(size for _, size in await self.segments(uid))
+
+    async def create(
+        self, *, length: int | None, metadata: dict[str, str], concat: str = "", parts: list[str] | None = None
+    ) -> Upload:
+        if length is not None and length > self.settings.max_upload_size:
+            raise TooLarge(f"Upload-Length exceeds Tus-Max-Size {self.settings.max_upload_size}")
+        now = self.clock()
+        upload = Upload(
+            id=new_upload_id(),
+            length=length,
+            metadata=metadata,
+            created_at=now,
+            expires_at=now + self.settings.session_ttl,
+            concat=concat,
+            parts=parts or [],
+        )
+        if concat == "final":
+            total = 0
+            for pid in upload.parts:
+                part = await self.load(pid)
+                if part.concat != "partial":
+                    raise InvalidRequest(f"{pid} is not a partial upload")
+                if part.length is None or await self.offset(pid) != part.length:
+                    raise InvalidRequest(f"partial upload {pid} is not complete")
+                total += part.length
+            if total > self.settings.max_upload_size:
+                raise TooLarge("the concatenated upload exceeds Tus-Max-Size")
+            upload = replace(upload, length=total)
+        await self._save(upload, new=True)
+        if concat == "final":
+            upload = await self._finish(upload)
+        return upload
+
+    async def append(
+        self,
+        uid: str,
+        offset: int,
+        body: AsyncIterator[bytes],
+        *,
+        checksum: tuple[str, bytes] | None = None,
+        declare_length: int | None = None,
+    ) -> tuple[Upload, int]:
+        """Apply a PATCH at ``offset``; returns the upload and its new offset (RFC: 409 on a wrong offset)."""
+        upload = await self.load(uid)
+        if upload.concat == "final":
+            raise UploadForbidden("a final upload cannot be patched")
+        if declare_length is not None:
+            if upload.length is not None and upload.length != declare_length:
+                raise InvalidRequest("Upload-Length cannot change once set")
+            if declare_length > self.settings.max_upload_size:
+                raise TooLarge(f"Upload-Length exceeds Tus-Max-Size {self.settings.max_upload_size}")
+            if upload.length is None:
+                upload = replace(upload, length=declare_length)
+                await self._save(upload)
+        current = await self.offset(uid)
+        if offset != current:
+            raise Conflict(f"Upload-Offset {offset} does not match the upload's offset {current}", offset=current)
+        limit = None if upload.length is None else upload.length - current
+        # the running SHA-256 follows the bytes of this process's PATCHes when they arrive in order
+        hasher = self._hashers.get(uid)
+        if hasher is None and current == 0:
+            hasher = self._hashers.setdefault(uid, _Hasher())
+        feed = hasher if hasher is not None and hasher.offset == current else None
+        check = CHECKSUM_ALGORITHMS[checksum[0]]() if checksum else None
+        received = 0
+        kept = False
+        cut = False
+        try:
+            async with self.storage.create(_segment_key(uid, current), size_hint=limit, if_absent=True) as writer:
+                try:
+                    async for piece in body:
+                        received += len(piece)
+                        if limit is not None and received > limit:
+                            raise TooLarge(f"PATCH goes beyond Upload-Length {upload.length}")
+                        if check is not None:
+                            check.update(piece)
+                        if feed is not None:
+                            feed.sha.update(piece)
+                        await writer.write(piece)
+                except ClientDisconnected:
+                    if check is not None:
+                        raise  # a cut body cannot be checked: nothing is kept
+                    cut = True  # keep what arrived
+                if check is not None:
+                    assert checksum is not None
+                    if check.digest() != checksum[1]:
+                        raise ChecksumMismatch460("Upload-Checksum does not match the PATCH body")
+                if received:
+                    await writer.commit({})
+                    kept = True
+        except ObjectExists:
+            raise Conflict("another PATCH at this offset won the race; HEAD for the current offset") from None
+        except StorageError as exc:
+            raise from_storage_error(exc) from exc
+        finally:
+            if feed is not None:
+                if kept:
+                    feed.offset += received
+                elif received:
+                    self._hashers.pop(uid, None)  # it saw bytes that were not kept: rebuild at the end
+        new_offset = current + (received if kept else 0)
+        if cut:
+            raise ClientDisconnected("PATCH was cut short; the bytes received were kept")
+        if upload.length is not None and new_offset == upload.length and upload.concat != "partial":
+            upload = await self._finish(upload)
+        return upload, new_offset
+
+    async def _finish(self, upload: Upload) -> Upload:
+        """Publish a complete upload as a stored file."""
+        async with self._locks.setdefault(upload.id, asyncio.Lock()):
+            sources = []
+            if upload.concat == "final":
+                for pid in upload.parts:
+                    sources += [_segment_key(pid, off) for off, _ in await self.segments(pid)]
+            else:
+                sources = [_segment_key(upload.id, off) for off, _ in await self.segments(upload.id)]
+            hasher = self._hashers.pop(upload.id, None)
+            if hasher is not None and hasher.offset == upload.length:
+                sha_hex, head = hasher.sha.hexdigest(), b""
+            else:
+                sha_hex, head = await self._hash_sources(sources)
+            if not head:
+                _, head = await self._hash_sources(sources[:1], limit=4096)
+            name = upload.metadata.get("filename") or upload.metadata.get("name")
+            content_type = upload.metadata.get("filetype") or upload.metadata.get("content_type")
+            file_id = "f_" + upload.id[2:]
+            record = FileRecord(
+                id=file_id,
+                name=sanitize_filename(name, default=file_id),
+                content_type=content_type or sniff_content_type(head, name),
+                size=upload.length or 0,
+                sha256=sha_hex,
+                encoding=ContentEncoding.NONE,
+                encoded_size=upload.length or 0,
+                encoded_sha256=sha_hex,
+                created_at=datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0),
+            )
+            await self._publish(record, sources)
+            done = replace(upload, file_id=file_id)
+            await self._save(done)
+            return done
+
+    async def _hash_sources(self, sources: list[str], limit: int | None = None) -> tuple[str, bytes]:
+        sha = hashlib.sha256()
+        head = bytearray()
+        with storage_errors_translated():
+            for source in sources:
+                async with await self.storage.open(source) as reader:
+                    async for piece in reader.read(0, limit):
+                        await asyncio.to_thread(sha.update, piece)
+                        if len(head) < 4096:
+                            head += piece[: 4096 - len(head)]
+        return sha.hexdigest(), bytes(head)
+
+    async def _publish(self, record: FileRecord, sources: list[str]) -> None:
+        storage = self.storage
+        sizes = []
+        with storage_errors_translated():
+            for source in sources:
+                sizes.append((await storage.stat(source)).size)
+            composable = isinstance(storage, SupportsCompose) and Capability.COMPOSE in storage.capabilities
+            if composable and Capability.MULTIPART in storage.capabilities:
+                composable = all(size >= S3_MIN_PART for size in sizes[:-1])  # S3's part minimum
+            if composable and sources:
+                assert isinstance(storage, SupportsCompose)
+                await storage.compose(object_key(record.id), sources, record.to_metadata())
+                return
+            async with storage.create(object_key(record.id), size_hint=record.size) as writer:
+                for source in sources:
+                    async with await storage.open(source) as reader:
+                        async for piece in reader.read():
+                            await writer.write(piece)
+                await writer.commit(record.to_metadata())
+
+    async def terminate(self, uid: str) -> None:
+        upload = await self.load(uid)
+        await self._delete_segments(uid)
+        await self._save(replace(upload, terminated=True))
+        self._hashers.pop(uid, None)
+
+    async def _delete_segments(self, uid: str) -> None:
+        for off, _ in await self.segments(uid):
+            with storage_errors_translated():
+                await self.storage.delete(_segment_key(uid, off))
+
+    async def collect_garbage(self) -> int:
+        """Delete expired or terminated uploads' segments and records (their stored files stay)."""
+        now = self.clock()
+        removed = 0
+        uids = set()
+        with storage_errors_translated():
+            async for info in self.storage.list("tus/"):
+                uids.add(info.key.split("/")[1])
+        for uid in uids:
+            try:
+                upload = await self.load(uid, allow_ended=True)
+            except NotFound:
+                await self._delete_segments(uid)
+                continue
+            if upload.terminated or now >= upload.expires_at:
+                await self._delete_segments(uid)
+                if now >= upload.expires_at + self.settings.session_retention:
+                    with storage_errors_translated():
+                        await self.storage.delete(_info_key(uid))
+                removed += 1
+        return removed
+
+
+def http_date(seconds: float) -> str:
+    from transfer.core.conditional import http_date as fmt
+
+    return fmt(datetime.fromtimestamp(seconds, UTC))

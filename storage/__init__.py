@@ -13,6 +13,7 @@ from storage.base import (
 from storage.errors import (
     BackendUnavailable,
     InvalidKey,
+    ObjectChanged,
     ObjectExists,
     ObjectNotFound,
     ObjectTooLarge,
@@ -24,6 +25,7 @@ __all__ = [
     "BackendUnavailable",
     "Capability",
     "InvalidKey",
+    "ObjectChanged",
     "ObjectExists",
     "ObjectInfo",
     "ObjectNotFound",

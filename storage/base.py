@@ -113,9 +113,13 @@ class Storage(Protocol):
 
     async def close(self) -> None: ...
 
-    def create(self, key: str, *, size_hint: int | None = None, if_absent: bool = False) -> ObjectWriter:
+    def create(
+        self, key: str, *, size_hint: int | None = None, if_absent: bool = False, durable: bool = True
+    ) -> ObjectWriter:
         """A writer for a new object. With ``if_absent``, commit publishes only if no object has the key (else
-        ObjectExists, and nothing changes): the compare-and-set that concurrent writers and replicas rely on."""
+        ObjectExists, and nothing changes): the compare-and-set that concurrent writers and replicas rely on.
+        ``durable=False`` lets a backend skip flushing to stable storage (the publish stays atomic): for
+        intermediate objects whose content is verified again before it matters (chunks of a session)."""
 
     async def open(self, key: str) -> ObjectReader:
         """Raise ObjectNotFound when the key has no published object."""

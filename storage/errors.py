@@ -37,3 +37,7 @@ class StorageFull(StorageError):
 
 class BackendUnavailable(StorageError):
     pass
+
+
+class ObjectChanged(BackendUnavailable):
+    pass

@@ -54,18 +54,21 @@ def _fsync_dir(path: Path) -> None:
 class LocalWriter:
     """A temp file that becomes ``objects/<key>`` on commit."""
 
-    def __init__(self, storage: LocalStorage, key: str, size_hint: int | None, if_absent: bool = False) -> None:
+    def __init__(
+        self, storage: LocalStorage, key: str, size_hint: int | None, if_absent: bool = False, durable: bool = True
+    ) -> None:
         self._storage = storage
         self._key = key
         self._size_hint = size_hint
         self._if_absent = if_absent
+        self._durable = durable
         token = secrets.token_hex(12)
         self._tmp = storage.tmp_dir / f"{token}.part"
         self._tmp_meta = storage.tmp_dir / f"{token}.meta"
         self._file: AsyncFileIO | None = None
         self._written = 0
         self._synced = 0
-        self._sync_every = storage.sync_every
+        self._sync_every = storage.sync_every if durable else 0
         self._done = False
 
     @property
@@ -111,7 +114,8 @@ class LocalWriter:
         final_meta = self._storage.meta_path(self._key)
         record = {"metadata": dict(metadata), "size": self._written}
         try:
-            await asyncio.to_thread(os.fsync, f.fileno())
+            if self._durable:
+                await asyncio.to_thread(os.fsync, f.fileno())
             await f.close()
             await asyncio.to_thread(self._publish, record, final, final_meta)
         except FileExistsError as exc:
@@ -124,7 +128,9 @@ class LocalWriter:
         return await self._storage.stat(self._key)
 
     def _publish(self, record: dict[str, Any], final: Path, final_meta: Path) -> None:
-        self._storage.publish(self._tmp, self._tmp_meta, record, final, final_meta, if_absent=self._if_absent)
+        self._storage.publish(
+            self._tmp, self._tmp_meta, record, final, final_meta, if_absent=self._if_absent, durable=self._durable
+        )
 
     async def abort(self) -> None:
         self._done = True
@@ -239,12 +245,22 @@ class LocalStorage:
     async def close(self) -> None:
         return None
 
-    def create(self, key: str, *, size_hint: int | None = None, if_absent: bool = False) -> LocalWriter:
+    def create(
+        self, key: str, *, size_hint: int | None = None, if_absent: bool = False, durable: bool = True
+    ) -> LocalWriter:
         validate_key(key)
-        return LocalWriter(self, key, size_hint, if_absent)
+        return LocalWriter(self, key, size_hint, if_absent, durable)
 
     def publish(
-        self, tmp: Path, tmp_meta: Path, record: dict[str, Any], final: Path, final_meta: Path, *, if_absent: bool
+        self,
+        tmp: Path,
+        tmp_meta: Path,
+        record: dict[str, Any],
+        final: Path,
+        final_meta: Path,
+        *,
+        if_absent: bool,
+        durable: bool = True,
     ) -> None:
         """Make a finished temp file the object: visible once both its bytes and its metadata are in place.
 
@@ -253,7 +269,8 @@ class LocalStorage:
         with open(tmp_meta, "x", encoding="ascii") as mf:
             json.dump(record, mf, ensure_ascii=True)
             mf.flush()
-            os.fsync(mf.fileno())
+            if durable:
+                os.fsync(mf.fileno())
         final.parent.mkdir(parents=True, exist_ok=True)
         final_meta.parent.mkdir(parents=True, exist_ok=True)
         if if_absent:
@@ -263,8 +280,9 @@ class LocalStorage:
         else:
             os.replace(tmp_meta, final_meta)
             os.replace(tmp, final)
-        _fsync_dir(final_meta.parent)
-        _fsync_dir(final.parent)
+        if durable:
+            _fsync_dir(final_meta.parent)
+            _fsync_dir(final.parent)
 
     async def compose(self, key: str, sources: list[str], metadata: Mapping[str, str]) -> ObjectInfo:
         """Concatenate ``sources`` into ``key`` with copy_file_range (the bytes never enter this process)."""

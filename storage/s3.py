@@ -35,6 +35,7 @@ from botocore.config import Config
 from storage.base import Capability, ObjectInfo, validate_key
 from storage.errors import (
     BackendUnavailable,
+    ObjectChanged,
     ObjectExists,
     ObjectNotFound,
     ObjectTooLarge,
@@ -72,7 +73,7 @@ def translate_error(exc: Exception, what: str) -> StorageError:
         if code == "NoSuchBucket":
             return BackendUnavailable(f"S3 bucket does not exist ({what})")
         if code in ("PreconditionFailed", "412") or status == 412:
-            return BackendUnavailable(f"object changed while {what}")
+            return ObjectChanged(f"object changed while {what}")
         cls = _ERROR_TABLE.get(code)
         if cls is not None:
             return cls(f"{what}: {code}")
@@ -386,7 +387,10 @@ class S3Storage:
     async def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
-    def create(self, key: str, *, size_hint: int | None = None, if_absent: bool = False) -> S3Writer:
+    def create(
+        self, key: str, *, size_hint: int | None = None, if_absent: bool = False, durable: bool = True
+    ) -> S3Writer:
+        """``durable`` is moot: S3 acknowledges a write once it is stored."""
         validate_key(key)
         return S3Writer(self, key, size_hint, if_absent)
 

@@ -143,8 +143,8 @@ def test_abort_and_expiry_leave_nothing(server: LiveServer, clock: Clock, s3_pro
         clock.advance(61)
         assert_error(put(http, sid2, 0, os.urandom(CHUNK)), 410, "session_expired")
         # the background sweep (every 0.2 s here) expires it and deletes its chunks, by the test's clock
-        wait_for(lambda: http.get(f"/v1/sessions/{sid2}").json()["state"] == "expired")
-        wait_for(lambda: http.get(f"/v1/sessions/{sid2}").json()["stored"] == [])
+        wait_for(lambda: http.get(f"/v1/sessions/{sid2}").json().get("state") == "expired")
+        wait_for(lambda: http.get(f"/v1/sessions/{sid2}").json().get("stored") == [])
         clock.advance(2 * 86400)  # past the retention of ended sessions: forgotten
         wait_for(lambda: http.get(f"/v1/sessions/{sid2}").status_code == 404)
         wait_for(lambda: http.get(f"/v1/sessions/{sid}").status_code == 404)
@@ -238,3 +238,21 @@ def test_concurrent_completions_have_one_outcome(server: LiveServer) -> None:
         assert [f["metadata"]["file_id"] for f in http.get("/v1/files").json()["files"]] == [
             ok[0]["metadata"]["file_id"]
         ]
+
+
+def test_a_chunk_damaged_on_disk_is_dropped_and_asked_for_again(live_server: LiveServer) -> None:
+    data = os.urandom(2 * CHUNK)
+    pieces = chunks_of(data)
+    with httpx.Client(base_url=live_server.url, timeout=60) as http:
+        sid = http.post("/v1/sessions", json={"size": len(data), "chunk_size": CHUNK}).json()["streaming_session_id"]
+        assert put(http, sid, 1, pieces[1]).status_code == 201
+        chunk_file = live_server.data_dir / "objects" / "sessions" / sid / "chunks" / "00000001"
+        with open(chunk_file, "r+b") as f:  # what a machine crash can leave of unflushed pages
+            f.write(b"\0" * 4096)
+        assert put(http, sid, 0, pieces[0]).status_code == 201
+        body = assert_error(http.post(f"/v1/sessions/{sid}/complete", json={}), 409, "session_incomplete")
+        assert body["detail"]["missing"] == [[1, 1]]
+        assert http.get(f"/v1/sessions/{sid}").json()["missing"] == [[1, 1]]
+        assert put(http, sid, 1, pieces[1]).status_code == 201
+        d = http.post(f"/v1/sessions/{sid}/complete", json={}).json()
+        assert http.get(d["url"]).content == data

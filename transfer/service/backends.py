@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import secrets
 
 from storage.base import Storage
-from storage.errors import ObjectNotFound
 from storage.local import LocalStorage
 from storage.s3 import S3Config, S3Storage
-from transfer.errors import InvalidRequest
+from transfer.errors import Conflict, InvalidRequest, NotFound
+from transfer.service.documents import read_document, write_document
 from transfer.settings import Settings
 
 SIGNING_KEYS_KEY = "system/signing-keys.json"
@@ -45,18 +44,12 @@ async def load_signing_keys(settings: Settings, storage: Storage) -> tuple[dict[
         keys = {kid: secret.encode() for kid, secret in settings.signing_keys.items()}
         return keys, settings.signing_key_id or next(iter(keys))
     try:
-        stored = await _read_keys(storage)
-    except ObjectNotFound:
-        async with storage.create(SIGNING_KEYS_KEY) as writer:
-            await writer.write(json.dumps({"k1": secrets.token_urlsafe(32)}).encode())
-            await writer.commit({})
-        stored = await _read_keys(storage)  # another replica may have won the race: use what is stored
+        stored = await read_document(storage, SIGNING_KEYS_KEY)
+    except NotFound:
+        try:
+            await write_document(storage, SIGNING_KEYS_KEY, {"k1": secrets.token_urlsafe(32)}, if_absent=True)
+        except Conflict:
+            pass  # another replica created them first
+        stored = await read_document(storage, SIGNING_KEYS_KEY)
     keys = {kid: secret.encode() for kid, secret in stored.items()}
     return keys, settings.signing_key_id or next(iter(keys))
-
-
-async def _read_keys(storage: Storage) -> dict[str, str]:
-    async with await storage.open(SIGNING_KEYS_KEY) as reader:
-        raw = b"".join([chunk async for chunk in reader.read()])
-    keys: dict[str, str] = json.loads(raw)
-    return keys

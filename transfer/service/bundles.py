@@ -4,7 +4,6 @@ URLs), so a bundle outlives the URLs it was first handed out with."""
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Callable
@@ -23,7 +22,8 @@ from transfer.core.content import (
     TextContent,
     parse_descriptor,
 )
-from transfer.errors import InvalidDescriptor, InvalidRequest, NotFound, storage_errors_translated
+from transfer.errors import InvalidDescriptor, InvalidRequest, NotFound
+from transfer.service.documents import read_document, write_document
 from transfer.service.files import FileService
 
 MAX_ITEMS = 1000
@@ -78,10 +78,7 @@ class BundleService:
             "items": stored,
             "created_at": datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0).isoformat(),
         }
-        with storage_errors_translated():
-            async with self.storage.create(bundle_key(bundle_id), if_absent=True) as writer:
-                await writer.write(json.dumps(doc, ensure_ascii=True).encode())
-                await writer.commit({})
+        await write_document(self.storage, bundle_key(bundle_id), doc, if_absent=True)
         return bundle_id
 
     async def describe(self, bundle_id: str, base_url: str, *, ttl: int | None = None) -> ContentBundle:
@@ -89,9 +86,7 @@ class BundleService:
         if not is_bundle_id(bundle_id):
             raise NotFound(f"no bundle {bundle_id!r}")
         try:
-            with storage_errors_translated():
-                async with await self.storage.open(bundle_key(bundle_id)) as reader:
-                    doc = json.loads(b"".join([c async for c in reader.read()]))
+            doc = await read_document(self.storage, bundle_key(bundle_id))
         except NotFound:
             raise NotFound(f"no bundle {bundle_id!r}") from None
         items = []

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -26,7 +25,7 @@ from typing import Any
 
 import xxhash
 
-from storage.base import Capability, Storage, SupportsCompose
+from storage.base import Capability, Storage
 from storage.errors import ObjectExists, StorageError
 from transfer.core.content import ContentEncoding, FileRole, checksum_hex
 from transfer.core.naming import sanitize_filename
@@ -39,10 +38,12 @@ from transfer.errors import (
     ChunkNotReady,
     InvalidRequest,
     NotFound,
+    SessionIncomplete,
     TooLarge,
     from_storage_error,
     storage_errors_translated,
 )
+from transfer.service.documents import publish_composed, read_document, write_document
 from transfer.service.records import FileRecord, object_key
 from transfer.settings import Settings
 
@@ -120,22 +121,15 @@ class SessionService:
     # -- records -------------------------------------------------------------------------------------------------
 
     async def _save(self, session: Session, *, new: bool = False) -> None:
-        body = json.dumps(session.to_json(), ensure_ascii=True).encode()
-        with storage_errors_translated():
-            async with self.storage.create(session_key(session.id), if_absent=new) as writer:
-                await writer.write(body)
-                await writer.commit({})
+        await write_document(self.storage, session_key(session.id), session.to_json(), if_absent=new)
 
     async def load(self, sid: str) -> Session:
         if not is_session_id(sid):
             raise NotFound(f"no session {sid!r}")
         try:
-            with storage_errors_translated():
-                async with await self.storage.open(session_key(sid)) as reader:
-                    raw = b"".join([chunk async for chunk in reader.read()])
+            return Session.from_json(await read_document(self.storage, session_key(sid)))
         except NotFound:
             raise NotFound(f"no session {sid!r}") from None
-        return Session.from_json(json.loads(raw))
 
     def _lock(self, sid: str) -> asyncio.Lock:
         return self._locks.setdefault(sid, asyncio.Lock())
@@ -205,7 +199,8 @@ class SessionService:
         size = 0
         key = chunk_key(sid, index)
         try:
-            async with self.storage.create(key, size_hint=limit, if_absent=True) as writer:
+            # not flushed to disk one by one: completion re-reads every chunk and checks its xxh3 first
+            async with self.storage.create(key, size_hint=limit, if_absent=True, durable=False) as writer:
                 async for piece in body:
                     size += len(piece)
                     if size > limit:
@@ -302,9 +297,19 @@ class SessionService:
                         reader = await self.storage.open(chunk_key(session.id, hasher.next_index))
                 except NotFound:
                     return hasher
+                check = xxhash.xxh3_128()
+                staged = hasher.sha.copy()
                 async with reader:
                     async for piece in reader.read():
-                        await asyncio.to_thread(hasher.sha.update, piece)
+                        check.update(piece)
+                        await asyncio.to_thread(staged.update, piece)
+                if check.hexdigest() != reader.info.metadata.get("xxh3"):
+                    # what was acknowledged is not what is stored (e.g. lost in a machine crash): the chunk is
+                    # dropped, status lists it as missing, and the client sends it again
+                    with storage_errors_translated():
+                        await self.storage.delete(chunk_key(session.id, hasher.next_index))
+                    return hasher
+                hasher.sha = staged
                 hasher.next_index += 1
 
     async def complete(self, sid: str, declared_size: int | None = None) -> tuple[Session, FileRecord]:
@@ -315,8 +320,11 @@ class SessionService:
             stored = await self.stored_chunks(sid)
             size, total = session.completion_plan(stored, declared_size)
             hasher = await self._advance(session)
-            if hasher.next_index < total:  # a chunk vanished under us
-                raise InvalidRequest("chunks changed while completing; retry")
+            if hasher.next_index < total:  # dropped by its xxh3 check, or deleted under us
+                raise SessionIncomplete(
+                    f"chunk {hasher.next_index} is not stored intact; send it again",
+                    missing=[[hasher.next_index, hasher.next_index]],
+                )
             sha_hex = hasher.sha.hexdigest()
             if hasher.next_index > total:
                 raise InvalidRequest("more chunks than the declared size allows")
@@ -346,26 +354,13 @@ class SessionService:
                 role=FileRole(session.role) if session.role else None,
                 description=session.description,
             )
-            await self._compose(record, [chunk_key(sid, i) for i in range(total)])
+            await publish_composed(self.storage, record, [chunk_key(sid, i) for i in range(total)])
             done = session.with_changes(state=SessionState.COMPLETED, file_id=file_id, size=size, chunk_digests=digests)
             await self._save(done)
             self._hashers.pop(sid, None)
             self._arrived(sid)
             self._spawn(self._delete_chunks(sid))
             return done, record
-
-    async def _compose(self, record: FileRecord, sources: list[str]) -> None:
-        storage = self.storage
-        with storage_errors_translated():
-            if isinstance(storage, SupportsCompose) and Capability.COMPOSE in storage.capabilities and sources:
-                await storage.compose(object_key(record.id), sources, record.to_metadata())
-                return
-            async with storage.create(object_key(record.id), size_hint=record.size) as writer:  # plain copy
-                for source in sources:
-                    async with await storage.open(source) as reader:
-                        async for piece in reader.read():
-                            await writer.write(piece)
-                await writer.commit(record.to_metadata())
 
     async def _delete_chunks(self, sid: str) -> None:
         for index in list(await self.stored_chunks(sid)):

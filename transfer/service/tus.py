@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import json
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -24,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from storage.base import Capability, Storage, SupportsCompose
+from storage.base import Storage
 from storage.errors import ObjectExists, StorageError
 from transfer.core.content import ContentEncoding
 from transfer.core.naming import sanitize_filename, sniff_content_type
@@ -39,11 +38,11 @@ from transfer.errors import (
     from_storage_error,
     storage_errors_translated,
 )
-from transfer.service.records import FileRecord, object_key
+from transfer.service.documents import publish_composed, read_document, write_document
+from transfer.service.records import FileRecord
 from transfer.settings import Settings
 
 CHECKSUM_ALGORITHMS = {"sha1": hashlib.sha1, "sha256": hashlib.sha256, "md5": hashlib.md5}
-S3_MIN_PART = 5 << 20
 
 
 class ChecksumMismatch460(TransferError):
@@ -128,18 +127,13 @@ class TusService:
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def _save(self, upload: Upload, *, new: bool = False) -> None:
-        with storage_errors_translated():
-            async with self.storage.create(_info_key(upload.id), if_absent=new) as writer:
-                await writer.write(json.dumps(upload.to_json(), ensure_ascii=True).encode())
-                await writer.commit({})
+        await write_document(self.storage, _info_key(upload.id), upload.to_json(), if_absent=new)
 
     async def load(self, uid: str, *, allow_ended: bool = False) -> Upload:
         if not is_upload_id(uid):
             raise NotFound(f"no upload {uid!r}")
         try:
-            with storage_errors_translated():
-                async with await self.storage.open(_info_key(uid)) as reader:
-                    doc = json.loads(b"".join([c async for c in reader.read()]))
+            doc = await read_document(self.storage, _info_key(uid))
         except NotFound:
             raise NotFound(f"no upload {uid!r}") from None
         upload = Upload(**doc)
@@ -295,7 +289,7 @@ class TusService:
                 encoded_sha256=sha_hex,
                 created_at=datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0),
             )
-            await self._publish(record, sources)
+            await publish_composed(self.storage, record, sources)
             done = replace(upload, file_id=file_id)
             await self._save(done)
             return done
@@ -311,26 +305,6 @@ class TusService:
                         if len(head) < 4096:
                             head += piece[: 4096 - len(head)]
         return sha.hexdigest(), bytes(head)
-
-    async def _publish(self, record: FileRecord, sources: list[str]) -> None:
-        storage = self.storage
-        sizes = []
-        with storage_errors_translated():
-            for source in sources:
-                sizes.append((await storage.stat(source)).size)
-            composable = isinstance(storage, SupportsCompose) and Capability.COMPOSE in storage.capabilities
-            if composable and Capability.MULTIPART in storage.capabilities:
-                composable = all(size >= S3_MIN_PART for size in sizes[:-1])  # S3's part minimum
-            if composable and sources:
-                assert isinstance(storage, SupportsCompose)
-                await storage.compose(object_key(record.id), sources, record.to_metadata())
-                return
-            async with storage.create(object_key(record.id), size_hint=record.size) as writer:
-                for source in sources:
-                    async with await storage.open(source) as reader:
-                        async for piece in reader.read():
-                            await writer.write(piece)
-                await writer.commit(record.to_metadata())
 
     async def terminate(self, uid: str) -> None:
         upload = await self.load(uid)

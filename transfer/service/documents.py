@@ -1,0 +1,57 @@
+"""Small JSON documents and composed files in the storage backend: the helpers every service module shares."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from storage.base import Capability, Storage, SupportsCompose
+from storage.errors import ObjectChanged
+from transfer.errors import storage_errors_translated
+from transfer.service.records import FileRecord, object_key
+
+S3_MIN_PART = 5 << 20  # UploadPartCopy: every part but the last at least 5 MiB
+READ_ATTEMPTS = 3
+
+
+async def read_document(storage: Storage, key: str) -> Any:
+    """A JSON document; retried when it is replaced while being read (raises NotFound when absent)."""
+    with storage_errors_translated():
+        for attempt in range(READ_ATTEMPTS):
+            try:
+                async with await storage.open(key) as reader:
+                    return json.loads(b"".join([chunk async for chunk in reader.read()]))
+            except ObjectChanged:
+                if attempt == READ_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(0.05)
+    raise AssertionError("unreachable")
+
+
+async def write_document(storage: Storage, key: str, document: Any, *, if_absent: bool = False) -> None:
+    """Publish a JSON document atomically (if absent: ObjectExists when the key is taken)."""
+    with storage_errors_translated():
+        async with storage.create(key, if_absent=if_absent) as writer:
+            await writer.write(json.dumps(document, ensure_ascii=True).encode())
+            await writer.commit({})
+
+
+async def publish_composed(storage: Storage, record: FileRecord, sources: list[str]) -> None:
+    """Publish ``record`` as the concatenation of ``sources``: server-side compose where the backend can (and, on
+    S3, where every source but the last is at least 5 MiB), else a streamed copy."""
+    with storage_errors_translated():
+        composable = isinstance(storage, SupportsCompose) and Capability.COMPOSE in storage.capabilities
+        if composable and Capability.MULTIPART in storage.capabilities:
+            sizes = [(await storage.stat(source)).size for source in sources[:-1]]
+            composable = all(size >= S3_MIN_PART for size in sizes)
+        if composable and sources:
+            assert isinstance(storage, SupportsCompose)
+            await storage.compose(object_key(record.id), sources, record.to_metadata())
+            return
+        async with storage.create(object_key(record.id), size_hint=record.size) as writer:
+            for source in sources:
+                async with await storage.open(source) as reader:
+                    async for piece in reader.read():
+                        await writer.write(piece)
+            await writer.commit(record.to_metadata())

@@ -84,6 +84,24 @@ def timed(cmd: list[str], **kwargs: Any) -> float:
     return time.perf_counter() - start
 
 
+def curl_upload(src: Path, url: str, out: Path) -> list[str]:
+    """The client command of every upload case: curl streaming ``src`` as the raw body of POST /v1/files."""
+    return [
+        *pin(1),
+        "curl",
+        "-sSf",
+        "-X",
+        "POST",
+        "-T",
+        str(src),
+        "-H",
+        "content-type: application/octet-stream",
+        "-o",
+        str(out),
+        url,
+    ]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -200,24 +218,7 @@ def run(size: int, reps: int, workdir: Path, use_baselines: bool = True) -> dict
         descriptor: dict[str, Any] = {}
         for i in range(reps):
             out = workdir / f"up{i}.json"
-            upload.ours_s.append(
-                timed(
-                    [
-                        *pin(1),
-                        "curl",
-                        "-sSf",
-                        "-X",
-                        "POST",
-                        "-T",
-                        str(src),
-                        "-H",
-                        "content-type: application/octet-stream",
-                        "-o",
-                        str(out),
-                        f"{url}/v1/files?name=payload.bin",
-                    ]
-                )
-            )
+            upload.ours_s.append(timed(curl_upload(src, f"{url}/v1/files?name=payload.bin", out)))
             descriptor = json.loads(out.read_text())
             if i < reps - 1:
                 httpx.delete(f"{url}/v1/files/{descriptor['metadata']['file_id']}")
@@ -291,20 +292,7 @@ def memory_profile(sizes: list[int], workdir: Path) -> list[dict[str, int]]:
         with service(run_dir, run_dir / "data") as (url, pid):
             out = run_dir / "d.json"
             subprocess.run(
-                [
-                    *pin(1),
-                    "curl",
-                    "-sSf",
-                    "-X",
-                    "POST",
-                    "-T",
-                    str(src),
-                    "-H",
-                    "content-type: application/octet-stream",
-                    "-o",
-                    str(out),
-                    f"{url}/v1/files?inline=false",
-                ],
+                curl_upload(src, f"{url}/v1/files?inline=false", out),
                 check=True,
             )
             after_upload = peak_rss_bytes(pid)

@@ -13,7 +13,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from benchmarks.e2e import Case, make_file, peak_rss_bytes, pin, service, timed
+from benchmarks.e2e import Case, curl_upload, make_file, peak_rss_bytes, pin, service, timed
 
 BOTO_SCRIPT = """
 import sys, boto3
@@ -60,24 +60,7 @@ def run_s3(size: int, reps: int, workdir: Path, endpoint: Any = None, memory_siz
         with service(workdir / "s3serve", env=env) as (url, pid):
             for i in range(reps):
                 out = workdir / f"s3up{i}.json"
-                up.ours_s.append(
-                    timed(
-                        [
-                            *pin(1),
-                            "curl",
-                            "-sSf",
-                            "-X",
-                            "POST",
-                            "-T",
-                            str(src),
-                            "-H",
-                            "content-type: application/octet-stream",
-                            "-o",
-                            str(out),
-                            f"{url}/v1/files",
-                        ]
-                    )
-                )
+                up.ours_s.append(timed(curl_upload(src, f"{url}/v1/files", out)))
                 up.base_s.append(timed([*pin(1), *boto, "upload", *creds, f"direct-{i}", str(src)]))
                 signed = json.loads(out.read_text())["url"]
                 down.ours_s.append(timed([*pin(1), "curl", "-sSf", "-o", str(workdir / "s3down.bin"), signed]))
@@ -93,20 +76,7 @@ def run_s3(size: int, reps: int, workdir: Path, endpoint: Any = None, memory_siz
             with service(workdir / "s3mem", env=env) as (url, pid):
                 out = workdir / "s3big.json"
                 subprocess.run(
-                    [
-                        *pin(1),
-                        "curl",
-                        "-sSf",
-                        "-X",
-                        "POST",
-                        "-T",
-                        str(big),
-                        "-H",
-                        "content-type: application/octet-stream",
-                        "-o",
-                        str(out),
-                        f"{url}/v1/files",
-                    ],
+                    curl_upload(big, f"{url}/v1/files", out),
                     check=True,
                 )
                 descriptor = json.loads(out.read_text())

@@ -102,6 +102,39 @@ class ObjectReader(Protocol):
     ) -> None: ...
 
 
+class WriterContext:
+    """``async with`` for writers: leaving the block without a commit aborts."""
+
+    _done: bool
+
+    async def abort(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self._done:
+            await self.abort()
+
+
+class ReaderContext:
+    """``async with`` for readers: leaving the block closes."""
+
+    async def close(self) -> None:
+        return None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
 class Storage(Protocol):
     """The core every backend implements."""
 

@@ -22,14 +22,13 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import aiofiles
 import aiofiles.os
 from aiofiles.threadpool.binary import AsyncFileIO
 
-from storage.base import Capability, ObjectInfo, validate_key
+from storage.base import Capability, ObjectInfo, ReaderContext, WriterContext, validate_key
 from storage.errors import BackendUnavailable, ObjectExists, ObjectNotFound, StorageError, StorageFull
 
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
@@ -51,7 +50,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-class LocalWriter:
+class LocalWriter(WriterContext):
     """A temp file that becomes ``objects/<key>`` on commit."""
 
     def __init__(
@@ -145,17 +144,8 @@ class LocalWriter:
             except FileNotFoundError:
                 pass
 
-    async def __aenter__(self) -> Self:
-        return self
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if not self._done:
-            await self.abort()
-
-
-class LocalReader:
+class LocalReader(ReaderContext):
     """An open file descriptor plus the metadata published with it."""
 
     def __init__(self, file: AsyncFileIO, info: ObjectInfo, buffer_size: int) -> None:
@@ -184,14 +174,6 @@ class LocalReader:
 
     async def close(self) -> None:
         await self._file.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
 
 class LocalStorage:

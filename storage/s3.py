@@ -25,14 +25,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
-from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 import boto3
 import botocore.exceptions
 from botocore.config import Config
 
-from storage.base import Capability, ObjectInfo, validate_key
+from storage.base import Capability, ObjectInfo, ReaderContext, WriterContext, validate_key
 from storage.errors import (
     BackendUnavailable,
     ObjectChanged,
@@ -110,7 +109,7 @@ class S3Config:
     read_timeout: float = 60.0
 
 
-class S3Writer:
+class S3Writer(WriterContext):
     """An upload in progress: nothing is visible until :meth:`commit`."""
 
     def __init__(self, storage: S3Storage, key: str, size_hint: int | None, if_absent: bool = False) -> None:
@@ -268,17 +267,8 @@ class S3Writer:
             self._meta_written = False
             await s.call("deleting metadata", s.client.delete_object, Bucket=s.config.bucket, Key=s.meta_key(self._key))
 
-    async def __aenter__(self) -> Self:
-        return self
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if not self._done:
-            await self.abort()
-
-
-class S3Reader:
+class S3Reader(ReaderContext):
     def __init__(self, storage: S3Storage, info: ObjectInfo, etag: str) -> None:
         self._s = storage
         self._info = info
@@ -314,17 +304,6 @@ class S3Reader:
                 yield chunk
         finally:
             await asyncio.get_running_loop().run_in_executor(s.executor, body.close)
-
-    async def close(self) -> None:
-        return None
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
 
 class S3Storage:

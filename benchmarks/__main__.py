@@ -1,5 +1,5 @@
 import sys
 
-from benchmarks.e2e import main
+from benchmarks.suite import main
 
 sys.exit(main())

@@ -24,7 +24,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -305,6 +304,17 @@ def memory_profile(sizes: list[int], workdir: Path) -> list[dict[str, int]]:
     return rows
 
 
+def memory_table(rows: list[dict[str, int]]) -> str:
+    """Peak RSS of fresh servers per file size (flat = streams, not buffers)."""
+    lines = ["| file size | server peak RSS after upload | after download |", "|---|---|---|"]
+    for m in rows:
+        lines.append(
+            f"| {m['size'] >> 20} MiB | {m['peak_rss_after_upload'] / (1 << 20):.0f} MiB | "
+            f"{m['peak_rss_after_download'] / (1 << 20):.0f} MiB |"
+        )
+    return "\n".join(lines)
+
+
 def table(report: dict[str, Any]) -> str:
     lines = [
         f"file size {report['size'] / (1 << 20):.0f} MiB; SHA-256 {report['kernels_MBps']['sha256']} MB/s, "
@@ -323,51 +333,4 @@ def table(report: dict[str, Any]) -> str:
         base = "—" if row["baseline_MBps"] is None else f"{row['baseline_MBps']:.0f}"
         baseline = row["baseline"].replace("|", "\\|")
         lines.append(f"| {row['case']} | {row['ours_MBps']:.0f} | {baseline} | {base} | {ratio} |")
-    if report.get("memory"):
-        lines += ["", "| file size | server peak RSS after upload | after download |", "|---|---|---|"]
-        for m in report["memory"]:
-            lines.append(
-                f"| {m['size'] >> 20} MiB | {m['peak_rss_after_upload'] / (1 << 20):.0f} MiB | "
-                f"{m['peak_rss_after_download'] / (1 << 20):.0f} MiB |"
-            )
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="256 MiB, 3 runs (a few minutes at most)")
-    parser.add_argument("--size", type=int, help="file size in MiB (default 1024; --quick: 256)")
-    parser.add_argument("--reps", type=int, help="runs per case (default 5; --quick: 3)")
-    parser.add_argument("--out", default="benchmarks/results/latest.json", help="JSON report path")
-    parser.add_argument("--no-baselines", action="store_true", help="measure the service only")
-    parser.add_argument("--s3", action="store_true", help="also the S3 cases (starts a Swift s3api server)")
-    parser.add_argument(
-        "--memory-sizes",
-        default=None,
-        help="MiB sizes for the peak-RSS runs, comma-separated (default 1024,4096; --quick: 256,1024; 0: skip)",
-    )
-    args = parser.parse_args(argv)
-    size = (args.size or (256 if args.quick else 1024)) << 20
-    reps = args.reps or (3 if args.quick else 5)
-    with tempfile.TemporaryDirectory(prefix="transfer-bench-") as tmp:
-        report = run(size, reps, Path(tmp), use_baselines=not args.no_baselines)
-        sizes_text = args.memory_sizes or ("256,1024" if args.quick else "1024,4096")
-        sizes = [int(x) << 20 for x in sizes_text.split(",") if int(x) > 0]
-        report["memory"] = memory_profile(sizes, Path(tmp))
-        if args.s3:
-            from benchmarks.s3 import run_s3
-
-            report["s3"] = run_s3(size, reps, Path(tmp), memory_size=2 * size)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
-    print(table(report))
-    if "s3" in report:
-        from benchmarks.s3 import s3_table
-
-        print("\n" + s3_table(report["s3"]))
-    return 0
-
-
-__all__ = ["Case", "main", "run", "table"]

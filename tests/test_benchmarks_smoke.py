@@ -37,3 +37,27 @@ def test_s3_benchmark_runs(tmp_path: Path, s3_endpoint: object) -> None:
     assert [row["runs"] for row in report["cases"]] == [1, 1]
     assert report["memory"]["stored_sha256_matches"] is True
     assert "boto3 upload_file" in s3_table(report)
+
+
+def test_kernels_and_chart(tmp_path: Path) -> None:
+    from benchmarks.chart import write_chart
+    from benchmarks.kernels import kernels_table, run_kernels
+
+    rows = run_kernels(1 << 20, 1)
+    assert {r["case"].split(",")[0] for r in rows} >= {"SHA-256 (hashlib)", "gzip encode", "zstd 1 encode"}
+    assert "| kernel (one core) |" in kernels_table(rows)
+    write_chart([r for r in rows if r["baseline_MBps"]], tmp_path / "chart.png", "smoke")
+    assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(not shutil.which("curl"), reason="curl is needed by the benchmark")
+def test_network_cases_run(tmp_path: Path) -> None:
+    from benchmarks.e2e import make_file
+    from benchmarks.network import network_table, run_small_objects, run_wan
+
+    src = tmp_path / "p.bin"
+    make_file(src, 2 << 20)
+    wan = run_wan(src, 1, tmp_path, connections=2)
+    small = run_small_objects(50, 8, tmp_path)
+    assert wan["runs"] == 1 and small["service"]["rps"] > 0 and small["baseline"]["rps"] > 0
+    assert "Small objects" in network_table(wan, small)

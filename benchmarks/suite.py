@@ -1,0 +1,91 @@
+"""``python -m benchmarks``: every case, each against its baseline in the same run, into one report.
+
+Writes ``benchmarks/results/latest.json`` (everything), ``latest.md`` (the tables README carries) and
+``latest.png`` (the chart). ``--quick`` keeps it to a few minutes; the full profile takes 15-25 minutes here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks.chart import write_chart
+from benchmarks.e2e import make_file, memory_profile, memory_table, run, table
+from benchmarks.kernels import kernels_table, run_kernels
+from benchmarks.network import network_table, run_small_objects, run_wan
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} × {cpu}, Python {platform.python_version()}, {platform.system()} {platform.release()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="256 MiB, 3 runs: a few minutes")
+    parser.add_argument("--size", type=int, help="file size in MiB (default 1024; --quick: 256)")
+    parser.add_argument("--reps", type=int, help="runs per case (default 5; --quick: 3)")
+    parser.add_argument("--out", default="benchmarks/results", help="directory for latest.json/.md/.png")
+    parser.add_argument("--s3", action="store_true", help="also the S3 cases (starts a Swift s3api server)")
+    parser.add_argument(
+        "--memory-sizes", help="MiB sizes for the peak-RSS runs (default 1024,4096; --quick: 256,1024; 0: skip)"
+    )
+    parser.add_argument("--skip", default="", help="comma-separated: kernels,e2e,memory,wan,small")
+    args = parser.parse_args(argv)
+    size = (args.size or (256 if args.quick else 1024)) << 20
+    reps = args.reps or (3 if args.quick else 5)
+    skip = set(filter(None, args.skip.split(",")))
+    report: dict[str, Any] = {"machine": machine(), "size": size, "reps": reps}
+    sections: list[str] = [f"Machine: {report['machine']}; file size {size >> 20} MiB, {reps} runs per case."]
+    chart_rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="transfer-bench-") as tmp:
+        work = Path(tmp)
+        if "kernels" not in skip:
+            report["kernels"] = run_kernels(64 << 20 if not args.quick else 32 << 20, 3)
+            sections.append(kernels_table(report["kernels"]))
+            chart_rows += [r for r in report["kernels"] if r["baseline_MBps"]]
+        if "e2e" not in skip:
+            report["e2e"] = run(size, reps, work)
+            sections.append(table(report["e2e"]))
+            chart_rows += report["e2e"]["cases"]
+        if "memory" not in skip:
+            sizes_text = args.memory_sizes or ("256,1024" if args.quick else "1024,4096")
+            report["memory"] = memory_profile([int(x) << 20 for x in sizes_text.split(",") if int(x) > 0], work)
+        if "wan" not in skip:
+            src = work / "wan-payload.bin"
+            make_file(src, size)
+            report["wan"] = run_wan(src, max(1, reps - 2), work)
+            src.unlink()
+            chart_rows.append(report["wan"])
+        if "small" not in skip:
+            report["small"] = run_small_objects(2000 if args.quick else 5000, 64, work)
+        if report.get("wan") or report.get("small"):
+            sections.append(network_table(report.get("wan"), report.get("small")))
+        if report.get("memory"):
+            sections.append(memory_table(report["memory"]))
+        if args.s3:
+            from benchmarks.s3 import run_s3, s3_table
+
+            report["s3"] = run_s3(size, reps, work, memory_size=2 * size)
+            sections.append(s3_table(report["s3"]))
+            chart_rows += report["s3"]["cases"]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "latest.json").write_text(json.dumps(report, indent=2))
+    markdown = "\n\n".join(sections) + "\n"
+    (out / "latest.md").write_text(markdown)
+    write_chart(chart_rows, out / "latest.png", f"transfer service vs baselines, same run — {report['machine']}")
+    print(markdown)
+    return 0

@@ -139,3 +139,16 @@ def test_serve_refuses_bad_settings_in_one_line(tmp_path: Path) -> None:
     bad_dir = run("serve", "--data-dir", str(blocker / "data"), cwd=tmp_path)
     assert bad_dir.returncode == 1 and "cannot use data directory" in bad_dir.stderr
     assert "Traceback" not in bad_port.stderr + bad_dir.stderr
+
+
+def test_bench_measures_a_deployment(server: str, tmp_path: Path) -> None:
+    own = tmp_path / "mine.bin"
+    own.write_bytes(os.urandom(3 * MiB))
+    out = run("bench", "--server", server, "--sizes", "2M", "--file", str(own), "--small", "20", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert [r["label"] for r in report["sizes"]] == ["2 MiB random", "mine.bin"]
+    assert all(r["upload_mbps"] > 0 and r["resolve_mbps"] > 0 for r in report["sizes"])
+    assert report["small_objects"]["p99_ms"] >= report["small_objects"]["p50_ms"] > 0
+    bad = run("bench", "--server", server, "--sizes", "lots")
+    assert bad.returncode == 1 and bad.stderr.startswith("transfer: invalid_request:")

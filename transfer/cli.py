@@ -250,6 +250,21 @@ async def cmd_bundle(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_bench(args: argparse.Namespace) -> int:
+    from transfer.bench import parse_size, render, run_bench
+
+    try:
+        sizes = [parse_size(x) for x in args.sizes.split(",") if x.strip()]
+    except ValueError as exc:
+        raise CliError("invalid_request", f"--sizes: {exc}") from exc
+    own = Path(args.file) if args.file else None
+    if own is not None and not own.is_file():
+        raise CliError("invalid_request", f"{args.file}: no such file")
+    report = await run_bench(args.server, sizes, own, args.connections, args.small, progress=not args.json)
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return 0
+
+
 async def cmd_status(args: argparse.Namespace) -> int:
     async with AsyncTransferClient(args.server) as client:
         status = await client.session_status(args.session)
@@ -333,6 +348,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name")
     p.add_argument("--description")
     p.set_defaults(func=cmd_bundle)
+
+    p = sub.add_parser("bench", help="measure a deployment: upload, chunked upload, resolve, small objects")
+    p.add_argument("--server", default=server_default, help=f"service URL (default {DEFAULT_SERVER})")
+    p.add_argument("--sizes", default="16M,256M", help="generated file sizes, e.g. 16M,1G (default 16M,256M)")
+    p.add_argument("--file", help="also measure this file of yours")
+    p.add_argument("--connections", type=int, default=4, help="parallel chunks and ranges (default 4)")
+    p.add_argument("--small", type=int, default=200, help="how many 4 KiB uploads (0: skip; default 200)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("status", help="a chunked session's state: stored and missing chunks")
     p.add_argument("session", metavar="SESSION")

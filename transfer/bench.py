@@ -106,12 +106,18 @@ async def _small(client: AsyncTransferClient, count: int, concurrency: int) -> d
 
 
 async def run_bench(
-    server: str, sizes: list[int], own_file: Path | None, connections: int, small: int, progress: bool = True
+    server: str,
+    sizes: list[int],
+    own_file: Path | None,
+    connections: int,
+    small: int,
+    progress: bool = True,
+    api_key: str | None = None,
 ) -> dict[str, Any]:
     """Every measurement as a dict (the CLI prints it as a table or JSON)."""
     results: list[SizeResult] = []
     options = ResolveOptions(connections=connections)
-    async with AsyncTransferClient(server, options=options) as client:
+    async with AsyncTransferClient(server, options=options, api_key=api_key) as client:
         with tempfile.TemporaryDirectory(prefix="transfer-bench-") as tmp:
             workdir = Path(tmp)
             for size in sizes:

@@ -127,7 +127,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 async def cmd_upload(args: argparse.Namespace) -> int:
     options = ResolveOptions(buffer_size=1 << 20, connections=args.connections)
     results: list[dict[str, Any]] = []
-    async with AsyncTransferClient(args.server, options=options) as client:
+    async with AsyncTransferClient(args.server, options=options, api_key=_api_key(args)) as client:
         for file in args.files:
             path = Path(file)
             if not path.is_file():
@@ -222,7 +222,7 @@ async def _follow(descriptor: Any, args: argparse.Namespace, options: ResolveOpt
 async def cmd_bundle(args: argparse.Namespace) -> int:
     """Upload files and gather them, with inline text, into a ContentBundle (printed as JSON)."""
     items: list[dict[str, Any]] = []
-    async with AsyncTransferClient(args.server) as client:
+    async with AsyncTransferClient(args.server, api_key=_api_key(args)) as client:
         for spec in args.items:
             role, sep, what = spec.partition(":")
             if not sep or not what:
@@ -260,15 +260,36 @@ async def cmd_bench(args: argparse.Namespace) -> int:
     own = Path(args.file) if args.file else None
     if own is not None and not own.is_file():
         raise CliError("invalid_request", f"{args.file}: no such file")
-    report = await run_bench(args.server, sizes, own, args.connections, args.small, progress=not args.json)
+    report = await run_bench(
+        args.server, sizes, own, args.connections, args.small, progress=not args.json, api_key=_api_key(args)
+    )
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
-    async with AsyncTransferClient(args.server) as client:
+    async with AsyncTransferClient(args.server, api_key=_api_key(args)) as client:
         status = await client.session_status(args.session)
     print(json.dumps(status, indent=2))
+    return 0
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    return getattr(args, "api_key", None) or os.environ.get("TRANSFER_API_KEY") or None
+
+
+def cmd_keys_new(args: argparse.Namespace) -> int:
+    """Print a new API key and the settings entry that admits it (only its SHA-256 is stored)."""
+    from transfer.core.auth import Scope, new_token, token_hash
+
+    try:
+        scopes = sorted({Scope(s.strip()).value for s in args.scopes.split(",") if s.strip()})
+    except ValueError as exc:
+        raise CliError("invalid_request", "scopes are upload, read and admin") from exc
+    token = new_token()
+    entry = {args.name: {"sha256": token_hash(token), "scopes": scopes}}
+    print(f"key (give it to the client; it is not stored anywhere): {token}")
+    print(f"add to TRANSFER_API_KEYS: {json.dumps(entry)}")
     return 0
 
 
@@ -325,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("upload", help="upload files; prints their descriptors as JSON")
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--server", default=server_default, help=f"service URL (TRANSFER_SERVER, default {DEFAULT_SERVER})")
+    p.add_argument("--api-key", help="API key (default: TRANSFER_API_KEY)")
     p.add_argument("--name", help="file name to record (single file only)")
     p.add_argument("--content-type", help="media type (default: sniffed)")
     p.add_argument("--role", choices=["reference", "result", "attachment"])
@@ -345,12 +367,14 @@ def build_parser() -> argparse.ArgumentParser:
         "items", nargs="+", metavar="ROLE:PATH|ROLE:text=STRING", help="roles: main, reference, attachment, thumbnail"
     )
     p.add_argument("--server", default=server_default, help=f"service URL (default {DEFAULT_SERVER})")
+    p.add_argument("--api-key", help="API key (default: TRANSFER_API_KEY)")
     p.add_argument("--name")
     p.add_argument("--description")
     p.set_defaults(func=cmd_bundle)
 
     p = sub.add_parser("bench", help="measure a deployment: upload, chunked upload, resolve, small objects")
     p.add_argument("--server", default=server_default, help=f"service URL (default {DEFAULT_SERVER})")
+    p.add_argument("--api-key", help="API key (default: TRANSFER_API_KEY)")
     p.add_argument("--sizes", default="16M,256M", help="generated file sizes, e.g. 16M,1G (default 16M,256M)")
     p.add_argument("--file", help="also measure this file of yours")
     p.add_argument("--connections", type=int, default=4, help="parallel chunks and ranges (default 4)")
@@ -361,6 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="a chunked session's state: stored and missing chunks")
     p.add_argument("session", metavar="SESSION")
     p.add_argument("--server", default=server_default, help=f"service URL (default {DEFAULT_SERVER})")
+    p.add_argument("--api-key", help="API key (default: TRANSFER_API_KEY)")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("resolve", help="download, decode and verify a descriptor")
@@ -371,6 +396,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--follow", action="store_true", help="streaming descriptor: write chunks as they are uploaded")
     p.set_defaults(func=cmd_resolve)
+
+    p = sub.add_parser("keys", help="API keys")
+    keys = p.add_subparsers(dest="keys_command", required=True)
+    k = keys.add_parser("new", help="make a key; prints it and the TRANSFER_API_KEYS entry")
+    k.add_argument("name")
+    k.add_argument("--scopes", default="upload,read", help="comma-separated: upload, read, admin")
+    k.set_defaults(func=cmd_keys_new)
 
     p = sub.add_parser("inspect", help="validate a descriptor and explain it")
     p.add_argument("descriptor", help="descriptor JSON file, or - for stdin")

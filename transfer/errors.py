@@ -19,12 +19,18 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   └── SizeMismatch               422 size_mismatch
     ├── TooLarge                       413 payload_too_large
     │   └── DecodedSizeLimit           413 decoded_size_limit    (decompression bomb guard)
+    ├── Unauthenticated                401 unauthenticated       (no, malformed or unknown API key)
     ├── AccessDenied                   403 access_denied
+    │   ├── InsufficientScope          403 insufficient_scope
+    │   ├── UploadForbidden            403 forbidden             (tus: PATCH on a final upload)
     │   ├── SignatureInvalid           403 signature_invalid
     │   └── UrlExpired                 403 url_expired
     ├── NotFound                       404 not_found
     ├── MethodNotAllowed               405 method_not_allowed
     ├── PreconditionFailed             412 precondition_failed
+    │   └── TusVersionUnsupported      412 tus_version_unsupported
+    ├── UnsupportedMediaType           415 unsupported_media_type
+    ├── TusChecksumMismatch            460 tus_checksum_mismatch (tus checksum extension)
     ├── RangeNotSatisfiable            416 range_not_satisfiable
     ├── Conflict                       409 conflict
     │   ├── ChunkConflict              409 chunk_conflict        (other bytes already stored for that chunk)
@@ -137,6 +143,11 @@ class DecodedSizeLimit(TooLarge):
     code = "decoded_size_limit"
 
 
+class Unauthenticated(TransferError):
+    code = "unauthenticated"
+    status = 401
+
+
 class AccessDenied(TransferError):
     code = "access_denied"
     status = 403
@@ -148,6 +159,14 @@ class SignatureInvalid(AccessDenied):
 
 class UrlExpired(AccessDenied):
     code = "url_expired"
+
+
+class InsufficientScope(AccessDenied):
+    code = "insufficient_scope"
+
+
+class UploadForbidden(AccessDenied):
+    code = "forbidden"
 
 
 class NotFound(TransferError):
@@ -163,6 +182,20 @@ class MethodNotAllowed(TransferError):
 class PreconditionFailed(TransferError):
     code = "precondition_failed"
     status = 412
+
+
+class TusVersionUnsupported(PreconditionFailed):
+    code = "tus_version_unsupported"
+
+
+class UnsupportedMediaType(TransferError):
+    code = "unsupported_media_type"
+    status = 415
+
+
+class TusChecksumMismatch(TransferError):
+    code = "tus_checksum_mismatch"
+    status = 460
 
 
 class RangeNotSatisfiable(TransferError):
@@ -232,14 +265,16 @@ def _all_subclasses(cls: type[TransferError]) -> list[type[TransferError]]:
     return out
 
 
-ERRORS_BY_CODE: dict[str, type[TransferError]] = {cls.code: cls for cls in _all_subclasses(TransferError)}
+def errors_by_code() -> dict[str, type[TransferError]]:
+    """Every error class by its code."""
+    return {cls.code: cls for cls in _all_subclasses(TransferError)}
 
 
 def error_from_payload(status: int, payload: Any) -> TransferError:
     """Rebuild the most specific error from a JSON error body (what a client receives)."""
     if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
         body = payload["error"]
-        cls = ERRORS_BY_CODE.get(str(body.get("code")), None)
+        cls = errors_by_code().get(str(body.get("code")), None)
         message = str(body.get("message", "")) or f"HTTP {status}"
         detail = body.get("detail") if isinstance(body.get("detail"), dict) else {}
         if cls is not None:

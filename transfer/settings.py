@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -39,6 +39,11 @@ class Settings(BaseSettings):
     signing_keys: dict[str, str] | None = Field(
         default=None,
         description='JSON {"key id": "secret"}; default: a key generated once and kept in the storage backend',
+    )
+    api_keys: dict[str, dict[str, Any]] | None = Field(
+        default=None,
+        description='JSON {"name": {"sha256": "<hex of the key>", "scopes": ["upload", "read", "admin"]}}; '
+        "none: the service runs open (development only). `transfer keys new` makes one.",
     )
     signing_key_id: str | None = Field(default=None, description="key id that signs new URLs (default: the first)")
     url_ttl: int = Field(default=3600, gt=0, le=MAX_URL_TTL, description="seconds a signed URL lives")

@@ -10,10 +10,11 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from storage.base import Storage
@@ -24,6 +25,7 @@ from transfer.api.multipart import file_part_stream, multipart_boundary
 from transfer.api.sessions import add_session_routes
 from transfer.api.streaming import DownloadResponse, request_body
 from transfer.api.tus import TusMiddleware, add_tus_routes
+from transfer.core.auth import Authenticator, Scope, parse_keys
 from transfer.core.content import DownloadMethod, FileRole, normalize_checksum
 from transfer.core.digests import sha256_from_digest_field
 from transfer.core.encodings import coding_from_http, storage_encoding
@@ -76,7 +78,19 @@ def create_app(
     """Build the ASGI application; storage defaults to the local data directory of ``settings``; ``clock`` (Unix
     seconds) decides URL expiry, so tests can move time."""
     settings = settings or Settings()
+    auth = Authenticator(parse_keys(settings.api_keys or {}))
     service = FileService(storage or make_storage(settings), settings, clock=clock)
+    bearer = HTTPBearer(auto_error=False, description="an API key (`transfer keys new`)")
+
+    def needs(scope: Scope) -> Any:
+        """A route dependency: the request's API key must carry ``scope`` (open when no keys are configured)."""
+
+        # a default, not an Annotated string: `bearer` is local to create_app, out of reach of postponed annotations
+        async def check(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:  # noqa: B008
+            auth.require(None if credentials is None else f"Bearer {credentials.credentials}", scope)
+
+        return Depends(check)
+
     sessions = SessionService(service.storage, settings, clock=clock)
     tus = TusService(service.storage, settings, clock=clock)
 
@@ -91,6 +105,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if not auth.enabled:
+            log.warning("no API keys configured (TRANSFER_API_KEYS): anyone who reaches this port may upload")
         await service.start()
         sweeper = asyncio.create_task(sweep_sessions())
         yield
@@ -136,9 +152,9 @@ def create_app(
     def base_url(request: Request) -> str:
         return settings.public_url or str(request.base_url).rstrip("/")
 
-    add_session_routes(app, sessions, service, base_url)
-    add_bundle_routes(app, BundleService(service.storage, service, clock=clock), base_url)
-    add_tus_routes(app, tus, service, base_url)
+    add_session_routes(app, sessions, service, base_url, needs)
+    add_bundle_routes(app, BundleService(service.storage, service, clock=clock), base_url, needs)
+    add_tus_routes(app, tus, service, base_url, needs)
     app.add_middleware(TusMiddleware)
     if settings.cors_allow_origins:
         app.add_middleware(
@@ -175,6 +191,7 @@ def create_app(
 
     @app.post(
         "/v1/files",
+        dependencies=[needs(Scope.UPLOAD)],
         status_code=201,
         tags=["files"],
         summary="Upload content (raw body or multipart/form-data); returns a Synapse FileContent descriptor",
@@ -280,6 +297,7 @@ def create_app(
 
     @app.get(
         "/v1/files",
+        dependencies=[needs(Scope.READ)],
         tags=["files"],
         summary="List stored files as descriptors (url mode, fresh signed URLs)",
     )
@@ -292,6 +310,7 @@ def create_app(
 
     @app.get(
         "/v1/files/{file_id}",
+        dependencies=[needs(Scope.READ)],
         tags=["files"],
         summary="A fresh descriptor for a stored file",
         responses={404: ERROR_SCHEMA},
@@ -309,7 +328,13 @@ def create_app(
         )
         return descriptor.to_json()
 
-    @app.delete("/v1/files/{file_id}", status_code=204, tags=["files"], responses={404: ERROR_SCHEMA})
+    @app.delete(
+        "/v1/files/{file_id}",
+        dependencies=[needs(Scope.ADMIN)],
+        status_code=204,
+        tags=["files"],
+        responses={404: ERROR_SCHEMA},
+    )
     async def delete(file_id: str) -> Response:
         await service.delete(file_id)
         return Response(status_code=204)

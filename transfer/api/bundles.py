@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field
 
+from transfer.core.auth import Scope
 from transfer.service.bundles import BundleService
 
 
@@ -20,12 +21,25 @@ class BundleCreate(BaseModel):
     ttl: int | None = Field(default=None, gt=0, description="seconds the items' signed URLs live")
 
 
-def add_bundle_routes(app: FastAPI, bundles: BundleService, base_url: Callable[[Request], str]) -> None:
-    @app.post("/v1/bundles", status_code=201, tags=["bundles"], summary="Create a ContentBundle")
+def add_bundle_routes(
+    app: FastAPI, bundles: BundleService, base_url: Callable[[Request], str], needs: Callable[[Scope], Any]
+) -> None:
+    @app.post(
+        "/v1/bundles",
+        dependencies=[needs(Scope.UPLOAD)],
+        status_code=201,
+        tags=["bundles"],
+        summary="Create a ContentBundle",
+    )
     async def create_bundle(request: Request, body: BundleCreate) -> dict[str, Any]:
         bundle_id = await bundles.create(body.items, name=body.name, description=body.description)
         return (await bundles.describe(bundle_id, base_url(request), ttl=body.ttl)).to_json()
 
-    @app.get("/v1/bundles/{bundle_id}", tags=["bundles"], summary="A bundle with fresh URLs for its files")
+    @app.get(
+        "/v1/bundles/{bundle_id}",
+        dependencies=[needs(Scope.READ)],
+        tags=["bundles"],
+        summary="A bundle with fresh URLs for its files",
+    )
     async def get_bundle(request: Request, bundle_id: str, ttl: int | None = None) -> dict[str, Any]:
         return (await bundles.describe(bundle_id, base_url(request), ttl=ttl)).to_json()

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from transfer.api.streaming import request_body
+from transfer.core.auth import Scope
 from transfer.core.content import DownloadMethod, FileContent, FileRole, TransferMode, format_timestamp
 from transfer.core.digests import sha256_from_digest_field
 from transfer.errors import InvalidRequest
@@ -64,7 +65,11 @@ def parse_prefer_wait(value: str | None, default: float, maximum: float) -> floa
 
 
 def add_session_routes(
-    app: FastAPI, sessions: SessionService, files: FileService, base_url: Callable[[Request], str]
+    app: FastAPI,
+    sessions: SessionService,
+    files: FileService,
+    base_url: Callable[[Request], str],
+    needs: Callable[[Scope], Any],
 ) -> None:
     """Mount the session endpoints on ``app``."""
     settings = files.settings
@@ -108,7 +113,9 @@ def add_session_routes(
             doc["descriptor"] = streaming_descriptor(session, base, None).to_json()
         return doc
 
-    @app.post("/v1/sessions", status_code=201, tags=["sessions"], summary="Open a chunked upload session")
+    upload, read = [needs(Scope.UPLOAD)], [needs(Scope.READ)]
+
+    @app.post("/v1/sessions", dependencies=upload, status_code=201, tags=["sessions"], summary="Open a session")
     async def create_session(request: Request, body: SessionCreate) -> dict[str, Any]:
         session = await sessions.create(
             name=body.name,
@@ -124,6 +131,7 @@ def add_session_routes(
 
     @app.put(
         "/v1/sessions/{sid}/chunks/{index}",
+        dependencies=upload,
         tags=["sessions"],
         summary="Upload one chunk (any order, in parallel); verified against Chunk-Checksum",
         openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {}}}},
@@ -152,11 +160,18 @@ def add_session_routes(
             status_code=200 if receipt.duplicate else 201,
         )
 
-    @app.get("/v1/sessions/{sid}", tags=["sessions"], summary="Session status: stored and missing chunks")
+    @app.get(
+        "/v1/sessions/{sid}", dependencies=read, tags=["sessions"], summary="Session status: stored and missing chunks"
+    )
     async def session_status(sid: str) -> dict[str, Any]:
         return await sessions.status(sid)
 
-    @app.post("/v1/sessions/{sid}/complete", tags=["sessions"], summary="Verify and publish; returns a FileContent")
+    @app.post(
+        "/v1/sessions/{sid}/complete",
+        dependencies=upload,
+        tags=["sessions"],
+        summary="Verify and publish; returns a FileContent",
+    )
     async def complete_session(request: Request, sid: str, body: SessionComplete | None = None) -> dict[str, Any]:
         body = body or SessionComplete()
         session, record = await sessions.complete(sid, body.size)
@@ -167,12 +182,19 @@ def add_session_routes(
         )
         return descriptor.to_json()
 
-    @app.delete("/v1/sessions/{sid}", status_code=204, tags=["sessions"], summary="Abort a session")
+    @app.delete(
+        "/v1/sessions/{sid}", dependencies=upload, status_code=204, tags=["sessions"], summary="Abort a session"
+    )
     async def abort_session(sid: str) -> Response:
         await sessions.abort(sid)
         return Response(status_code=204)
 
-    @app.get("/v1/sessions/{sid}/descriptor", tags=["sessions"], summary="A streaming descriptor for the session")
+    @app.get(
+        "/v1/sessions/{sid}/descriptor",
+        dependencies=read,
+        tags=["sessions"],
+        summary="A streaming descriptor for the session",
+    )
     async def session_descriptor(request: Request, sid: str, ttl: int | None = None) -> dict[str, Any]:
         session = await sessions.load(sid)
         record = await files.record(session.file_id) if session.file_id else None

@@ -17,7 +17,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from transfer.api.streaming import request_body
-from transfer.errors import InvalidRequest, NotFound, TransferError
+from transfer.core.auth import Scope as AuthScope
+from transfer.errors import InvalidRequest, NotFound, TusVersionUnsupported, UnsupportedMediaType
 from transfer.service.files import FileService
 from transfer.service.tus import CHECKSUM_ALGORITHMS, TusService, encode_metadata, http_date, parse_metadata
 
@@ -25,16 +26,6 @@ TUS_VERSION = "1.0.0"
 EXTENSIONS = "creation,creation-with-upload,creation-defer-length,checksum,termination,expiration,concatenation"
 OFFSET_TYPE = "application/offset+octet-stream"
 PREFIX = "/tus/files"
-
-
-class UnsupportedMediaType(TransferError):
-    code = "unsupported_media_type"
-    status = 415
-
-
-class TusVersionUnsupported(TransferError):
-    code = "tus_version_unsupported"
-    status = 412
 
 
 class TusMiddleware:
@@ -89,8 +80,15 @@ def _non_negative(value: str | None, name: str) -> int | None:
     return int(value)
 
 
-def add_tus_routes(app: FastAPI, tus: TusService, files: FileService, base_url: Callable[[Request], str]) -> None:
+def add_tus_routes(
+    app: FastAPI,
+    tus: TusService,
+    files: FileService,
+    base_url: Callable[[Request], str],
+    needs: Callable[[AuthScope], Any],
+) -> None:
     settings = files.settings
+    may_upload = [needs(AuthScope.UPLOAD)]
 
     def capability_headers() -> dict[str, str]:
         return {
@@ -105,7 +103,13 @@ def add_tus_routes(app: FastAPI, tus: TusService, files: FileService, base_url: 
     async def tus_options() -> Response:
         return Response(status_code=204, headers=capability_headers())
 
-    @app.post(PREFIX, status_code=201, tags=["tus"], summary="tus creation (+ with-upload, defer-length, concat)")
+    @app.post(
+        PREFIX,
+        dependencies=may_upload,
+        status_code=201,
+        tags=["tus"],
+        summary="tus creation (+ with-upload, defer-length, concat)",
+    )
     async def tus_create(
         request: Request,
         upload_length: Annotated[str | None, Header()] = None,
@@ -149,7 +153,7 @@ def add_tus_routes(app: FastAPI, tus: TusService, files: FileService, base_url: 
             headers["upload-file-id"] = upload.file_id
         return Response(status_code=201, headers=headers)
 
-    @app.head(PREFIX + "/{uid}", tags=["tus"], summary="tus offset")
+    @app.head(PREFIX + "/{uid}", dependencies=may_upload, tags=["tus"], summary="tus offset")
     async def tus_head(uid: str) -> Response:
         upload = await tus.load(uid)
         headers = {"cache-control": "no-store", "upload-expires": http_date(upload.expires_at)}
@@ -166,7 +170,9 @@ def add_tus_routes(app: FastAPI, tus: TusService, files: FileService, base_url: 
             headers["upload-concat"] = "final;" + " ".join(f"{PREFIX}/{p}" for p in upload.parts)
         return Response(status_code=200, headers=headers)
 
-    @app.patch(PREFIX + "/{uid}", status_code=204, tags=["tus"], summary="tus append at Upload-Offset")
+    @app.patch(
+        PREFIX + "/{uid}", dependencies=may_upload, status_code=204, tags=["tus"], summary="tus append at Upload-Offset"
+    )
     async def tus_patch(
         request: Request,
         uid: str,
@@ -192,12 +198,17 @@ def add_tus_routes(app: FastAPI, tus: TusService, files: FileService, base_url: 
             headers["upload-file-id"] = upload.file_id
         return Response(status_code=204, headers=headers)
 
-    @app.delete(PREFIX + "/{uid}", status_code=204, tags=["tus"], summary="tus termination")
+    @app.delete(PREFIX + "/{uid}", dependencies=may_upload, status_code=204, tags=["tus"], summary="tus termination")
     async def tus_delete(uid: str) -> Response:
         await tus.terminate(uid)
         return Response(status_code=204)
 
-    @app.get(PREFIX + "/{uid}", tags=["tus"], summary="The FileContent descriptor of a finished tus upload")
+    @app.get(
+        PREFIX + "/{uid}",
+        dependencies=[needs(AuthScope.READ)],
+        tags=["tus"],
+        summary="The FileContent descriptor of a finished tus upload",
+    )
     async def tus_descriptor(request: Request, uid: str) -> dict[str, Any]:
         upload = await tus.load(uid, allow_ended=True)
         if not upload.file_id:

@@ -56,6 +56,7 @@ class AsyncTransferClient:
         timeout: float = 60.0,
         options: ResolveOptions | None = None,
         http: httpx.AsyncClient | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.server = server.rstrip("/")
         self.options = options or ResolveOptions()
@@ -63,6 +64,7 @@ class AsyncTransferClient:
             timeout=httpx.Timeout(timeout, connect=10.0),
             limits=httpx.Limits(max_connections=self.options.connections + 4),
             follow_redirects=True,
+            auth=_ServerBearer(self.server, api_key) if api_key else None,
         )
         self.resolver = Resolver(self.http, self.options)
 
@@ -277,6 +279,19 @@ class TransferClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _ServerBearer(httpx.Auth):
+    """The API key goes to the service's own URLs only — never to signed URLs elsewhere (S3, other hosts)."""
+
+    def __init__(self, server: str, api_key: str) -> None:
+        self._prefix = server + "/"
+        self._value = f"Bearer {api_key}"
+
+    def auth_flow(self, request: httpx.Request) -> Any:
+        if str(request.url).startswith(self._prefix):
+            request.headers["authorization"] = self._value
+        yield request
 
 
 async def _make_client(server: str, kwargs: dict[str, Any]) -> AsyncTransferClient:

@@ -34,7 +34,8 @@ from transfer.errors import (
     InvalidRequest,
     NotFound,
     TooLarge,
-    TransferError,
+    TusChecksumMismatch,
+    UploadForbidden,
     from_storage_error,
     storage_errors_translated,
 )
@@ -43,18 +44,6 @@ from transfer.service.records import FileRecord
 from transfer.settings import Settings
 
 CHECKSUM_ALGORITHMS = {"sha1": hashlib.sha1, "sha256": hashlib.sha256, "md5": hashlib.md5}
-
-
-class ChecksumMismatch460(TransferError):
-    """tus checksum extension: the PATCH body does not match Upload-Checksum (status 460)."""
-
-    code = "tus_checksum_mismatch"
-    status = 460
-
-
-class UploadForbidden(TransferError):
-    code = "forbidden"
-    status = 403
 
 
 def new_upload_id() -> str:
@@ -238,7 +227,7 @@ class TusService:
                 if check is not None:
                     assert checksum is not None
                     if check.digest() != checksum[1]:
-                        raise ChecksumMismatch460("Upload-Checksum does not match the PATCH body")
+                        raise TusChecksumMismatch("Upload-Checksum does not match the PATCH body")
                 if received:
                     await writer.commit({})
                     kept = True

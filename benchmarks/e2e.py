@@ -151,7 +151,7 @@ def service(
 @contextmanager
 def nginx(root: Path, workdir: Path) -> Iterator[str | None]:
     """nginx serving ``root`` with sendfile on, if the binary exists; yields its base URL or None."""
-    binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    binary = ensure_tool("nginx", "nginx-light")
     if binary is None:
         yield None
         return
@@ -178,6 +178,20 @@ http {{ access_log off; sendfile on; tcp_nopush on; client_body_temp_path {workd
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def ensure_tool(binary: str, package: str) -> str | None:
+    """The path of ``binary``, installing Debian's ``package`` with apt-get when it is missing and we are root
+    (the baselines are started by the benchmark itself); None when it cannot be had."""
+    found = shutil.which(binary) or (f"/usr/sbin/{binary}" if Path(f"/usr/sbin/{binary}").exists() else None)
+    if found or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return found
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package]
+    if subprocess.run(install, env=env, capture_output=True).returncode != 0:
+        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True)
+        subprocess.run(install, env=env, capture_output=True)
+    return shutil.which(binary) or (f"/usr/sbin/{binary}" if Path(f"/usr/sbin/{binary}").exists() else None)
 
 
 def kernel_mbps(fn: Callable[[bytes], object], size: int = 256 << 20) -> float:
@@ -274,6 +288,44 @@ def run(size: int, reps: int, workdir: Path, use_baselines: bool = True) -> dict
                 resolve.base_s.append(timed([*pin(1), "sh", "-c", f"curl -sSf '{signed}' | tee '{piped}' | sha256sum"]))
                 piped.unlink()
         cases.append(resolve)
+        aria2c = ensure_tool("aria2c", "aria2") if use_baselines else None
+        if aria2c:
+            parallel = Case("resolve url descriptor, 4 connections", size, baseline="aria2c -x4 then sha256sum")
+            for i in range(reps):
+                out = workdir / f"resolved{i}.bin"
+                parallel.ours_s.append(
+                    timed(
+                        [
+                            *pin(1),
+                            sys.executable,
+                            "-m",
+                            "transfer",
+                            "resolve",
+                            str(desc_path),
+                            "-o",
+                            str(out),
+                            "--connections",
+                            "4",
+                            "--no-progress",
+                        ],
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
+                out.unlink()
+                fetched = workdir / f"aria{i}.bin"
+                parallel.base_s.append(
+                    timed(
+                        [
+                            *pin(1),
+                            "sh",
+                            "-c",
+                            f"{aria2c} -q -x4 -s4 --allow-overwrite=true -d '{workdir}' "
+                            f"-o '{fetched.name}' '{signed}' && sha256sum '{fetched}'",
+                        ]
+                    )
+                )
+                fetched.unlink()
+            cases.append(parallel)
         report["server_peak_rss_bytes"] = peak_rss_bytes(pid)
     report["cases"] = [c.row() for c in cases]
     return report

@@ -245,6 +245,13 @@ def run(size: int, reps: int, workdir: Path, use_baselines: bool = True) -> dict
                 target.unlink()
         cases.append(upload)
         signed = descriptor["url"]
+        sink = Case("upload into a discarding sink (network + SHA-256)", size, baseline="SHA-256, one core")
+        (workdir / "null").mkdir(exist_ok=True)
+        with service(workdir / "null", env={**os.environ, "TRANSFER_STORAGE": "null"}) as (null_url, _):
+            for i in range(reps):
+                sink.ours_s.append(timed(curl_upload(src, f"{null_url}/v1/files", workdir / f"null{i}.json")))
+                sink.base_s.append(size / (report["kernels_MBps"]["sha256"] * MB))
+        cases.append(sink)
         half = size // 2
         with nginx(src_dir, workdir) as nginx_url:
             for label, extra, nbytes in (

@@ -107,7 +107,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError("storage_unavailable", str(exc).splitlines()[0]) from exc
     except (TransferError, ValueError, OSError) as exc:
         raise CliError("invalid_settings", str(exc).splitlines()[0]) from exc
-    where = f"s3://{settings.s3_bucket}" if settings.storage == "s3" else str(settings.data_dir.resolve())
+    where = {"s3": f"s3://{settings.s3_bucket}", "null": "nothing (null storage: benchmarks only)"}.get(
+        settings.storage, str(settings.data_dir.resolve())
+    )
     print(
         f"transfer {__version__}: serving {where} on http://{settings.host}:{settings.port} (OpenAPI docs at /docs)",
         file=sys.stderr,
@@ -336,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port (TRANSFER_PORT, default 8080)")
     p.add_argument("--data-dir", help="local storage directory (TRANSFER_DATA_DIR, default ./transfer-data)")
     p.add_argument("--public-url", help="base URL for descriptors (TRANSFER_PUBLIC_URL)")
-    p.add_argument("--storage", choices=["local", "s3"], help="backend (TRANSFER_STORAGE, default local)")
+    p.add_argument("--storage", choices=["local", "s3", "null"], help="backend (TRANSFER_STORAGE, default local)")
     p.add_argument("--s3-bucket", help="bucket for --storage s3 (TRANSFER_S3_BUCKET)")
     p.add_argument("--s3-endpoint-url", help="S3 endpoint (TRANSFER_S3_ENDPOINT_URL; default AWS_ENDPOINT_URL)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])

@@ -18,7 +18,9 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="TRANSFER_", extra="ignore")
 
-    storage: Literal["local", "s3"] = Field(default="local", description="storage backend")
+    storage: Literal["local", "s3", "null"] = Field(
+        default="local", description='storage backend ("null": keeps nothing large, for benchmarks only)'
+    )
     data_dir: Path = Field(default=Path("transfer-data"), description="local storage directory")
     s3_bucket: str | None = Field(default=None, description="bucket (storage=s3)")
     s3_endpoint_url: str | None = Field(default=None, description="default: AWS_ENDPOINT_URL, else AWS")

@@ -6,6 +6,7 @@ import secrets
 
 from storage.base import Storage
 from storage.local import LocalStorage
+from storage.null import NullStorage
 from storage.s3 import S3Config, S3Storage
 from transfer.errors import Conflict, InvalidRequest, NotFound
 from transfer.service.documents import read_document, write_document
@@ -34,6 +35,8 @@ def make_storage(settings: Settings) -> Storage:
                 buffer_size=settings.buffer_size,
             )
         )
+    if settings.storage == "null":
+        return NullStorage()
     return LocalStorage(settings.data_dir, buffer_size=settings.buffer_size)
 
 

@@ -101,6 +101,23 @@ def curl_upload(src: Path, url: str, out: Path) -> list[str]:
     ]
 
 
+def resolve_command(descriptor: Path, out: Path, connections: int) -> list[str]:
+    """``transfer resolve`` pinned to the client core, ``connections`` ranged requests."""
+    return [
+        *pin(1),
+        sys.executable,
+        "-m",
+        "transfer",
+        "resolve",
+        str(descriptor),
+        "-o",
+        str(out),
+        "--connections",
+        str(connections),
+        "--no-progress",
+    ]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -267,28 +284,15 @@ def run(size: int, reps: int, workdir: Path, use_baselines: bool = True) -> dict
                         )
                 cases.append(case)
         resolve = Case(
-            "resolve url descriptor (download + SHA-256 + write)", size, baseline="curl | tee out | sha256sum"
+            "resolve url descriptor, one stream (download + SHA-256 + write)",
+            size,
+            baseline="curl | tee out | sha256sum",
         )
         desc_path = workdir / "descriptor.json"
         desc_path.write_text(json.dumps(descriptor))
         for i in range(reps):
             out = workdir / f"resolved{i}.bin"
-            resolve.ours_s.append(
-                timed(
-                    [
-                        *pin(1),
-                        sys.executable,
-                        "-m",
-                        "transfer",
-                        "resolve",
-                        str(desc_path),
-                        "-o",
-                        str(out),
-                        "--no-progress",
-                    ],
-                    stderr=subprocess.DEVNULL,
-                )
-            )
+            resolve.ours_s.append(timed(resolve_command(desc_path, out, connections=1), stderr=subprocess.DEVNULL))
             out.unlink()
             if use_baselines:
                 piped = workdir / f"piped{i}.bin"
@@ -300,24 +304,7 @@ def run(size: int, reps: int, workdir: Path, use_baselines: bool = True) -> dict
             parallel = Case("resolve url descriptor, 4 connections", size, baseline="aria2c -x4 then sha256sum")
             for i in range(reps):
                 out = workdir / f"resolved{i}.bin"
-                parallel.ours_s.append(
-                    timed(
-                        [
-                            *pin(1),
-                            sys.executable,
-                            "-m",
-                            "transfer",
-                            "resolve",
-                            str(desc_path),
-                            "-o",
-                            str(out),
-                            "--connections",
-                            "4",
-                            "--no-progress",
-                        ],
-                        stderr=subprocess.DEVNULL,
-                    )
-                )
+                parallel.ours_s.append(timed(resolve_command(desc_path, out, connections=4), stderr=subprocess.DEVNULL))
                 out.unlink()
                 fetched = workdir / f"aria{i}.bin"
                 parallel.base_s.append(

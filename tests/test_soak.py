@@ -45,9 +45,7 @@ async def test_soak(soak_server: tuple[str, int, Path]) -> None:
     limits = httpx.Limits(max_connections=CLIENTS + 8, max_keepalive_connections=CLIENTS)
     async with (
         httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http,
-        AsyncTransferClient(
-            url, options=ResolveOptions(connections=2, parallel_min_size=2 * MiB), http=http
-        ) as client,
+        AsyncTransferClient(url, options=ResolveOptions(connections=2, parallel_min_size=2 * MiB), http=http) as client,
     ):
         big = await client.upload(shared, name="shared.bin")
         assert big.url is not None

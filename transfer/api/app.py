@@ -22,6 +22,7 @@ from storage.errors import StorageError
 from transfer import __version__
 from transfer.api.bundles import add_bundle_routes
 from transfer.api.multipart import file_part_stream, multipart_boundary
+from transfer.api.responses import AsciiJSONResponse
 from transfer.api.sessions import add_session_routes
 from transfer.api.streaming import DownloadResponse, request_body
 from transfer.api.tus import TusMiddleware, add_tus_routes
@@ -69,7 +70,7 @@ ERROR_SCHEMA: dict[str, Any] = {
 
 
 def error_response(exc: TransferError) -> JSONResponse:
-    return JSONResponse(exc.to_payload(), status_code=exc.status, headers=exc.headers or None)
+    return AsciiJSONResponse(exc.to_payload(), status_code=exc.status, headers=exc.headers or None)
 
 
 def create_app(
@@ -119,6 +120,7 @@ def create_app(
         description="Upload content once, hand agents a Synapse descriptor, resolve it anywhere: signed URLs with "
         "RFC 9110 ranges, SHA-256 verified end to end.",
         lifespan=lifespan,
+        default_response_class=AsciiJSONResponse,
     )
     app.state.service = service
     app.state.sessions = sessions
@@ -137,7 +139,7 @@ def create_app(
         err = TransferError(str(exc.detail), headers=dict(exc.headers or {}))
         body = err.to_payload()
         body["error"].update(code=codes.get(exc.status_code, "http_error"), status=exc.status_code)
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+        return AsciiJSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -339,9 +341,7 @@ def create_app(
         await service.delete(file_id)
         return Response(status_code=204)
 
-    @app.api_route(
-        "/v1/files/{file_id}/content",
-        methods=["GET", "HEAD", "POST"],
+    download_doc: dict[str, Any] = dict(
         tags=["files"],
         summary="Download through a signed URL (RFC 9110: ranges, conditionals, HEAD)",
         response_class=Response,
@@ -355,6 +355,11 @@ def create_app(
             416: ERROR_SCHEMA,
         },
     )
+
+    # one route per method, so that each has its own OpenAPI operation id
+    @app.get("/v1/files/{file_id}/content", operation_id="download_get", **download_doc)
+    @app.head("/v1/files/{file_id}/content", operation_id="download_head", **download_doc)
+    @app.post("/v1/files/{file_id}/content", operation_id="download_post", **download_doc)
     async def content(
         request: Request,
         file_id: str,

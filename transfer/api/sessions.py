@@ -19,14 +19,23 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Header, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, Field
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, Field, field_validator
 
+from transfer.api.responses import AsciiJSONResponse
 from transfer.api.streaming import request_body
 from transfer.core.auth import Scope
-from transfer.core.content import DownloadMethod, FileContent, FileRole, TransferMode, format_timestamp
+from transfer.core.content import (
+    DownloadMethod,
+    FileContent,
+    FileRole,
+    TransferMode,
+    format_timestamp,
+    normalize_checksum,
+    validate_media_type,
+)
 from transfer.core.digests import sha256_from_digest_field
-from transfer.errors import InvalidRequest
+from transfer.errors import InvalidRequest, SessionIncomplete
 from transfer.service.files import FileService
 from transfer.service.sessions import ChunkDigest, SessionService
 from transfer.settings import MAX_URL_TTL
@@ -41,6 +50,16 @@ class SessionCreate(BaseModel):
     ttl: int | None = Field(default=None, gt=0, description="seconds the session may stay unfinished")
     role: FileRole | None = None
     description: str | None = Field(default=None, max_length=4096)
+
+    @field_validator("content_type")
+    @classmethod
+    def _media_type(cls, v: str | None) -> str | None:
+        return None if v is None else validate_media_type(v)
+
+    @field_validator("checksum")
+    @classmethod
+    def _checksum(cls, v: str | None) -> str | None:
+        return None if v is None else normalize_checksum(v)
 
 
 class SessionComplete(BaseModel):
@@ -155,7 +174,7 @@ def add_session_routes(
             raise InvalidRequest("a chunk needs its checksum: Chunk-Checksum: xxh3-128:<hex> (or sha256:<hex>)")
 
         receipt = await sessions.put_chunk(sid, index, request_body(request), digest, content_length)
-        return JSONResponse(
+        return AsciiJSONResponse(
             {"index": receipt.index, "size": receipt.size, "xxh3": receipt.xxh3, "duplicate": receipt.duplicate},
             status_code=200 if receipt.duplicate else 201,
         )
@@ -197,6 +216,10 @@ def add_session_routes(
     )
     async def session_descriptor(request: Request, sid: str, ttl: int | None = None) -> dict[str, Any]:
         session = await sessions.load(sid)
+        if session.size is None:
+            raise SessionIncomplete(
+                "the size of this session is unknown until it completes: no streaming descriptor yet"
+            )
         record = await files.record(session.file_id) if session.file_id else None
         return streaming_descriptor(session, base_url(request), ttl, record).to_json()
 
@@ -205,13 +228,14 @@ def add_session_routes(
         files.signer.verify("GET", chunks_path(sid), request.url.query, files.clock())
         return await sessions.status(sid)
 
-    @app.api_route(
-        "/v1/sessions/{sid}/chunks/{index}",
-        methods=["GET", "HEAD"],
+    chunk_doc: dict[str, Any] = dict(
         tags=["sessions"],
         summary="Read one chunk (signed); waits for chunks not uploaded yet (Prefer: wait=<seconds>)",
         response_class=Response,
     )
+
+    @app.get("/v1/sessions/{sid}/chunks/{index}", operation_id="chunk_get", **chunk_doc)
+    @app.head("/v1/sessions/{sid}/chunks/{index}", operation_id="chunk_head", **chunk_doc)
     async def get_chunk(
         request: Request, sid: str, index: int, prefer: Annotated[str | None, Header()] = None
     ) -> Response:

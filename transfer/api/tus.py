@@ -13,9 +13,10 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from transfer.api.responses import AsciiJSONResponse
 from transfer.api.streaming import request_body
 from transfer.core.auth import Scope as AuthScope
 from transfer.errors import InvalidRequest, NotFound, TusVersionUnsupported, UnsupportedMediaType
@@ -46,7 +47,7 @@ class TusMiddleware:
         method = scope["method"]
         if method not in ("OPTIONS", "GET") and headers.get("tus-resumable") != TUS_VERSION:
             err = TusVersionUnsupported(f"Tus-Resumable must be {TUS_VERSION}")
-            response = JSONResponse(
+            response = AsciiJSONResponse(
                 err.to_payload(), status_code=412, headers={"tus-version": TUS_VERSION, "tus-resumable": TUS_VERSION}
             )
             await response(scope, receive, send)

@@ -74,6 +74,16 @@ class DownloadMethod(enum.StrEnum):
     SIGNED_URL = "signed_url"
 
 
+_MEDIA_TYPE_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+/[!#$%&'*+.^_`|~0-9A-Za-z-]+(\s*;.*)?$")
+
+
+def validate_media_type(value: str) -> str:
+    """``type/subtype`` with optional parameters (RFC 9110 §8.3.1), printable ASCII; ValueError otherwise."""
+    if len(value) > 255 or not value.isascii() or not value.isprintable() or not _MEDIA_TYPE_RE.match(value):
+        raise ValueError("content_type must be a MIME type such as 'text/plain'")
+    return value
+
+
 def normalize_checksum(value: str) -> str:
     """``sha256:<64 lowercase hex>`` from either that form or bare hex; ValueError otherwise."""
     m = _CHECKSUM_RE.match(value.strip())
@@ -131,9 +141,7 @@ class ContentBase(_Model):
     @field_validator("content_type")
     @classmethod
     def _content_type(cls, v: str) -> str:
-        if "/" not in v or any(c in v for c in "\r\n\0"):
-            raise ValueError("content_type must be a MIME type such as 'text/plain'")
-        return v
+        return validate_media_type(v)
 
 
 class TextContent(ContentBase):

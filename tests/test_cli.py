@@ -152,3 +152,11 @@ def test_bench_measures_a_deployment(server: str, tmp_path: Path) -> None:
     assert report["small_objects"]["p99_ms"] >= report["small_objects"]["p50_ms"] > 0
     bad = run("bench", "--server", server, "--sizes", "lots")
     assert bad.returncode == 1 and bad.stderr.startswith("transfer: invalid_request:")
+
+
+def test_oversized_descriptor_is_refused_without_reading_it_all(tmp_path: Path) -> None:
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as f:
+        f.truncate(64 << 20)  # sparse: 64 MiB of NULs
+    out = run("inspect", str(huge))
+    assert out.returncode == 1 and "larger than" in out.stderr and out.stderr.startswith("transfer: invalid_descriptor")

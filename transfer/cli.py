@@ -27,6 +27,8 @@ from transfer.errors import TransferError
 
 # PERF-NOTES: uvloop hands Python a fresh ~256 KiB bytes per socket read; with glibc's default thresholds a 1 GiB
 # upload page-faults ~217,000 times and throughput halves. These must be set before the interpreter starts.
+MAX_DESCRIPTOR_BYTES = 16 << 20  # a descriptor (bundles included) is metadata, never content
+
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "4194304", "MALLOC_TRIM_THRESHOLD_": "268435456"}
 
 
@@ -59,7 +61,15 @@ def _progress_bar(enabled: bool, label: str) -> tuple[Progress | None, Callable[
 
 def _read_descriptor(source: str) -> Any:
     try:
-        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+        stream = sys.stdin.buffer if source == "-" else open(source, "rb")  # noqa: SIM115 - closed below
+        try:
+            raw = stream.read(MAX_DESCRIPTOR_BYTES + 1)
+        finally:
+            if source != "-":
+                stream.close()
+        if len(raw) > MAX_DESCRIPTOR_BYTES:
+            raise CliError("invalid_descriptor", f"descriptor {source} is larger than {MAX_DESCRIPTOR_BYTES} bytes")
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise CliError("invalid_request", f"cannot read descriptor {source}: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:

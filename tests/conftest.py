@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -204,6 +205,18 @@ def serve_in_thread(app: FastAPI) -> tuple[str, Any, threading.Thread]:
     return f"http://127.0.0.1:{port}", server, thread
 
 
+@contextmanager
+def running(settings: Settings, clock: Any = None) -> Iterator[LiveServer]:
+    """The app for ``settings`` served by uvicorn on a loopback port, in a thread, for the block's duration."""
+    app = create_app(settings, clock=clock or time.time)
+    url, server, thread = serve_in_thread(app)
+    try:
+        yield LiveServer(url, app, settings)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
 def server(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Iterator[LiveServer]:
     """A live server on local storage, and again on the S3 test server (tests using it run on both)."""
@@ -218,8 +231,5 @@ def server(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Iter
         session_gc_interval=0.2,
         **extra,
     )
-    app = create_app(settings, clock=clock)
-    url, srv, thread = serve_in_thread(app)
-    yield LiveServer(url, app, settings)
-    srv.should_exit = True
-    thread.join(10)
+    with running(settings, clock) as live:
+        yield live

@@ -17,10 +17,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 import zstandard
-from fastapi import FastAPI
 
-from tests.conftest import LiveServer, serve_in_thread
-from transfer.api.app import create_app
+from tests.conftest import LiveServer, running
 from transfer.settings import Settings
 
 MiB = 1 << 20
@@ -157,11 +155,8 @@ def small_limit_server(tmp_path: Any, clock: Any) -> Iterator[LiveServer]:
     settings = Settings(
         data_dir=tmp_path / "limited", max_upload_size=2 * MiB, signing_keys={"t": "0123456789abcdef0123"}
     )
-    app: FastAPI = create_app(settings, clock=clock)
-    url, server, thread = serve_in_thread(app)
-    yield LiveServer(url, app, settings)
-    server.should_exit = True
-    thread.join(10)
+    with running(settings, clock) as live:
+        yield live
 
 
 def test_oversized_body_is_refused_early_and_leaves_nothing(small_limit_server: LiveServer) -> None:

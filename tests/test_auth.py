@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import Clock, LiveServer, serve_in_thread
+from tests.conftest import Clock, LiveServer, running
 from tests.test_api_upload import assert_error
 from transfer.api.app import create_app
 from transfer.client import AsyncTransferClient
@@ -32,11 +32,8 @@ def bearer(name: str) -> dict[str, str]:
 def secured(tmp_path: Path, clock: Clock) -> Iterator[LiveServer]:
     keys = {name: {"sha256": token_hash(TOKENS[name]), "scopes": SCOPES[name]} for name in TOKENS}
     settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"}, api_keys=keys)
-    app = create_app(settings, clock=clock)
-    url, server, thread = serve_in_thread(app)
-    yield LiveServer(url, app, settings)
-    server.should_exit = True
-    thread.join(10)
+    with running(settings, clock) as live:
+        yield live
 
 
 def test_401_403_and_signed_urls(secured: LiveServer) -> None:
@@ -108,15 +105,9 @@ def test_keys_new_prints_a_working_entry(tmp_path: Path, clock: Clock) -> None:
     assert entry["ci"]["scopes"] == ["read", "upload"] and entry["ci"]["sha256"] == token_hash(token)
     assert token not in json.dumps(entry)  # only the hash is meant to be stored
     settings = Settings(data_dir=tmp_path / "d", signing_keys={"t": "0123456789abcdef0123"}, api_keys=entry)
-    url, server, thread = serve_in_thread(create_app(settings, clock=clock))
-    try:
-        assert (
-            httpx.post(f"{url}/v1/files", content=b"hi", headers={"authorization": f"Bearer {token}"}).status_code
-            == 201
-        )
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with running(settings, clock) as live:
+        r = httpx.post(f"{live.url}/v1/files", content=b"hi", headers={"authorization": f"Bearer {token}"})
+        assert r.status_code == 201
 
 
 def test_malformed_key_settings_are_refused() -> None:

@@ -14,9 +14,8 @@ import httpx
 import pytest
 import xxhash
 
-from tests.conftest import Clock, LiveServer, serve_in_thread
+from tests.conftest import Clock, LiveServer, running
 from tests.test_api_upload import assert_error
-from transfer.api.app import create_app
 from transfer.settings import Settings
 
 MiB = 1 << 20
@@ -40,11 +39,8 @@ def full_disk_server(small_disk: Path, clock: Clock) -> Iterator[LiveServer]:
     settings = Settings(
         data_dir=small_disk / "data", signing_keys={"t": "0123456789abcdef0123"}, session_chunk_size=1 * MiB
     )
-    app = create_app(settings, clock=clock)
-    url, server, thread = serve_in_thread(app)
-    yield LiveServer(url, app, settings)
-    server.should_exit = True
-    thread.join(10)
+    with running(settings, clock) as live:
+        yield live
 
 
 def test_disk_full_is_507_and_leaves_nothing(full_disk_server: LiveServer) -> None:

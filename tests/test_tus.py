@@ -16,9 +16,8 @@ from typing import Any
 import httpx
 from tusclient import client as tus_client
 
-from tests.conftest import Clock, LiveServer, serve_in_thread
+from tests.conftest import Clock, LiveServer, running
 from tests.test_api_upload import assert_error
-from transfer.api.app import create_app
 from transfer.settings import Settings
 
 MiB = 1 << 20
@@ -236,8 +235,8 @@ def test_cors_for_browser_tus_clients(tmp_path: Path, clock: Clock) -> None:
     settings = Settings(
         data_dir=tmp_path / "d", signing_keys={"t": "0123456789abcdef0123"}, cors_allow_origins=["https://app.example"]
     )
-    url, srv, thread = serve_in_thread(create_app(settings, clock=clock))
-    try:
+    with running(settings, clock) as live:
+        url = live.url
         pre = httpx.options(
             f"{url}/tus/files",
             headers={
@@ -250,6 +249,3 @@ def test_cors_for_browser_tus_clients(tmp_path: Path, clock: Clock) -> None:
         r = httpx.post(f"{url}/tus/files", headers={**V, "upload-length": "1", "origin": "https://app.example"})
         assert "location" in r.headers["access-control-expose-headers"]
         assert "upload-offset" in r.headers["access-control-expose-headers"]
-    finally:
-        srv.should_exit = True
-        thread.join(10)

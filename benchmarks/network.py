@@ -34,22 +34,28 @@ class LinkEmulator:
         self.port = free_port()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
+        self._writers: list[asyncio.StreamWriter] = []
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
 
         async def main() -> None:
+            self._stop = asyncio.Event()
             server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
-            self._server = server
             self._ready.set()
-            async with server:
-                await server.serve_forever()
+            await self._stop.wait()
+            server.close()
+            handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in handlers:
+                task.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)  # every connection closed before the loop
+            for writer in self._writers:
+                writer.close()
+            await server.wait_closed()
 
         try:
             self._loop.run_until_complete(main())
-        except asyncio.CancelledError:
-            pass
         finally:
             self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             self._loop.close()
@@ -80,11 +86,13 @@ class LinkEmulator:
             writer.close()
 
     async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        self._writers.append(client_writer)
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         except OSError:
             client_writer.close()
             return
+        self._writers.append(up_writer)
         await asyncio.gather(
             self._pipe(client_reader, up_writer), self._pipe(up_reader, client_writer), return_exceptions=True
         )
@@ -95,10 +103,8 @@ class LinkEmulator:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._server.close)
-        for task in asyncio.all_tasks(self._loop):
-            self._loop.call_soon_threadsafe(task.cancel)
-        self._thread.join(5)
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
 
 
 def run_wan(src: Path, reps: int, workdir: Path, connections: int = 4) -> dict[str, Any]:

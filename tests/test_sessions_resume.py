@@ -99,7 +99,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 def test_cli_resumes_after_the_client_is_killed(server: LiveServer, tmp_path: Path) -> None:
     live_server = server
     src = tmp_path / "resume.bin"
-    data = os.urandom(40 * MiB)  # 8 chunks of 5 MiB (the S3 minimum)
+    data = os.urandom(80 * MiB)  # 16 chunks of 5 MiB (the S3 minimum): time to kill it part way
     src.write_bytes(data)
     state = tmp_path / "state"
     args = [
@@ -131,7 +131,7 @@ def test_cli_resumes_after_the_client_is_killed(server: LiveServer, tmp_path: Pa
     _, err = proc.communicate()
     assert sid is not None, err
     before = httpx.get(f"{live_server.url}/v1/sessions/{sid}").json()
-    assert 3 <= before["stored_count"] < 8 and before["state"] == "open"
+    assert 3 <= before["stored_count"] < 16 and before["state"] == "open"
     again = run_cli(*args)
     assert again.returncode == 0, again.stderr
     descriptor = json.loads(again.stdout)

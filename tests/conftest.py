@@ -85,12 +85,8 @@ class LiveServer:
 @pytest.fixture
 def live_server(app: FastAPI, settings: Settings) -> Iterator[LiveServer]:
     """The app served by a real uvicorn (uvloop + httptools) on a loopback port, in a thread."""
-    url, server, thread = serve_in_thread(app)
-    try:
-        yield LiveServer(url, app, settings)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with serving(app, settings) as live:
+        yield live
 
 
 @pytest.fixture
@@ -206,15 +202,21 @@ def serve_in_thread(app: FastAPI) -> tuple[str, Any, threading.Thread]:
 
 
 @contextmanager
-def running(settings: Settings, clock: Any = None) -> Iterator[LiveServer]:
-    """The app for ``settings`` served by uvicorn on a loopback port, in a thread, for the block's duration."""
-    app = create_app(settings, clock=clock or time.time)
+def serving(app: FastAPI, settings: Settings) -> Iterator[LiveServer]:
+    """``app`` served by uvicorn on a loopback port, in a thread, for the block's duration."""
     url, server, thread = serve_in_thread(app)
     try:
         yield LiveServer(url, app, settings)
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@contextmanager
+def running(settings: Settings, clock: Any = None) -> Iterator[LiveServer]:
+    """The app built from ``settings``, served for the block's duration."""
+    with serving(create_app(settings, clock=clock or time.time), settings) as live:
+        yield live
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])

@@ -65,12 +65,9 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _server_conf(etc: Path, srv: Path, port: int, kind: str) -> Path:
-    conf = etc / f"{kind}-server.conf"
-    conf.write_text(
-        f"""[DEFAULT]
-devices = {srv}
-mount_check = false
+def _defaults(etc: Path, port: int) -> str:
+    """The [DEFAULT] section every Swift server of the test node shares: loopback, one process, quiet logs."""
+    return f"""[DEFAULT]
 bind_ip = 127.0.0.1
 bind_port = {port}
 workers = 0
@@ -78,6 +75,15 @@ swift_dir = {etc}
 log_level = WARNING
 log_udp_host = 127.0.0.1
 log_udp_port = 9
+"""
+
+
+def _server_conf(etc: Path, srv: Path, port: int, kind: str) -> Path:
+    conf = etc / f"{kind}-server.conf"
+    conf.write_text(
+        _defaults(etc, port)
+        + f"""devices = {srv}
+mount_check = false
 
 [pipeline:main]
 pipeline = {kind}-server
@@ -98,15 +104,8 @@ PIPELINE = (
 def _proxy_conf(etc: Path, port: int) -> Path:
     conf = etc / "proxy-server.conf"
     conf.write_text(
-        f"""[DEFAULT]
-bind_ip = 127.0.0.1
-bind_port = {port}
-workers = 0
-swift_dir = {etc}
-log_level = WARNING
-log_udp_host = 127.0.0.1
-log_udp_port = 9
-
+        _defaults(etc, port)
+        + f"""
 [pipeline:main]
 pipeline = {PIPELINE}
 

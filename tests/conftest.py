@@ -19,6 +19,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from transfer.api.app import create_app
+from transfer.api.server import uvicorn_config
 from transfer.settings import Settings
 
 
@@ -188,9 +189,8 @@ def s3_env(s3_endpoint: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) ->
 
 def serve_in_thread(app: FastAPI) -> tuple[str, Any, threading.Thread]:
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", log_level="warning")
-    )
+    settings = app.state.services.settings if hasattr(app.state, "services") else Settings()
+    server = uvicorn.Server(uvicorn_config(app, settings, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

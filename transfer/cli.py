@@ -20,9 +20,9 @@ import httpx
 
 from transfer import __version__
 from transfer.client.chunks import state_dir
-from transfer.client.client import DEFAULT_SERVER, AsyncTransferClient, load_descriptor
+from transfer.client.client import DEFAULT_SERVER, AsyncTransferClient
 from transfer.client.resolver import Progress, ResolveOptions
-from transfer.core.content import ContentBundle, FileContent, TransferMode
+from transfer.core.content import ContentBundle, FileContent, TransferMode, load_descriptor
 from transfer.errors import TransferError
 
 # PERF-NOTES: uvloop hands Python a fresh ~256 KiB bytes per socket read; with glibc's default thresholds a 1 GiB
@@ -102,6 +102,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from storage.errors import StorageError
     from transfer.api.app import create_app
+    from transfer.api.server import uvicorn_config
     from transfer.service.backends import make_storage
     from transfer.settings import Settings
 
@@ -124,15 +125,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"transfer {__version__}: serving {where} on http://{settings.host}:{settings.port} (OpenAPI docs at /docs)",
         file=sys.stderr,
     )
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        loop="uvloop",
-        http="httptools",
-        log_level=args.log_level,
-        timeout_graceful_shutdown=5,
+    config = uvicorn_config(
+        app, settings, host=settings.host, port=settings.port, log_level=args.log_level, timeout_graceful_shutdown=5
     )
+    uvicorn.Server(config).run()
     return 0
 
 

@@ -6,6 +6,11 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     TransferError                      500 internal_error
     ├── InvalidRequest                 400 invalid_request
     │   ├── InvalidDescriptor          422 invalid_descriptor
+    │   ├── InvalidEnvelope            400 invalid_envelope      (TP MessageEnvelope / aiflowy / JSON-RPC params)
+    │   ├── HopLimitExceeded           400 TP-TRA001             (trace_info.hop_count above 5)
+    │   ├── TPVersionUnsupported       400 TP-TRA020
+    │   ├── NoEnvelopeInPrompt         422 TP-TRA030             (no ```tp-envelope block in the text)
+    │   ├── UnsupportedMessageType     501 unsupported_message_type
     │   ├── InvalidDigestHeader        400 invalid_digest_header
     │   ├── ContentLengthMismatch      400 content_length_mismatch
     │   ├── MalformedBody              400 malformed_body
@@ -22,16 +27,20 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── Unauthenticated                401 unauthenticated       (no, malformed or unknown API key)
     ├── AccessDenied                   403 access_denied
     │   ├── InsufficientScope          403 insufficient_scope
-    │   ├── UploadForbidden            403 forbidden             (tus: PATCH on a final upload)
+    │   ├── UploadForbidden            403 forbidden             (tus: PATCH on a final upload; paths outside root)
+    │   ├── DestinationRefused         403 destination_refused   (server-side fetch to a private/loopback address)
+    │   ├── EncryptedResourceRefused   403 TP-TRA031             (prompt embedding carries no encrypted resource)
     │   ├── SignatureInvalid           403 signature_invalid
     │   └── UrlExpired                 403 url_expired
     ├── NotFound                       404 not_found
+    │   └── ToolUnavailable            404 TP-TRA021             (MCP tool for that message type)
     ├── MethodNotAllowed               405 method_not_allowed
     ├── PreconditionFailed             412 precondition_failed
     │   └── TusVersionUnsupported      412 tus_version_unsupported
     ├── UnsupportedMediaType           415 unsupported_media_type
     ├── TusChecksumMismatch            460 tus_checksum_mismatch (tus checksum extension)
     ├── RangeNotSatisfiable            416 range_not_satisfiable
+    ├── TooManySessions                429 too_many_sessions     (open sessions per API key)
     ├── Conflict                       409 conflict
     │   ├── ChunkConflict              409 chunk_conflict        (other bytes already stored for that chunk)
     │   ├── SessionCompleted           409 session_completed
@@ -43,7 +52,11 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── ClientDisconnected             499 client_disconnected   (nobody is left to read it; logged only)
     ├── InsufficientStorage            507 insufficient_storage
     ├── StorageUnavailable             503 storage_unavailable
-    └── RemoteError                    502 remote_error          (client side: server answered something unusable)
+    ├── HeartbeatTimeout               408 TP-TRA010             (WebSocket: two pongs missed)
+    ├── UpstreamTimeout                504 TP-TRA011             (server-side fetch timed out)
+    ├── BridgeFailed                   502 TP-TRA002
+    └── RemoteError                    502 remote_error          (client side: server answered something unusable;
+                                                                  server side: a fetched URL answered an error)
 
 Storage backends raise their own errors (``storage.errors``); :func:`from_storage_error` translates them with one
 table so that ``storage/`` never imports ``transfer/``.
@@ -69,6 +82,11 @@ class TransferError(Exception):
         self.message = message
         self.detail = detail
         self.headers: dict[str, str] = headers or {}
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the same request may succeed later unchanged (server-side, transient conditions)."""
+        return self.status in (408, 429, 499, 502, 503, 504, 507)
 
     def to_payload(self) -> dict[str, Any]:
         """The JSON error body every front door sends: ``{"error": {"code", "message", "status", ...}}``."""
@@ -111,6 +129,28 @@ class ChunkOutOfRange(InvalidRequest):
 
 class ChunkLengthMismatch(InvalidRequest):
     code = "chunk_length_mismatch"
+
+
+class InvalidEnvelope(InvalidRequest):
+    code = "invalid_envelope"
+
+
+class HopLimitExceeded(InvalidRequest):
+    code = "TP-TRA001"
+
+
+class TPVersionUnsupported(InvalidRequest):
+    code = "TP-TRA020"
+
+
+class NoEnvelopeInPrompt(InvalidRequest):
+    code = "TP-TRA030"
+    status = 422
+
+
+class UnsupportedMessageType(InvalidRequest):
+    code = "unsupported_message_type"
+    status = 501
 
 
 class IntegrityError(TransferError):
@@ -169,9 +209,21 @@ class UploadForbidden(AccessDenied):
     code = "forbidden"
 
 
+class DestinationRefused(AccessDenied):
+    code = "destination_refused"
+
+
+class EncryptedResourceRefused(AccessDenied):
+    code = "TP-TRA031"
+
+
 class NotFound(TransferError):
     code = "not_found"
     status = 404
+
+
+class ToolUnavailable(NotFound):
+    code = "TP-TRA021"
 
 
 class MethodNotAllowed(TransferError):
@@ -201,6 +253,11 @@ class TusChecksumMismatch(TransferError):
 class RangeNotSatisfiable(TransferError):
     code = "range_not_satisfiable"
     status = 416
+
+
+class TooManySessions(TransferError):
+    code = "too_many_sessions"
+    status = 429
 
 
 class Conflict(TransferError):
@@ -251,6 +308,21 @@ class InsufficientStorage(TransferError):
 class StorageUnavailable(TransferError):
     code = "storage_unavailable"
     status = 503
+
+
+class HeartbeatTimeout(TransferError):
+    code = "TP-TRA010"
+    status = 408
+
+
+class UpstreamTimeout(TransferError):
+    code = "TP-TRA011"
+    status = 504
+
+
+class BridgeFailed(TransferError):
+    code = "TP-TRA002"
+    status = 502
 
 
 class RemoteError(TransferError):

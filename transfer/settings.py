@@ -69,6 +69,38 @@ class Settings(BaseSettings):
         default_factory=list, description='JSON list of origins allowed to call the API from a browser, e.g. ["*"]'
     )
     live_read_timeout: float = Field(default=30.0, ge=0, description="longest wait for a chunk not yet uploaded")
+    max_open_sessions_per_key: int = Field(
+        default=100, ge=1, description="chunked and tus sessions one API key may have open at once"
+    )
+    max_bundle_items: int = Field(default=1000, ge=1, le=100_000, description="items in one bundle")
+    max_json_body: int = Field(
+        default=16 << 20, ge=1 << 10, description="largest JSON request body (descriptors, bundles, JSON-RPC)"
+    )
+    # server-side fetches (imports, TP mount of a foreign url): SSRF-guarded
+    fetch_allow_networks: list[str] = Field(
+        default_factory=list,
+        description='JSON list of CIDRs fetched from even though private/loopback, e.g. ["10.1.0.0/16"]',
+    )
+    fetch_timeout: float = Field(default=30.0, gt=0, description="seconds without progress before a fetch fails")
+    fetch_max_redirects: int = Field(default=5, ge=0, le=20)
+    # progress jobs and the AIFlowy SSE stream
+    job_retention: float = Field(default=600.0, gt=0, description="seconds a finished job stays readable")
+    max_jobs: int = Field(default=10_000, ge=1)
+    sse_heartbeat: float = Field(default=15.0, gt=0, description="seconds between SSE keep-alive comments")
+    # TP bindings
+    tp_identity: str = Field(default="transfer-service", description="this service's sender in TP envelopes")
+    tp_max_envelope_size: int = Field(default=1 << 20, ge=1 << 10, description="largest TP envelope / WS frame")
+    tp_ping_interval: float = Field(default=30.0, gt=0, description="WebSocket ping interval (TP: 30 s)")
+    tp_pong_timeout: float = Field(default=10.0, gt=0, description="time allowed for each pong (TP: 10 s)")
+    tp_mailbox_ttl: int = Field(default=24 * 3600, gt=0, description="seconds an undelivered TP message is kept")
+    # MCP
+    mcp_root: Path | None = Field(
+        default=None,
+        description="directory the MCP file tools may read and write (stdio: the working directory; HTTP: none)",
+    )
+    mcp_max_inline_bytes: int = Field(
+        default=4 << 20, ge=1 << 10, description="largest content carried inside one MCP message (bytes, chunks)"
+    )
 
     @field_validator("public_url")
     @classmethod

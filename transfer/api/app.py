@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
@@ -21,23 +21,23 @@ from storage.base import Storage
 from storage.errors import StorageError
 from transfer import __version__
 from transfer.api.bundles import add_bundle_routes
+from transfer.api.jobs import add_job_routes
 from transfer.api.multipart import file_part_stream, multipart_boundary
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.sessions import add_session_routes
 from transfer.api.streaming import DownloadResponse, request_body
 from transfer.api.tus import TusMiddleware, add_tus_routes
+from transfer.bindings.mcp import add_mcp_endpoint
+from transfer.bindings.tp import add_tp_routes
 from transfer.core.auth import Authenticator, Scope, parse_keys
 from transfer.core.content import DownloadMethod, FileRole, normalize_checksum
 from transfer.core.digests import sha256_from_digest_field
 from transfer.core.encodings import coding_from_http, storage_encoding
 from transfer.core.naming import filename_from_content_disposition
-from transfer.errors import InvalidRequest, TransferError, from_storage_error
-from transfer.service.backends import make_storage
-from transfer.service.bundles import BundleService
-from transfer.service.files import FileService
+from transfer.errors import ClientDisconnected, InvalidRequest, TransferError, from_storage_error
+from transfer.service.container import Services
 from transfer.service.ingest import UploadRequest
-from transfer.service.sessions import SessionService
-from transfer.service.tus import TusService
+from transfer.service.progress import counted
 from transfer.settings import Settings
 
 log = logging.getLogger("transfer.api")
@@ -80,7 +80,8 @@ def create_app(
     seconds) decides URL expiry, so tests can move time."""
     settings = settings or Settings()
     auth = Authenticator(parse_keys(settings.api_keys or {}))
-    service = FileService(storage or make_storage(settings), settings, clock=clock)
+    services = Services.build(settings, storage, clock=clock)
+    service = services.files
     bearer = HTTPBearer(auto_error=False, description="an API key (`transfer keys new`)")
 
     def needs(scope: Scope) -> Any:
@@ -92,8 +93,8 @@ def create_app(
 
         return Depends(check)
 
-    sessions = SessionService(service.storage, settings, clock=clock)
-    tus = TusService(service.storage, settings, clock=clock)
+    sessions = services.sessions
+    tus = services.tus
 
     async def sweep_sessions() -> None:
         while True:
@@ -108,11 +109,14 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not auth.enabled:
             log.warning("no API keys configured (TRANSFER_API_KEYS): anyone who reaches this port may upload")
-        await service.start()
+        await services.start()
         sweeper = asyncio.create_task(sweep_sessions())
-        yield
+        async with AsyncExitStack() as stack:
+            for context in app.state.lifespan_contexts:
+                await stack.enter_async_context(context())
+            yield
         sweeper.cancel()
-        await service.close()
+        await services.close()
 
     app = FastAPI(
         title="Agent large-content transfer service",
@@ -122,8 +126,10 @@ def create_app(
         lifespan=lifespan,
         default_response_class=AsciiJSONResponse,
     )
+    app.state.services = services
     app.state.service = service
     app.state.sessions = sessions
+    app.state.lifespan_contexts = []  # front doors that need to run something for the app's lifetime (MCP)
 
     @app.exception_handler(TransferError)
     async def _transfer_error(request: Request, exc: TransferError) -> JSONResponse:
@@ -155,8 +161,11 @@ def create_app(
         return settings.public_url or str(request.base_url).rstrip("/")
 
     add_session_routes(app, sessions, service, base_url, needs)
-    add_bundle_routes(app, BundleService(service.storage, service, clock=clock), base_url, needs)
+    add_bundle_routes(app, services.bundles, base_url, needs)
     add_tus_routes(app, tus, service, base_url, needs)
+    add_job_routes(app, services, base_url, needs)
+    add_tp_routes(app, services, auth, base_url)
+    add_mcp_endpoint(app, services, auth)
     app.add_middleware(TusMiddleware)
     if settings.cors_allow_origins:
         app.add_middleware(
@@ -238,6 +247,13 @@ def create_app(
         download_method: DownloadMethod | None = None,
         ttl: Annotated[int | None, Query(gt=0, description="seconds the signed URL lives (max 7 days)")] = None,
         inline: Annotated[bool | None, Query(description="force inline (only up to the threshold) or url mode")] = None,
+        job_id: Annotated[
+            str | None,
+            Query(
+                pattern=r"^[A-Za-z0-9_-]{8,64}$",
+                description="your id for this upload; follow it at /v1/jobs/{job_id}/events (open that first)",
+            ),
+        ] = None,
         content_encoding: Annotated[str | None, Header()] = None,
         content_digest: Annotated[str | None, Header()] = None,
         repr_digest: Annotated[str | None, Header()] = None,
@@ -290,11 +306,23 @@ def create_app(
             disposition = request.headers.get("content-disposition")
             if req.name is None and disposition:
                 req.name = filename_from_content_disposition(disposition)
-        record = await service.upload(stream, req)
-        response.headers["location"] = f"/v1/files/{record.id}"
-        descriptor = await service.describe(
-            record, base_url(request), download_method=download_method, ttl=ttl, inline=inline
-        )
+        job = None
+        if job_id is not None:
+            job = services.hub.open(job_id, "upload")
+            job.start(req.name, size if size is not None else req.declared_length)
+            stream = counted(stream, job)
+        try:
+            record = await service.upload(stream, req)
+            response.headers["location"] = f"/v1/files/{record.id}"
+            descriptor = await service.describe(
+                record, base_url(request), download_method=download_method, ttl=ttl, inline=inline
+            )
+        except BaseException as exc:  # the job must end whatever happened (cancelled: the client went away)
+            if job is not None:
+                job.fail(exc if isinstance(exc, TransferError) else ClientDisconnected("upload interrupted"))
+            raise
+        if job is not None:
+            job.succeed({"file_id": record.id, "descriptor": descriptor.to_json()})
         return descriptor.to_json()
 
     @app.get(

@@ -15,7 +15,6 @@ GET    /v1/sessions/{id}/chunks/{index}?<signed>  chunk bytes with ``Chunk-Check
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Header, Request
@@ -29,16 +28,15 @@ from transfer.core.content import (
     DownloadMethod,
     FileContent,
     FileRole,
-    TransferMode,
-    format_timestamp,
     normalize_checksum,
     validate_media_type,
 )
 from transfer.core.digests import sha256_from_digest_field
 from transfer.errors import InvalidRequest, SessionIncomplete
+from transfer.service import session_views
 from transfer.service.files import FileService
+from transfer.service.session_views import chunks_path
 from transfer.service.sessions import ChunkDigest, SessionService
-from transfer.settings import MAX_URL_TTL
 
 
 class SessionCreate(BaseModel):
@@ -69,10 +67,6 @@ class SessionComplete(BaseModel):
     ttl: int | None = Field(default=None, gt=0)
 
 
-def chunks_path(sid: str) -> str:
-    return f"/v1/sessions/{sid}/chunks"
-
-
 def parse_prefer_wait(value: str | None, default: float, maximum: float) -> float:
     """``Prefer: wait=<seconds>`` (RFC 7240 §4.3); the service's default when absent."""
     if value:
@@ -94,43 +88,10 @@ def add_session_routes(
     settings = files.settings
 
     def streaming_descriptor(session: Any, base: str, ttl: int | None, record: Any = None) -> FileContent:
-        ttl = min(ttl or settings.url_ttl, MAX_URL_TTL)
-        url, expires_at = files.signed_url_for_path(base, chunks_path(session.id), "GET", ttl)
-        return FileContent(
-            type=TransferMode.STREAMING,
-            content_type=(record.content_type if record else session.content_type) or "application/octet-stream",
-            size=session.size,
-            checksum=("sha256:" + record.sha256) if record else session.checksum,
-            name=session.name,
-            role=FileRole(session.role) if session.role else None,
-            description=session.description,
-            url=url,
-            url_expires_at=expires_at,
-            download_method=DownloadMethod.GET,
-            streaming_session_id=session.id,
-            total_chunks=session.total_chunks,
-            chunk_size=session.chunk_size,
-            metadata={"chunk_checksum": "xxh3-128", **({"file_id": record.id} if record else {})},
-        )
+        return session_views.streaming_descriptor(files, session, base, ttl, record)
 
     def session_document(session: Any, base: str) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "streaming_session_id": session.id,
-            "state": session.state.value,
-            "name": session.name,
-            "size": session.size,
-            "chunk_size": session.chunk_size,
-            "total_chunks": session.total_chunks,
-            "expires_at": format_timestamp(datetime.fromtimestamp(session.expires_at, UTC)),
-            "urls": {
-                "chunk": f"{base}/v1/sessions/{session.id}/chunks/{{index}}",
-                "status": f"{base}/v1/sessions/{session.id}",
-                "complete": f"{base}/v1/sessions/{session.id}/complete",
-            },
-        }
-        if session.size is not None:  # a live reader can follow it from now on
-            doc["descriptor"] = streaming_descriptor(session, base, None).to_json()
-        return doc
+        return session_views.session_document(files, session, base)
 
     upload, read = [needs(Scope.UPLOAD)], [needs(Scope.READ)]
 

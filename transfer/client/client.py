@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import os
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from pathlib import Path
@@ -18,32 +17,16 @@ from urllib.parse import quote
 
 import anyio.from_thread
 import httpx
-from pydantic import ValidationError
 
 from transfer.client.chunks import ChunkOptions, upload_chunked
 from transfer.client.resolver import Descriptor, Progress, ResolveOptions, Resolver, raise_for_error
-from transfer.core.content import ContentBundle, FileContent, checksum_hex, parse_descriptor
+from transfer.core.content import ContentBundle, FileContent, checksum_hex, load_descriptor
 from transfer.errors import ChecksumMismatch, InvalidDescriptor, SizeMismatch
 
 UploadSource = str | os.PathLike[str] | bytes | IO[bytes] | AsyncIterable[bytes]
 T = TypeVar("T")
 
 DEFAULT_SERVER = "http://127.0.0.1:8080"
-
-
-def load_descriptor(document: str | bytes | dict[str, Any]) -> Descriptor:
-    """Parse and validate a descriptor (JSON text or an already parsed object); InvalidDescriptor otherwise."""
-    try:
-        doc = json.loads(document) if isinstance(document, str | bytes) else document
-    except ValueError as exc:
-        raise InvalidDescriptor(f"descriptor is not JSON: {exc}") from exc
-    try:
-        return parse_descriptor(doc)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'descriptor'}: {e['msg']}" for e in exc.errors()[:5]
-        )
-        raise InvalidDescriptor(f"invalid descriptor: {problems}") from exc
 
 
 class AsyncTransferClient:

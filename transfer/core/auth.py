@@ -17,7 +17,7 @@ import enum
 import hashlib
 import hmac
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from transfer.errors import InsufficientScope, Unauthenticated
@@ -81,9 +81,19 @@ class Authenticator:
     def require(self, authorization: str | None, scope: Scope) -> ApiKey | None:
         """Authenticate and check ``scope`` (InsufficientScope: 403)."""
         key = self.authenticate(authorization)
-        if key is not None and not key.allows(scope):
-            raise InsufficientScope(f"the key {key.name!r} lacks the {scope.value!r} scope", needed=scope.value)
+        check_scope(key, scope)
         return key
+
+    def authorizer(self, authorization: str | None) -> Callable[[Scope], None]:
+        """Authenticate now; the returned function checks a scope later (when the operation, hence the scope it
+        needs, is known only after parsing a message)."""
+        key = self.authenticate(authorization)
+        return lambda scope: check_scope(key, scope)
+
+
+def check_scope(key: ApiKey | None, scope: Scope) -> None:
+    if key is not None and not key.allows(scope):
+        raise InsufficientScope(f"the key {key.name!r} lacks the {scope.value!r} scope", needed=scope.value)
 
 
 def parse_keys(config: Mapping[str, Mapping[str, object]]) -> dict[str, ApiKey]:

@@ -16,6 +16,7 @@ The inline threshold defaults to 1 MiB; pass ``context={"inline_threshold": n}``
 from __future__ import annotations
 
 import enum
+import json
 import math
 import re
 from datetime import UTC, datetime
@@ -28,11 +29,14 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
+    ValidationError,
     ValidationInfo,
     field_serializer,
     field_validator,
     model_validator,
 )
+
+from transfer.errors import InvalidDescriptor
 
 INLINE_THRESHOLD: Final = 1 << 20  # 1 MiB (1,048,576 bytes), seed 000 §1.1
 
@@ -349,3 +353,20 @@ def parse_descriptor(
         "CodeContent": CodeContent,
     }.get(tag or "", FileContent)  # type: ignore[assignment]
     return model.model_validate(document, context=context)
+
+
+def load_descriptor(
+    document: str | bytes | dict[str, Any], *, inline_threshold: int = INLINE_THRESHOLD
+) -> FileContent | TextContent | JSONContent | CodeContent | ContentBundle:
+    """Parse and validate a descriptor (JSON text or an already parsed object); InvalidDescriptor otherwise."""
+    try:
+        doc = json.loads(document) if isinstance(document, str | bytes) else document
+    except ValueError as exc:
+        raise InvalidDescriptor(f"descriptor is not JSON: {exc}") from None
+    try:
+        return parse_descriptor(doc, inline_threshold=inline_threshold)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'descriptor'}: {e['msg']}" for e in exc.errors()[:5]
+        )
+        raise InvalidDescriptor(f"invalid descriptor: {problems}") from None

@@ -104,3 +104,13 @@ def is_compressible(content_type: str) -> bool:
             "application/x-tar",
         }
     )
+
+
+def is_textual(content_type: str) -> bool:
+    """True for types whose bytes are text (returned as text rather than base64 by the MCP resolve tool)."""
+    t = essence(content_type)
+    return (
+        t.startswith("text/")
+        or t.endswith(("+json", "+xml"))
+        or t in {MIME_JSON, MIME_XML, "application/javascript", "application/x-ndjson", "application/yaml"}
+    )

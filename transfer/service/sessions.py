@@ -243,6 +243,14 @@ class SessionService:
         if event is not None:
             event.set()
 
+    async def wait_for_change(self, sid: str, timeout: float) -> None:
+        """Return when a chunk arrives, or the session completes or ends, in this process; or after ``timeout``."""
+        event = self._arrivals.setdefault(sid, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), timeout=timeout)
+        except TimeoutError:
+            pass
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
         self._background.add(task)

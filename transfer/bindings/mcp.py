@@ -1,0 +1,494 @@
+"""MCP tools over the one service layer (official ``mcp`` SDK, 2.x ``MCPServer``), on stdio (``transfer mcp``) and
+streamable HTTP (``/mcp`` of ``transfer serve``).
+
+Large content never travels inside an MCP message: tools take a local path (or at most ``mcp_max_inline_bytes``
+of given bytes / one chunk) and return Synapse descriptors (url or streaming mode); ``resolve`` writes to a path
+and returns content inline only within the inline threshold. Errors come back as MCP tool errors whose text is our
+JSON error body ``{"error": {"code", "message", "status", ...}}``.
+
+File paths are confined to a root directory: on stdio the working directory (or ``TRANSFER_MCP_ROOT``); over HTTP
+the file tools are disabled unless ``TRANSFER_MCP_ROOT`` is set, and server-side fetches are SSRF-guarded.
+Over HTTP every request needs an API key (when keys are configured); each tool checks its own scope.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import wraps
+from pathlib import Path
+from typing import Annotated, Any, Literal, ParamSpec, TypeVar
+
+import httpx
+import xxhash
+from fastapi import FastAPI
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
+from mcp.server.transport_security import TransportSecuritySettings
+from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from transfer import __version__
+from transfer.client.resolver import ResolveOptions, Resolver
+from transfer.core.auth import Authenticator, check_scope
+from transfer.core.auth import Scope as KeyScope
+from transfer.core.content import (
+    ContentBundle,
+    DownloadMethod,
+    FileContent,
+    FileRole,
+    TextContent,
+    TransferMode,
+    load_descriptor,
+    normalize_checksum,
+)
+from transfer.core.encodings import storage_encoding
+from transfer.core.mime import is_textual
+from transfer.core.tp import MESSAGE_TYPES, Binding, validate_envelope
+from transfer.errors import (
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    TooLarge,
+    TransferError,
+    UploadForbidden,
+)
+from transfer.service.container import Services
+from transfer.service.ingest import UploadRequest
+from transfer.service.session_views import session_document
+from transfer.service.sessions import ChunkDigest
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+INSTRUCTIONS = (
+    "Moves content too large for a chat message. Upload a file (upload_file) or a chunked stream (open_session, "
+    "send_chunk, complete_session) and pass the returned Synapse FileContent descriptor to another agent; it "
+    "resolves it to a local file with resolve (SHA-256 verified). Content up to the inline threshold travels inline."
+)
+
+
+def _tool_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Our errors as MCP tool errors carrying the JSON error body."""
+
+    @wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except TransferError as exc:
+            body = exc.to_payload()
+            body["error"]["retryable"] = exc.retryable
+            raise ToolError(json.dumps(body, ensure_ascii=False)) from None
+
+    return wrapper
+
+
+class McpBinding:
+    """The tools, bound to one Services; ``http`` says whether calls come over HTTP (remote callers)."""
+
+    def __init__(self, services: Services, auth: Authenticator | None, *, http: bool, root: Path | None) -> None:
+        self.services = services
+        self.settings = services.settings
+        self.auth = auth
+        self.http = http
+        self.root = root.resolve() if root is not None else None
+
+    # -- context: who calls, where URLs point, which paths are allowed ------------------------------------------
+
+    def _request(self, ctx: Context | None) -> Request | None:
+        if ctx is None:
+            return None
+        try:
+            request = ctx.request_context.request
+        except (AttributeError, ValueError):
+            return None
+        return request if isinstance(request, Request) else None
+
+    def authorize(self, ctx: Context | None, scope: KeyScope) -> None:
+        request = self._request(ctx)
+        if self.http and self.auth is not None:
+            key = self.auth.authenticate(request.headers.get("authorization") if request else None)
+            check_scope(key, scope)
+
+    def base_url(self, ctx: Context | None) -> str:
+        if self.settings.public_url:
+            return self.settings.public_url
+        request = self._request(ctx)
+        if request is not None:
+            return str(request.base_url).rstrip("/")
+        return f"http://{self.settings.host}:{self.settings.port}"
+
+    def path(self, value: str, *, must_exist: bool) -> Path:
+        if self.root is None:
+            raise UploadForbidden("file tools are disabled on this MCP endpoint (set TRANSFER_MCP_ROOT to allow them)")
+        candidate = Path(value)
+        full = (candidate if candidate.is_absolute() else self.root / candidate).resolve()
+        if not full.is_relative_to(self.root):
+            raise UploadForbidden(f"{value!r} is outside the allowed directory {str(self.root)!r}")
+        if must_exist and not full.is_file():
+            raise NotFound(f"no file {value!r}")
+        return full
+
+    def _limit(self, size: int, what: str) -> None:
+        cap = self.settings.mcp_max_inline_bytes
+        if size > cap:
+            raise TooLarge(
+                f"{what} of {size} bytes is more than one MCP message may carry ({cap}); use upload_file with a "
+                "path, or a session with smaller chunks",
+                limit=cap,
+            )
+
+    # -- tools ---------------------------------------------------------------------------------------------------
+
+    async def upload_file(
+        self,
+        path: Annotated[str, Field(description="file to upload, relative to the allowed directory")],
+        name: Annotated[str | None, Field(description="name in the descriptor (default: the file's name)")] = None,
+        content_type: Annotated[str | None, Field(description="media type (default: sniffed)")] = None,
+        role: FileRole | None = None,
+        description: Annotated[str | None, Field(max_length=1024)] = None,
+        encoding: Annotated[
+            Literal["none", "gzip", "deflate", "zstd"], Field(description="how to store and serve it")
+        ] = "none",
+        ttl: Annotated[int | None, Field(gt=0, description="seconds the signed URL lives")] = None,
+        ctx: Context | None = None,
+    ) -> dict[str, Any]:
+        """Upload a local file; returns its FileContent descriptor (url mode above the inline threshold)."""
+        self.authorize(ctx, KeyScope.UPLOAD)
+        full = self.path(path, must_exist=True)
+        request = UploadRequest(
+            name=name or full.name,
+            content_type=content_type,
+            role=role,
+            description=description,
+            declared_length=full.stat().st_size,
+            store_encoding=storage_encoding(encoding),
+        )
+        files = self.services.files
+        record = await files.upload(_read_file(full, self.settings.buffer_size), request)
+        return (await files.describe(record, self.base_url(ctx), ttl=ttl)).to_json()
+
+    async def upload_content(
+        self,
+        data: Annotated[str, Field(description="the content: text, or base64 when data_encoding is base64")],
+        name: Annotated[str, Field(min_length=1, max_length=1024)],
+        data_encoding: Literal["utf-8", "base64"] = "utf-8",
+        content_type: str | None = None,
+        role: FileRole | None = None,
+        description: Annotated[str | None, Field(max_length=1024)] = None,
+        checksum: Annotated[str | None, Field(description="sha256:<hex> of the bytes, verified")] = None,
+        ttl: Annotated[int | None, Field(gt=0)] = None,
+        ctx: Context | None = None,
+    ) -> dict[str, Any]:
+        """Store given bytes (at most mcp_max_inline_bytes); returns the FileContent descriptor."""
+        self.authorize(ctx, KeyScope.UPLOAD)
+        raw = _decode(data, data_encoding)
+        self._limit(len(raw), "content")
+        request = UploadRequest(
+            name=name,
+            content_type=content_type,
+            role=role,
+            description=description,
+            checksum=_checksum(checksum),
+            expected_size=len(raw),
+        )
+        files = self.services.files
+        record = await files.upload(_one(raw), request)
+        return (await files.describe(record, self.base_url(ctx), ttl=ttl)).to_json()
+
+    async def open_session(
+        self,
+        name: Annotated[str, Field(min_length=1, max_length=1024)],
+        size: Annotated[int | None, Field(ge=0, description="total bytes, if known")] = None,
+        content_type: str | None = None,
+        chunk_size: Annotated[int | None, Field(gt=0, description="bytes per chunk (default: server)")] = None,
+        checksum: Annotated[str | None, Field(description="sha256:<hex> of the whole content")] = None,
+        ttl: Annotated[int | None, Field(gt=0, description="seconds the session may stay open")] = None,
+        ctx: Context | None = None,
+    ) -> dict[str, Any]:
+        """Open a chunked, resumable upload session; returns its id, chunk size and (size known) a streaming
+        descriptor other agents can already follow."""
+        self.authorize(ctx, KeyScope.UPLOAD)
+        if chunk_size is None:
+            chunk_size = min(self.settings.session_chunk_size, self.settings.mcp_max_inline_bytes)
+        sessions = self.services.sessions
+        session = await sessions.create(
+            name=name,
+            content_type=content_type,
+            size=size,
+            chunk_size=chunk_size,
+            checksum=_checksum(checksum),
+            ttl=ttl,
+        )
+        return session_document(self.services.files, session, self.base_url(ctx))
+
+    async def send_chunk(
+        self,
+        session_id: str,
+        index: Annotated[int, Field(ge=0)],
+        data: Annotated[str, Field(description="the chunk's bytes, base64")],
+        checksum: Annotated[
+            str | None, Field(description="xxh3-128:<32 hex> or sha256:<64 hex> of the chunk (recommended)")
+        ] = None,
+        ctx: Context | None = None,
+    ) -> dict[str, Any]:
+        """Store chunk ``index`` (any order; the same bytes again are a no-op)."""
+        self.authorize(ctx, KeyScope.UPLOAD)
+        raw = _decode(data, "base64")
+        self._limit(len(raw), "a chunk")
+        digest = ChunkDigest.parse(checksum) if checksum else ChunkDigest("xxh3-128", xxhash.xxh3_128_hexdigest(raw))
+        receipt = await self.services.sessions.put_chunk(session_id, index, _one(raw), digest, len(raw))
+        return {"index": receipt.index, "size": receipt.size, "xxh3": receipt.xxh3, "duplicate": receipt.duplicate}
+
+    async def complete_session(
+        self,
+        session_id: str,
+        size: Annotated[int | None, Field(ge=0, description="required if not given when opening")] = None,
+        ctx: Context | None = None,
+    ) -> dict[str, Any]:
+        """Verify and publish the session's content; returns its url-mode FileContent descriptor."""
+        self.authorize(ctx, KeyScope.UPLOAD)
+        _session, record = await self.services.sessions.complete(session_id, size)
+        return (await self.services.files.describe(record, self.base_url(ctx), inline=False)).to_json()
+
+    async def session_status(self, session_id: str, ctx: Context | None = None) -> dict[str, Any]:
+        """Which chunks are stored and which are missing, bytes received, state and expiry."""
+        self.authorize(ctx, KeyScope.READ)
+        return await self.services.sessions.status(session_id)
+
+    async def describe(
+        self,
+        file_id: Annotated[str, Field(description="f_… id of a stored file")],
+        ttl: Annotated[int | None, Field(gt=0)] = None,
+        download_method: DownloadMethod | None = None,
+        ctx: Context | None = None,
+    ) -> dict[str, Any]:
+        """A fresh FileContent descriptor (new signed URL) for a stored file."""
+        self.authorize(ctx, KeyScope.READ)
+        files = self.services.files
+        record = await files.record(file_id)
+        return (await files.describe(record, self.base_url(ctx), ttl=ttl, download_method=download_method)).to_json()
+
+    async def resolve(
+        self,
+        descriptor: Annotated[dict[str, Any], Field(description="a Synapse FileContent or ContentBundle (JSON)")],
+        path: Annotated[
+            str | None, Field(description="where to write (a directory for bundles); omit for small content")
+        ] = None,
+        overwrite: bool = False,
+        ctx: Context | None = None,
+    ) -> dict[str, Any]:
+        """Download, verify (SHA-256, size) and decode content to a local path. Without a path, content within the
+        inline threshold comes back in the result (text as text, other bytes as base64)."""
+        self.authorize(ctx, KeyScope.READ)
+        parsed = load_descriptor(descriptor)
+        async with self._http() as http:
+            resolver = Resolver(http, ResolveOptions(max_decoded_size=self.settings.max_upload_size))
+            if isinstance(parsed, ContentBundle):
+                if path is None:
+                    raise InvalidRequest("a bundle resolves into a directory: give path")
+                target = self.path(path, must_exist=False)
+                placed = await resolver.bundle_to_dir(parsed, target)
+                return {"directory": str(target), "files": [str(p) for p in placed]}
+            if path is None:
+                size = parsed.size if isinstance(parsed, FileContent) else None
+                threshold = self.settings.inline_threshold
+                if (
+                    isinstance(parsed, FileContent)
+                    and parsed.type is not TransferMode.INLINE
+                    and (size is None or size > threshold)
+                ):
+                    raise InvalidRequest(
+                        f"content of {size if size is not None else 'unknown'} bytes is above the inline threshold "
+                        f"({threshold}); give path"
+                    )
+                data = await resolver.to_bytes(parsed, max_size=threshold)
+                media = parsed.content_type if isinstance(parsed, FileContent) else "text/plain"
+                if isinstance(parsed, TextContent) or is_textual(media or ""):
+                    try:
+                        return {"content": data.decode("utf-8"), "content_encoding": "utf-8", "size": len(data)}
+                    except UnicodeDecodeError:
+                        pass
+                return {"content": base64.b64encode(data).decode(), "content_encoding": "base64", "size": len(data)}
+            dest = self.path(path, must_exist=False)
+            if dest.exists() and not overwrite:
+                raise Conflict(f"{path!r} exists; pass overwrite=true to replace it")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            written = await resolver.to_path(parsed, dest)
+            out: dict[str, Any] = {"path": str(written), "size": written.stat().st_size}
+            if isinstance(parsed, FileContent) and parsed.checksum:
+                out["checksum"] = parsed.checksum
+            return out
+
+    async def create_bundle(
+        self,
+        items: Annotated[
+            list[dict[str, Any]],
+            Field(
+                min_length=1,
+                description='each {"role": main|reference|attachment|thumbnail, "file_id": "f_…"} or '
+                '{"role", "content": a TextContent/JSONContent/CodeContent}, optional "id"',
+            ),
+        ],
+        name: str | None = None,
+        description: str | None = None,
+        ctx: Context | None = None,
+    ) -> dict[str, Any]:
+        """Group stored files and inline content into a ContentBundle."""
+        self.authorize(ctx, KeyScope.UPLOAD)
+        bundles = self.services.bundles
+        bundle_id = await bundles.create(items, name=name, description=description)
+        return (await bundles.describe(bundle_id, self.base_url(ctx))).to_json()
+
+    async def tp(self, message_type: str, tp_envelope: dict[str, Any], ctx: Context | None) -> dict[str, Any]:
+        envelope = validate_envelope(tp_envelope)
+        if len(envelope.raw) > self.settings.tp_max_envelope_size:
+            raise TooLarge("envelope too large", limit=self.settings.tp_max_envelope_size)
+        if envelope.message_type != message_type:
+            raise InvalidRequest(f"this tool takes {message_type}; the envelope is {envelope.message_type}")
+        request = self._request(ctx)
+        if self.http and self.auth is not None:
+            authorize = self.auth.authorizer(request.headers.get("authorization") if request else None)
+        else:
+            authorize = _allow_all
+        outcome = await self.services.tp.handle(envelope, Binding.MCP_TOOL_CALL, authorize, self.base_url(ctx))
+        return outcome.body()
+
+    async def tp_poll_messages(
+        self,
+        receiver: Annotated[str | dict[str, Any], Field(description="your TP identity (the envelopes' receiver)")],
+        limit: Annotated[int, Field(ge=1, le=500)] = 50,
+        ctx: Context | None = None,
+    ) -> dict[str, Any]:
+        """TP messages waiting for ``receiver`` (oldest first; each is delivered once)."""
+        self.authorize(ctx, KeyScope.READ)
+        return {"messages": await self.services.tp.poll(receiver, limit)}
+
+    def _http(self) -> httpx.AsyncClient:
+        if self.http:  # the server fetches on behalf of a remote caller: SSRF-guarded
+            return self.services.imports.http_client()
+        return httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0), follow_redirects=True)
+
+
+def _allow_all(scope: KeyScope) -> None:
+    return None
+
+
+def build_mcp(services: Services, auth: Authenticator | None, *, http: bool, root: Path | None) -> MCPServer:
+    binding = McpBinding(services, auth, http=http, root=root)
+    server: MCPServer = MCPServer(
+        "transfer", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING", warn_on_duplicate_tools=True
+    )
+    for fn in (
+        binding.upload_file,
+        binding.upload_content,
+        binding.open_session,
+        binding.send_chunk,
+        binding.complete_session,
+        binding.session_status,
+        binding.describe,
+        binding.resolve,
+        binding.create_bundle,
+        binding.tp_poll_messages,
+    ):
+        server.add_tool(_tool_errors(fn), name=fn.__name__, structured_output=True)
+
+    for mtype in ("resource_mount", "resource_unmount", "resource_notify"):
+        server.add_tool(
+            _tool_errors(_tp_tool(binding, mtype)),
+            name=f"tp_{mtype}",
+            description=f"Send a TP {mtype} via the MCP tool binding (method {MESSAGE_TYPES[mtype][0]}); returns "
+            "the reply envelope or {correlation_id}",
+            structured_output=True,
+        )
+    return server
+
+
+def _tp_tool(binding: McpBinding, message_type: str) -> Callable[..., Awaitable[dict[str, Any]]]:
+    async def tool(
+        tp_envelope: Annotated[dict[str, Any], Field(description="Complete TP MessageEnvelope")],
+        ctx: Context | None = None,
+    ) -> dict[str, Any]:
+        return await binding.tp(message_type, tp_envelope, ctx)
+
+    tool.__name__ = f"tp_{message_type}"
+    return tool
+
+
+def add_mcp_endpoint(app: FastAPI, services: Services, auth: Authenticator) -> None:
+    """Serve the MCP tools at ``/mcp`` (streamable HTTP) of the app; API keys are checked before MCP sees it."""
+    settings = services.settings
+    server = build_mcp(services, auth if auth.enabled else None, http=True, root=settings.mcp_root)
+    allowed_hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+    if settings.public_url:
+        allowed_hosts.append(httpx.URL(settings.public_url).netloc.decode())
+    # DNS-rebinding protection matters when the service runs open on a developer's machine; with keys, the key
+    # is the protection and any Host may reach it
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=not auth.enabled and settings.host in ("127.0.0.1", "localhost", "::1"),
+        allowed_hosts=allowed_hosts,
+        allowed_origins=[f"http://{h}" for h in allowed_hosts],
+    )
+    server.streamable_http_app(
+        transport_security=security, max_request_body_size=settings.mcp_max_inline_bytes * 2 + (1 << 20)
+    )
+    endpoint = _AuthenticatedMcp(StreamableHTTPASGIApp(server.session_manager), auth)
+    app.router.routes.append(
+        Route("/mcp", endpoint=endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
+    )
+    app.state.lifespan_contexts.append(server.session_manager.run)
+
+
+class _AuthenticatedMcp:
+    """An ASGI app (a class, so that Starlette routes to it raw): 401 without a valid key, else MCP."""
+
+    def __init__(self, inner: StreamableHTTPASGIApp, auth: Authenticator) -> None:
+        self.inner = inner
+        self.auth = auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.auth.enabled:
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+            try:
+                self.auth.authenticate(headers.get("authorization"))
+            except TransferError as exc:
+                response = JSONResponse(exc.to_payload(), status_code=exc.status, headers=exc.headers or None)
+                await response(scope, receive, send)
+                return
+        await self.inner(scope, receive, send)
+
+
+async def _read_file(path: Path, buffer_size: int) -> AsyncIterator[bytes]:
+    import aiofiles
+
+    async with aiofiles.open(path, "rb") as f:
+        while piece := await f.read(buffer_size):
+            yield piece
+
+
+async def _one(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+def _decode(data: str, encoding: str) -> bytes:
+    if encoding == "utf-8":
+        return data.encode("utf-8")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidRequest("data is not valid base64") from None
+
+
+def _checksum(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return normalize_checksum(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"checksum: {exc}") from None

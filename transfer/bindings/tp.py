@@ -1,0 +1,432 @@
+"""TP transport bindings over HTTP (seed 002 §9.2-9.6): thin adapters that parse an envelope, hand it to
+:class:`TPService`, and render the outcome in their protocol.
+
+POST /tp/v1/resource/{mount|unmount|notify}   REST (§9.5): ``application/tp+json``; ``TP-Version``,
+                                              ``TP-Contract-Ref`` checked when sent; 200 + envelope,
+                                              202 + {"correlation_id"}, 4xx/5xx + TPError
+POST /tp/v1/{other area}/…                    valid TP paths this service does not serve: 501 TPError
+POST /tp/v1                                   native HTTP (§9.2.3): dispatched by ``message_type``
+WS   /tp/v1                                   native WebSocket (§9.2.2): subprotocol ``tp.v1``, one envelope per
+                                              text frame; replies, errors (``message_type: "error"``) and pushed
+                                              ``resource_notify`` messages as frames
+POST /a2a                                     A2A JSON-RPC 2.0 (§9.3): ``tp.resource.mount|unmount|notify`` with
+                                              ``params.tp_envelope``; batches; the envelope bytes pass unaltered
+POST /tp/v1/prompt                            prompt embedding (§9.6): text with ```` ```tp-envelope ```` blocks in,
+                                              text with the reply block out
+
+TPError body: ``{"code", "message", "status", "retryable", "related_message_id"?, "detail"?}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.responses import JSONResponse, Response
+from starlette.websockets import WebSocketDisconnect
+
+from transfer.core.auth import Authenticator, Scope
+from transfer.core.tp import (
+    MEDIA_TYPE,
+    MESSAGE_TYPES,
+    METHOD_TO_TYPE,
+    RESOURCE_TYPES,
+    TP_VERSION,
+    WEBSOCKET_SUBPROTOCOL,
+    Binding,
+    Envelope,
+    element_spans,
+    embed_in_prompt,
+    extract_from_prompt,
+    loads_strict,
+    make_envelope,
+    member_spans,
+    parse_envelope,
+    tp_error,
+    validate_envelope,
+)
+from transfer.errors import (
+    InvalidEnvelope,
+    InvalidRequest,
+    NotFound,
+    TooLarge,
+    TPVersionUnsupported,
+    TransferError,
+    UnsupportedMediaType,
+    UnsupportedMessageType,
+)
+from transfer.service.container import Services
+from transfer.service.progress import ProgressEvent
+from transfer.service.tp import TPOutcome, identity_key
+
+JSON_TYPES = (MEDIA_TYPE, "application/json")
+_REST_PATHS = {path: mtype for mtype, (_, path) in MESSAGE_TYPES.items() if path}
+
+
+def tp_error_response(exc: TransferError, related: str | None = None) -> JSONResponse:
+    return JSONResponse(tp_error(exc, related), status_code=exc.status, headers=exc.headers or None)
+
+
+def outcome_response(outcome: TPOutcome) -> Response:
+    if outcome.reply is not None:
+        headers = {"tp-version": TP_VERSION, "tp-message-id": outcome.reply.message_id}
+        return Response(outcome.reply.raw, status_code=outcome.status, media_type=MEDIA_TYPE, headers=headers)
+    return JSONResponse(outcome.body(), status_code=outcome.status)
+
+
+async def read_capped(request: Request, limit: int) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise TooLarge(f"the body is larger than {limit} bytes", limit=limit)
+    parts = bytearray()
+    async for piece in request.stream():
+        parts += piece
+        if len(parts) > limit:
+            raise TooLarge(f"the body is larger than {limit} bytes", limit=limit)
+    return bytes(parts)
+
+
+def check_media_type(request: Request, allowed: tuple[str, ...]) -> None:
+    raw = request.headers.get("content-type", "")
+    if raw.split(";")[0].strip().lower() not in allowed:
+        raise UnsupportedMediaType(f"Content-Type must be {' or '.join(allowed)}", supported=list(allowed))
+
+
+def job_notice(event: ProgressEvent, rid: str, sender: str, receiver: Any, binding: Binding, now: float) -> Envelope:
+    """A job event as a ``resource_notify`` envelope (progress pushed to WebSocket subscribers)."""
+    payload: dict[str, Any] = {"resource_id": rid, "event": event.kind, "index": event.index, **event.data}
+    return make_envelope("resource_notify", payload, sender=sender, receiver=receiver, binding=binding, timestamp=now)
+
+
+def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_url: Callable[[Request], str]) -> None:
+    tp = services.tp
+    settings = services.settings
+    cap = settings.tp_max_envelope_size
+
+    async def run_http(request: Request, expected_type: str | None) -> Response:
+        related: str | None = None
+        try:
+            authorize = auth.authorizer(request.headers.get("authorization"))
+            check_media_type(request, JSON_TYPES)
+            version = request.headers.get("tp-version")
+            if version is not None and version.split(".")[0] != TP_VERSION.split(".")[0]:
+                raise TPVersionUnsupported(f"TP-Version {version!r} is not supported; this is {TP_VERSION}")
+            envelope = parse_envelope(await read_capped(request, cap), cap)
+            related = envelope.message_id
+            if expected_type is not None and envelope.message_type != expected_type:
+                raise InvalidEnvelope(
+                    f"this endpoint takes {expected_type}; the envelope is {envelope.message_type}",
+                    expected=expected_type,
+                )
+            ref = request.headers.get("tp-contract-ref")
+            if ref is not None and envelope.contract_ref is not None and ref != envelope.contract_ref:
+                raise InvalidEnvelope("TP-Contract-Ref differs from the envelope's protocol_contract_ref")
+            mid = request.headers.get("tp-message-id")
+            if mid is not None and mid != envelope.message_id:
+                raise InvalidEnvelope("TP-Message-Id differs from the envelope's message_id")
+            binding = Binding.REST_API if expected_type is not None else Binding.NATIVE_TP
+            outcome = await tp.handle(envelope, binding, authorize, base_url(request))
+        except TransferError as exc:
+            return tp_error_response(exc, related)
+        return outcome_response(outcome)
+
+    rest_doc: dict[str, Any] = dict(
+        tags=["tp"],
+        response_class=Response,
+        openapi_extra={"requestBody": {"required": True, "content": {MEDIA_TYPE: {"schema": {"type": "object"}}}}},
+        responses={200: {"content": {MEDIA_TYPE: {}}}, 202: {"description": "accepted: {correlation_id}"}},
+    )
+
+    @app.post("/tp/v1/resource/mount", summary="TP resource_mount (REST binding)", **rest_doc)
+    async def tp_mount(request: Request) -> Response:
+        return await run_http(request, "resource_mount")
+
+    @app.post("/tp/v1/resource/unmount", summary="TP resource_unmount (REST binding)", **rest_doc)
+    async def tp_unmount(request: Request) -> Response:
+        return await run_http(request, "resource_unmount")
+
+    @app.post("/tp/v1/resource/notify", summary="TP resource_notify (REST binding)", **rest_doc)
+    async def tp_notify(request: Request) -> Response:
+        return await run_http(request, "resource_notify")
+
+    @app.post("/tp/v1", summary="TP native HTTP binding: any envelope, dispatched by message_type", **rest_doc)
+    async def tp_native(request: Request) -> Response:
+        return await run_http(request, None)
+
+    @app.post(
+        "/tp/v1/prompt",
+        tags=["tp"],
+        summary="TP prompt embedding: text with ```tp-envelope blocks in, the reply block out",
+        response_class=Response,
+        openapi_extra={"requestBody": {"required": True, "content": {"text/plain": {"schema": {"type": "string"}}}}},
+    )
+    async def tp_prompt(request: Request) -> Response:
+        related: str | None = None
+        try:
+            authorize = auth.authorizer(request.headers.get("authorization"))
+            check_media_type(request, ("text/plain", "text/markdown"))
+            try:
+                text = (await read_capped(request, cap)).decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidRequest("the prompt is not UTF-8 text") from None
+            replies = []
+            for envelope in extract_from_prompt(text, cap):
+                related = envelope.message_id
+                outcome = await tp.handle(envelope, Binding.PROMPT_EMBEDDING, authorize, base_url(request))
+                reply = outcome.reply or make_envelope(
+                    envelope.message_type,
+                    {"status": "accepted", "correlation_id": outcome.correlation_id},
+                    sender=settings.tp_identity,
+                    receiver=envelope.sender,
+                    binding=Binding.PROMPT_EMBEDDING,
+                    timestamp=services.files.clock(),
+                    in_reply_to=envelope.message_id,
+                )
+                replies.append(embed_in_prompt(reply, settings.tp_identity, primer=False))
+        except TransferError as exc:
+            return tp_error_response(exc, related)
+        return Response("\n".join(replies), media_type="text/plain; charset=utf-8")
+
+    @app.post("/tp/v1/{area}/{rest:path}", tags=["tp"], summary="Other TP message types (not served here)")
+    async def tp_other(area: str, rest: str) -> Response:
+        path = f"{area}/{rest}"
+        known = _REST_PATHS.get(path) or next(
+            (m for p, m in _REST_PATHS.items() if "{id}" in p and _matches(p, path)), None
+        )
+        if known is None:
+            return tp_error_response(NotFound(f"no TP endpoint /tp/v1/{path}"))
+        return tp_error_response(
+            UnsupportedMessageType(
+                f"this service handles {', '.join(RESOURCE_TYPES)}, not {known}", supported=list(RESOURCE_TYPES)
+            )
+        )
+
+    # -- A2A JSON-RPC 2.0 ------------------------------------------------------------------------------------------
+
+    @app.post(
+        "/a2a",
+        tags=["tp"],
+        summary="A2A JSON-RPC 2.0: tp.resource.mount / unmount / notify with params.tp_envelope (batches too)",
+        response_class=Response,
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {}}}}},
+    )
+    async def a2a_jsonrpc(request: Request) -> Response:
+        try:
+            authorize = auth.authorizer(request.headers.get("authorization"))
+            check_media_type(request, ("application/json", "application/json-rpc"))
+            raw = await read_capped(request, settings.max_json_body)
+        except TransferError as exc:
+            return Response(
+                _rpc_error(None, -32001 if exc.status == 401 else -32600, exc),
+                status_code=exc.status,
+                media_type="application/json",
+                headers=exc.headers or None,
+            )
+        try:
+            text = raw.decode("utf-8")
+            doc = loads_strict(text)
+        except (UnicodeDecodeError, InvalidEnvelope) as exc:
+            return Response(
+                _rpc_error(None, -32700, InvalidRequest(f"parse error: {exc}")), media_type="application/json"
+            )
+        base = base_url(request)
+
+        async def one(obj: Any, obj_text: str) -> str | None:
+            if not isinstance(obj, dict):
+                return _rpc_error(None, -32600, InvalidRequest("a request is a JSON object"))
+            rid = obj.get("id")
+            if "id" in obj and not (
+                rid is None or isinstance(rid, str) or (isinstance(rid, int) and not isinstance(rid, bool))
+            ):
+                return _rpc_error(None, -32600, InvalidRequest("id must be a string, a number or null"))
+            notification = "id" not in obj
+            if obj.get("jsonrpc") != "2.0" or not isinstance(obj.get("method"), str):
+                return _rpc_error(rid, -32600, InvalidRequest('a request needs "jsonrpc": "2.0" and a method'))
+            mtype = METHOD_TO_TYPE.get(obj["method"])
+            if mtype is None or mtype not in RESOURCE_TYPES:
+                exc = UnsupportedMessageType(
+                    f"method {obj['method']!r} not found here", supported=[MESSAGE_TYPES[t][0] for t in RESOURCE_TYPES]
+                )
+                return None if notification else _rpc_error(rid, -32601, exc)
+            try:
+                params = obj.get("params")
+                if not isinstance(params, dict) or not isinstance(params.get("tp_envelope"), dict):
+                    raise InvalidEnvelope("params must be an object with tp_envelope (a MessageEnvelope object)")
+                p0, p1 = member_spans(obj_text)["params"]
+                params_text = obj_text[p0:p1]
+                e0, e1 = member_spans(params_text)["tp_envelope"]
+                envelope = validate_envelope(params["tp_envelope"], params_text[e0:e1].encode("utf-8"))
+                if len(envelope.raw) > cap:
+                    raise TooLarge(f"envelope is larger than {cap} bytes", limit=cap)
+                if envelope.message_type != mtype:
+                    raise InvalidEnvelope(f"method {obj['method']} carries {mtype}, not {envelope.message_type}")
+                outcome = await tp.handle(envelope, Binding.A2A_JSONRPC, authorize, base)
+            except TransferError as exc:
+                code = -32602 if isinstance(exc, InvalidRequest | TooLarge) else -32000
+                return None if notification else _rpc_error(rid, code, exc)
+            if notification:
+                return None
+            if outcome.reply is not None:
+                result = '{"tp_envelope":' + outcome.reply.raw.decode("utf-8") + "}"
+            else:
+                result = json.dumps(outcome.body(), separators=(",", ":"))
+            return '{"jsonrpc":"2.0","id":' + json.dumps(rid) + ',"result":' + result + "}"
+
+        if isinstance(doc, list):
+            if not doc:
+                return Response(_rpc_error(None, -32600, InvalidRequest("empty batch")), media_type="application/json")
+            spans = element_spans(text)
+            answers = [await one(item, text[a:b]) for item, (a, b) in zip(doc, spans, strict=True)]
+            out = [a for a in answers if a is not None]
+            if not out:
+                return Response(status_code=204)
+            return Response("[" + ",".join(out) + "]", media_type="application/json")
+        answer = await one(doc, text)
+        if answer is None:
+            return Response(status_code=204)
+        return Response(answer, media_type="application/json")
+
+    # -- native WebSocket ---------------------------------------------------------------------------------------------
+
+    @app.websocket("/tp/v1")
+    async def tp_websocket(ws: WebSocket) -> None:
+        if WEBSOCKET_SUBPROTOCOL not in ws.scope.get("subprotocols", []):
+            exc: TransferError = InvalidRequest(f"use the WebSocket subprotocol {WEBSOCKET_SUBPROTOCOL}")
+            await ws.send_denial_response(tp_error_response(exc))
+            return
+        try:
+            authorize = auth.authorizer(ws.headers.get("authorization"))
+        except TransferError as exc:
+            await ws.send_denial_response(tp_error_response(exc))
+            return
+        await ws.accept(subprotocol=WEBSOCKET_SUBPROTOCOL)
+        base = settings.public_url or str(ws.base_url).rstrip("/").replace("ws", "http", 1)
+        outbox: asyncio.Queue[str] = asyncio.Queue(maxsize=1000)
+        tasks: set[asyncio.Task[None]] = set()
+        topics: dict[str, asyncio.Queue[bytes]] = {}
+
+        def spawn(coro: Any) -> None:
+            task = asyncio.create_task(coro)
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        async def pump(queue: asyncio.Queue[bytes]) -> None:
+            while True:
+                await outbox.put((await queue.get()).decode("utf-8"))
+
+        def listen(topic: str) -> None:
+            if topic not in topics:
+                topics[topic] = tp.subscribe(topic)
+                spawn(pump(topics[topic]))
+
+        async def follow(rid: str, receiver: Any) -> None:
+            try:
+                job = services.job(rid, base)
+            except TransferError:
+                return  # not a job here (a stored file, say): relayed notifies only
+            async for event in job.follow(heartbeat=None):
+                if event is not None:
+                    note = job_notice(
+                        event, rid, settings.tp_identity, receiver, Binding.NATIVE_TP, services.files.clock()
+                    )
+                    await outbox.put(note.raw.decode("utf-8"))
+
+        def error_frame(exc: TransferError, related: str | None, receiver: Any) -> str:
+            note = make_envelope(
+                "error",
+                {"error": tp_error(exc, related)},
+                sender=settings.tp_identity,
+                receiver=receiver,
+                binding=Binding.NATIVE_TP,
+                timestamp=services.files.clock(),
+                in_reply_to=related,
+            )
+            return note.raw.decode("utf-8")
+
+        async def send_all() -> None:
+            while True:
+                await ws.send_text(await outbox.get())
+
+        spawn(send_all())
+        try:
+            while True:
+                message = await ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                if message.get("text") is None:
+                    reason = json.dumps(tp_error(InvalidEnvelope("TP frames are UTF-8 JSON text, not binary")))
+                    await ws.close(code=1008, reason=reason[:120])
+                    break
+                envelope = None
+                try:
+                    envelope = parse_envelope(message["text"].encode("utf-8"), cap)
+                    if envelope.sender is not None:
+                        listen(f"receiver:{identity_key(envelope.sender)}")
+                    subscribe = envelope.payload.get("subscribe")
+                    if envelope.message_type == "resource_notify" and subscribe is not None:
+                        authorize(Scope.READ)
+                        if not isinstance(subscribe, list) or not all(isinstance(s, str) for s in subscribe):
+                            raise InvalidEnvelope("payload.subscribe must be a list of resource ids")
+                        for rid in subscribe[:100]:
+                            listen(f"resource:{rid}")
+                            listen(f"job:{rid}")
+                            spawn(follow(rid, envelope.sender))
+                        ack = make_envelope(
+                            "resource_notify",
+                            {"status": "subscribed", "subscribe": subscribe[:100]},
+                            sender=settings.tp_identity,
+                            receiver=envelope.sender,
+                            binding=Binding.NATIVE_TP,
+                            timestamp=services.files.clock(),
+                            in_reply_to=envelope.message_id,
+                        )
+                        await outbox.put(ack.raw.decode("utf-8"))
+                        continue
+                    outcome = await tp.handle(envelope, Binding.NATIVE_TP, authorize, base)
+                    reply = outcome.reply or make_envelope(
+                        envelope.message_type,
+                        {"status": "accepted", "correlation_id": outcome.correlation_id},
+                        sender=settings.tp_identity,
+                        receiver=envelope.sender,
+                        binding=Binding.NATIVE_TP,
+                        timestamp=services.files.clock(),
+                        in_reply_to=envelope.message_id,
+                    )
+                    await outbox.put(reply.raw.decode("utf-8"))
+                    if outcome.correlation_id and outcome.status == 202 and outcome.correlation_id.startswith("j_"):
+                        spawn(follow(outcome.correlation_id, envelope.sender))
+                except TransferError as exc:
+                    related = envelope.message_id if envelope is not None else None
+                    await outbox.put(error_frame(exc, related, envelope.sender if envelope else None))
+        except WebSocketDisconnect:
+            pass
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            for topic, queue in topics.items():
+                tp.unsubscribe(topic, queue)
+
+
+def _matches(pattern: str, path: str) -> bool:
+    a, b = pattern.split("/"), path.split("/")
+    return len(a) == len(b) and all(x == y or x == "{id}" for x, y in zip(a, b, strict=True))
+
+
+def _rpc_error(rid: Any, code: int, exc: TransferError) -> str:
+    messages = {
+        -32700: "Parse error",
+        -32600: "Invalid Request",
+        -32601: "Method not found",
+        -32602: "Invalid params",
+        -32000: "Server error",
+        -32001: "Unauthenticated",
+    }
+    error = {"code": code, "message": f"{messages.get(code, 'Error')}: {exc.message}", "data": tp_error(exc)}
+    return json.dumps({"jsonrpc": "2.0", "id": rid, "error": error}, separators=(",", ":"))

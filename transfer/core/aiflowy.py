@@ -1,0 +1,95 @@
+"""AIFlowy Chat Protocol 1.1 (seed 001): the envelope and its Server-Sent Events framing.
+
+SSE event names are exactly ``message``, ``error`` and ``done`` (business meaning lives in ``domain``/``type``,
+never in the event name); each ``data:`` line is one JSON envelope::
+
+    {"protocol": "aiflowy-chat", "version": "1.1", "domain", "type", "conversation_id",
+     "message_id"?, "index"?, "payload", "meta"?}
+
+After an ``error`` event the stream ends. Keep-alives are SSE comments (``: keep-alive``), which clients ignore.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from transfer.errors import InvalidEnvelope
+
+PROTOCOL = "aiflowy-chat"
+VERSION = "1.1"
+DOMAINS = frozenset({"llm", "tool", "system", "business", "workflow", "interaction", "debug"})
+SSE_EVENTS = ("message", "error", "done")
+MEDIA_TYPE = "text/event-stream"
+KEEP_ALIVE = b": keep-alive\n\n"
+
+
+def new_conversation_id() -> str:
+    return "conv_" + secrets.token_hex(12)
+
+
+def envelope(
+    domain: str,
+    type_: str,
+    payload: dict[str, Any],
+    *,
+    conversation_id: str,
+    message_id: str | None = None,
+    index: int | None = None,
+    meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "protocol": PROTOCOL,
+        "version": VERSION,
+        "domain": domain,
+        "type": type_,
+        "conversation_id": conversation_id,
+    }
+    if message_id is not None:
+        doc["message_id"] = message_id
+    if index is not None:
+        doc["index"] = index
+    doc["payload"] = payload
+    if meta is not None:
+        doc["meta"] = meta
+    return validate(doc)
+
+
+def validate(doc: Any) -> dict[str, Any]:
+    """Check one envelope against §4 (required fields and their types); InvalidEnvelope otherwise."""
+    if not isinstance(doc, dict):
+        raise InvalidEnvelope("an aiflowy-chat envelope is a JSON object")
+    if doc.get("protocol") != PROTOCOL:
+        raise InvalidEnvelope(f"protocol must be {PROTOCOL!r}")
+    if not isinstance(doc.get("version"), str) or doc["version"].split(".")[0] != VERSION.split(".")[0]:
+        raise InvalidEnvelope(f"version must be {VERSION!r} (or another 1.x)")
+    if doc.get("domain") not in DOMAINS:
+        raise InvalidEnvelope(f"domain must be one of {', '.join(sorted(DOMAINS))}")
+    for name in ("type", "conversation_id"):
+        if not isinstance(doc.get(name), str) or not doc[name]:
+            raise InvalidEnvelope(f"{name} must be a non-empty string")
+    if "message_id" in doc and not isinstance(doc["message_id"], str):
+        raise InvalidEnvelope("message_id must be a string")
+    index = doc.get("index")
+    if index is not None and (not isinstance(index, int) or isinstance(index, bool) or index < 0):
+        raise InvalidEnvelope("index must be a non-negative integer")
+    if not isinstance(doc.get("payload", {}), dict):
+        raise InvalidEnvelope("payload must be an object")
+    if "payload" not in doc and doc.get("type") != "done":
+        raise InvalidEnvelope("payload is required")
+    if "meta" in doc and not isinstance(doc["meta"], dict):
+        raise InvalidEnvelope("meta must be an object")
+    return doc
+
+
+def sse_frame(event: str, doc: dict[str, Any], event_id: int | None = None) -> bytes:
+    """One SSE event: ``id``, ``event`` and a single-line ``data`` holding the envelope."""
+    if event not in SSE_EVENTS:
+        raise ValueError(f"SSE event name must be one of {SSE_EVENTS}")
+    lines = []
+    if event_id is not None:
+        lines.append(f"id: {event_id}")
+    lines.append(f"event: {event}")
+    lines.append("data: " + json.dumps(doc, ensure_ascii=False, separators=(",", ":")))
+    return ("\n".join(lines) + "\n\n").encode("utf-8")

@@ -1,0 +1,165 @@
+"""Server-side resolve ("import"): the service fetches a descriptor's content itself and stores it as a new file.
+
+Used by ``POST /v1/imports``, TP ``resource_mount`` of a foreign url-mode resource and the MCP tools. The fetch is
+SSRF-guarded (:mod:`transfer.service.fetch`), capped at ``max_upload_size``, and goes through the same ingest
+pipeline as an upload: the descriptor's ``checksum`` and ``size`` are verified before anything is published.
+Progress is reported to the job (``GET /v1/jobs/{id}/events``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pybase64
+
+from transfer.core.content import (
+    CodeContent,
+    ContentBundle,
+    ContentEncoding,
+    DownloadMethod,
+    FileContent,
+    JSONContent,
+    TextContent,
+    TransferMode,
+    load_descriptor,
+)
+from transfer.errors import (
+    InvalidDescriptor,
+    RemoteError,
+    TooLarge,
+    TransferError,
+    UpstreamTimeout,
+    error_from_payload,
+)
+from transfer.service.fetch import DestinationPolicy, GuardedTransport
+from transfer.service.files import FileService
+from transfer.service.ingest import UploadRequest
+from transfer.service.progress import Job, ProgressHub, counted
+from transfer.service.records import FileRecord
+
+log = logging.getLogger("transfer.imports")
+
+
+class ImportService:
+    def __init__(self, files: FileService, hub: ProgressHub, *, transport: httpx.AsyncBaseTransport | None = None):
+        self.files = files
+        self.hub = hub
+        s = files.settings
+        self.policy = DestinationPolicy.from_cidrs(s.fetch_allow_networks)
+        self._transport = transport
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def http_client(self) -> httpx.AsyncClient:
+        """An httpx client whose every connection (and redirect) is checked against the destination policy."""
+        s = self.files.settings
+        return httpx.AsyncClient(
+            transport=self._transport or GuardedTransport(self.policy),
+            timeout=httpx.Timeout(s.fetch_timeout, connect=min(10.0, s.fetch_timeout)),
+            follow_redirects=True,
+            max_redirects=s.fetch_max_redirects,
+            headers={"accept-encoding": "identity", "user-agent": "transfer-import"},
+        )
+
+    @staticmethod
+    def parse(document: Any, inline_threshold: int) -> FileContent:
+        descriptor = load_descriptor(document, inline_threshold=inline_threshold)
+        if isinstance(descriptor, ContentBundle):
+            raise InvalidDescriptor("import one FileContent at a time (bundle items one by one)")
+        if isinstance(descriptor, TextContent | JSONContent | CodeContent):
+            raise InvalidDescriptor("only FileContent is imported; text, JSON and code travel inline")
+        if descriptor.type is TransferMode.STREAMING:
+            raise InvalidDescriptor(
+                "streaming descriptors are followed by clients (transfer resolve --follow); import the url-mode "
+                "descriptor of the completed file"
+            )
+        return descriptor
+
+    def start(self, descriptor: FileContent, base_url: str, *, job_id: str | None = None) -> Job:
+        """Begin importing in the background; the job reports progress and the new descriptor."""
+        job = self.hub.open(job_id or self.hub.new_id("j"), "import")
+        job.start(descriptor.name, descriptor.size)
+        task = asyncio.create_task(self._run(job, descriptor, base_url))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return job
+
+    async def _run(self, job: Job, descriptor: FileContent, base_url: str) -> None:
+        try:
+            record = await self.fetch_and_store(descriptor, job)
+            result = await self.files.describe(record, base_url)
+            job.succeed({"file_id": record.id, "descriptor": result.to_json()})
+        except TransferError as exc:
+            job.fail(exc)
+        except Exception:  # a bug must not leave the job running forever
+            log.exception("import %s failed", job.id)
+            job.fail(TransferError("internal error; see the server log"))
+
+    async def fetch_and_store(self, descriptor: FileContent, job: Job | None = None) -> FileRecord:
+        """Fetch (or decode, for inline) and store; the descriptor's checksum and size are verified."""
+        request = UploadRequest(
+            name=descriptor.name,
+            content_type=descriptor.content_type,
+            role=descriptor.role,
+            description=descriptor.description,
+            checksum=descriptor.checksum,
+            expected_size=descriptor.size,
+        )
+        if descriptor.type is TransferMode.INLINE:
+            assert descriptor.data is not None
+            data = pybase64.b64decode(descriptor.data, validate=False)
+            return await self.files.upload(_one(data, job), request)
+        encoding = descriptor.encoding or ContentEncoding.NONE
+        if encoding is ContentEncoding.BASE64:
+            raise InvalidDescriptor("base64 encoding is for inline data only")
+        request.body_encoding = request.store_encoding = encoding
+        assert descriptor.url is not None
+        method = "POST" if descriptor.download_method is DownloadMethod.POST else "GET"
+        max_size = self.files.settings.max_upload_size
+        try:
+            async with self.http_client() as http, http.stream(method, descriptor.url) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise _upstream_error(response)
+                length = response.headers.get("content-length")
+                if length and length.isdigit() and int(length) > max_size:
+                    raise TooLarge(f"the resource is {length} bytes; the limit is {max_size}", limit=max_size)
+                if response.headers.get("content-encoding", "identity").lower() not in ("identity", ""):
+                    got = response.headers["content-encoding"]
+                    if encoding is ContentEncoding.NONE or got.lower() != encoding.value:
+                        raise RemoteError(f"the server sent Content-Encoding {got!r}, the descriptor says {encoding}")
+                body = response.aiter_raw()
+                if job is not None:
+                    body = counted(body, job)
+                return await self.files.upload(body, request)
+        except httpx.TimeoutException as exc:
+            raise UpstreamTimeout(f"fetching {descriptor.name!r} timed out ({type(exc).__name__})") from None
+        except httpx.TooManyRedirects:
+            raise RemoteError(f"more than {self.files.settings.fetch_max_redirects} redirects") from None
+        except httpx.HTTPError as exc:
+            raise RemoteError(f"fetching {descriptor.name!r} failed: {exc}") from None
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def _one(data: bytes, job: Job | None) -> AsyncIterator[bytes]:
+    if job is not None:
+        job.advance(len(data))
+    yield data
+
+
+def _upstream_error(response: httpx.Response) -> TransferError:
+    try:
+        inner = error_from_payload(response.status_code, response.json())
+    except ValueError:
+        inner = None
+    message = f"the resource's server answered HTTP {response.status_code}"
+    if inner is not None and inner.code != "remote_error":
+        message += f" ({inner.code}: {inner.message})"
+    return RemoteError(message, upstream_status=response.status_code)

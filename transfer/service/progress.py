@@ -1,0 +1,244 @@
+"""Progress of long operations ("jobs"): single-stream uploads, chunked sessions and server-side imports.
+
+A job is a short, ordered log of events; readers (the AIFlowy SSE stream, TP ``resource_notify`` over WebSocket)
+follow it and resume after the last index they saw. Events are protocol-neutral; each front door renders them:
+
+    start     {"kind", "name"?, "total"?}                    the job is running
+    progress  {"bytes", "total"?, "percent"?, ...}           at most every PROGRESS_INTERVAL seconds or 1 %
+    result    {"descriptor": FileContent JSON, "file_id"}    the stored file (success)
+    error     TransferError payload {"code", "message", "status", "retryable", "detail"?}
+    end       {"state": "completed" | "failed"}
+    done      {"bytes", "duration_ms", "throughput_bps"}     always last
+
+Upload and import jobs live in the process that runs them (a reader on another replica sees not_found).
+Session jobs are derived from the session record in the storage backend, so any replica can follow any session.
+Memory is bounded: at most ``MAX_EVENTS`` events per job (older progress events are dropped first) and ``max_jobs``
+jobs; finished jobs are forgotten ``retention`` seconds after they end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from transfer.errors import Conflict, InvalidRequest, NotFound, TransferError
+
+EventKind = Literal["start", "progress", "result", "error", "end", "done"]
+JOB_ID = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
+PROGRESS_INTERVAL = 0.25
+MAX_EVENTS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressEvent:
+    index: int
+    kind: EventKind
+    data: dict[str, Any]
+
+
+@dataclass(slots=True)
+class Job:
+    id: str
+    kind: str  # "upload" | "session" | "import"
+    events: list[ProgressEvent] = field(default_factory=list)
+    state: str = "pending"  # pending -> running -> completed | failed
+    bytes: int = 0
+    total: int | None = None
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
+    _next_index: int = 0
+    _last_progress: float = 0.0
+    _last_percent: int = -1
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    watchers: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("completed", "failed")
+
+    def _publish(self, kind: EventKind, data: dict[str, Any]) -> None:
+        self.events.append(ProgressEvent(self._next_index, kind, data))
+        self._next_index += 1
+        if len(self.events) > MAX_EVENTS:  # drop the oldest progress event; start/result/error/done stay
+            for i, event in enumerate(self.events):
+                if event.kind == "progress":
+                    del self.events[i]
+                    break
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def start(self, name: str | None = None, total: int | None = None, **extra: Any) -> None:
+        if self.state != "pending":
+            return
+        self.state = "running"
+        self.total = total
+        self.started = time.monotonic()
+        data: dict[str, Any] = {"kind": self.kind, **extra}
+        if name is not None:
+            data["name"] = name
+        if total is not None:
+            data["total"] = total
+        self._publish("start", data)
+
+    def advance(self, done: int, *, force: bool = False, **extra: Any) -> None:
+        """Bytes done so far; publishes at most every PROGRESS_INTERVAL seconds or whole percent."""
+        if self.finished:
+            return
+        if self.state == "pending":
+            self.start()
+        self.bytes = done
+        now = time.monotonic()
+        percent = int(done * 100 / self.total) if self.total else -1
+        if not force and now - self._last_progress < PROGRESS_INTERVAL and percent == self._last_percent:
+            return
+        self._last_progress, self._last_percent = now, percent
+        data: dict[str, Any] = {"bytes": done, **extra}
+        if self.total is not None:
+            data["total"] = self.total
+            data["percent"] = round(done * 100 / self.total, 1) if self.total else 100.0
+        self._publish("progress", data)
+
+    def succeed(self, result: dict[str, Any]) -> None:
+        if self.finished:
+            return
+        if self.state == "pending":
+            self.start()
+        self.advance(self.bytes, force=True)
+        self.state = "completed"
+        self._publish("result", result)
+        self._end()
+
+    def fail(self, exc: TransferError) -> None:
+        if self.finished:
+            return
+        self.state = "failed"
+        body = exc.to_payload()["error"]
+        body["retryable"] = exc.retryable
+        self._publish("error", body)
+        self._end()
+
+    def _end(self) -> None:
+        self.ended = time.monotonic()
+        self._publish("end", {"state": self.state})
+        duration = max(self.ended - self.started, 1e-6)
+        self._publish(
+            "done",
+            {
+                "bytes": self.bytes,
+                "duration_ms": round(duration * 1000),
+                "throughput_bps": round(self.bytes / duration),
+                "state": self.state,
+            },
+        )
+
+    async def follow(self, after: int = -1, *, heartbeat: float | None = None) -> AsyncIterator[ProgressEvent | None]:
+        """Events with index > ``after``, live, until ``done``; yields None every ``heartbeat`` idle seconds."""
+        self.watchers += 1
+        try:
+            while True:
+                changed = self._changed
+                for event in list(self.events):
+                    if event.index > after:
+                        after = event.index
+                        yield event
+                        if event.kind == "done":
+                            return
+                try:
+                    await asyncio.wait_for(changed.wait(), timeout=heartbeat)
+                except TimeoutError:
+                    yield None
+        finally:
+            self.watchers -= 1
+
+
+class ProgressHub:
+    """The jobs of this process, bounded in number and lifetime."""
+
+    def __init__(self, *, max_jobs: int = 10_000, retention: float = 600.0) -> None:
+        self._jobs: OrderedDict[str, Job] = OrderedDict()
+        self.max_jobs = max_jobs
+        self.retention = retention
+        self._sources: dict[str, asyncio.Task[None]] = {}
+
+    @staticmethod
+    def new_id(prefix: str) -> str:
+        return f"{prefix}_{secrets.token_hex(16)}"
+
+    @staticmethod
+    def check_id(job_id: str) -> str:
+        if not JOB_ID.match(job_id):
+            raise InvalidRequest("job_id must be 8-64 characters of A-Z a-z 0-9 _ -")
+        return job_id
+
+    def _prune(self) -> None:
+        now = time.monotonic()
+        for job_id, job in list(self._jobs.items()):
+            if job.ended is not None and now - job.ended > self.retention:
+                del self._jobs[job_id]
+        while len(self._jobs) > self.max_jobs:
+            victim = next((k for k, j in self._jobs.items() if j.finished), None) or next(iter(self._jobs))
+            del self._jobs[victim]
+
+    def open(self, job_id: str, kind: str) -> Job:
+        """The job a writer reports to. A reader may have opened it first (pending); a job already running or
+        finished under this id is a Conflict."""
+        self._prune()
+        job = self._jobs.get(job_id)
+        if job is not None and (job.state != "pending" or job.kind != kind):
+            raise Conflict(f"job {job_id!r} already exists")
+        if job is None:
+            job = self._jobs[job_id] = Job(job_id, kind)
+        return job
+
+    def find(self, job_id: str, *, wait_for: str | None = None) -> Job:
+        """A job to read; ``wait_for`` (a kind) opens a pending one so a reader can subscribe before the upload
+        it names has started."""
+        self._prune()
+        job = self._jobs.get(job_id)
+        if job is None:
+            if wait_for is None:
+                raise NotFound(f"no job {job_id!r} in this process")
+            job = self._jobs[job_id] = Job(job_id, wait_for)
+        return job
+
+    def derived(self, job_id: str, kind: str, source: Callable[[Job], Awaitable[None]]) -> Job:
+        """A job whose events come from ``source`` (e.g. polling a session record), run while it is unfinished;
+        the source may return early when nobody watches (``job.watchers``); the next reader starts it again."""
+        self._prune()
+        job = self._jobs.get(job_id)
+        if job is None:
+            job = self._jobs[job_id] = Job(job_id, kind)
+        if job_id not in self._sources and not job.finished:
+            task = asyncio.create_task(self._run_source(job, source))
+            self._sources[job_id] = task
+        self._jobs.move_to_end(job_id)
+        return job
+
+    async def _run_source(self, job: Job, source: Callable[[Job], Awaitable[None]]) -> None:
+        try:
+            await source(job)
+        except TransferError as exc:
+            job.fail(exc)
+        finally:
+            self._sources.pop(job.id, None)
+
+    async def close(self) -> None:
+        tasks = list(self._sources.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def counted(body: AsyncIterator[bytes], job: Job) -> AsyncIterator[bytes]:
+    """``body`` unchanged, reporting the bytes received to ``job``."""
+    done = 0
+    async for piece in body:
+        done += len(piece)
+        job.advance(done)
+        yield piece

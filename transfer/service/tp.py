@@ -1,0 +1,333 @@
+"""TP resource messages (seed 002) over the one service layer: every binding (REST, native HTTP, WebSocket, A2A
+JSON-RPC, MCP, prompt embedding) hands a validated :class:`Envelope` to :meth:`TPService.handle`.
+
+``resource_mount``   offer a file; ``payload`` is one of
+                     ``{"resource_id": "f_…"}``            a stored file: a fresh descriptor
+                     ``{"resource": FileContent}``          inline: stored; url of this service: described afresh;
+                                                            a foreign url: imported in the background (202, job)
+                     ``{"upload": {name, content_type, size, chunk_size?, checksum?}}``
+                                                            open a chunked session (streaming descriptor)
+                     optional ``ttl``, ``download_method``  for the descriptor
+                     -> 200 reply ``{"status": "mounted"|"open", "resource_id", "resource": FileContent, …}``,
+                        or 202 ``{"correlation_id"}`` when imported (progress: ``/v1/jobs/{id}/events`` and a
+                        ``resource_notify`` to the sender when it ends)
+``resource_unmount`` ``{"resource_id"}``: a file is deleted (every URL to it stops working), a session aborted
+``resource_notify``  relayed: kept in the mailbox of ``receiver`` (``tp_poll_messages``) and pushed to WebSocket
+                     subscribers of ``payload.resource_id`` and of the receiver; the relayed bytes are the
+                     sender's with only ``trace_info`` advanced -> 202 ``{"correlation_id": message_id}``
+
+Mailboxes live in the storage backend (``tp/mailbox/<receiver hash>/…``), so any replica can deliver them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from storage.base import Storage
+from storage.errors import ObjectNotFound, StorageError
+from transfer.core.auth import Scope
+from transfer.core.content import DownloadMethod, FileContent, TransferMode
+from transfer.core.tp import (
+    RESOURCE_TYPES,
+    Binding,
+    Envelope,
+    forward,
+    make_envelope,
+    validate_envelope,
+)
+from transfer.errors import (
+    InvalidEnvelope,
+    NotFound,
+    TransferError,
+    UnsupportedMessageType,
+    storage_errors_translated,
+)
+from transfer.service.files import FileService
+from transfer.service.imports import ImportService
+from transfer.service.progress import Job
+from transfer.service.records import FileRecord, is_file_id
+from transfer.service.session_views import session_document
+from transfer.service.sessions import SessionService, is_session_id
+
+MAILBOX = "tp/mailbox/"
+
+
+@dataclass(slots=True)
+class TPOutcome:
+    """200 with a reply envelope, or 202 with a correlation id."""
+
+    status: int
+    reply: Envelope | None = None
+    correlation_id: str | None = None
+
+    def body(self) -> dict[str, Any]:
+        if self.reply is not None:
+            return self.reply.doc
+        return {"correlation_id": self.correlation_id}
+
+
+def identity_key(identity: Any) -> str:
+    """A stable mailbox / topic name for a sender or receiver (a string or an object)."""
+    text = identity if isinstance(identity, str) else json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+class TPService:
+    def __init__(
+        self,
+        files: FileService,
+        sessions: SessionService,
+        imports: ImportService,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.files = files
+        self.sessions = sessions
+        self.imports = imports
+        self.settings = files.settings
+        self.clock = clock
+        self._topics: dict[str, set[asyncio.Queue[bytes]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def storage(self) -> Storage:
+        return self.files.storage
+
+    # -- dispatch -----------------------------------------------------------------------------------------------
+
+    async def handle(
+        self, envelope: Envelope, binding: Binding, authorize: Callable[[Scope], None], base_url: str
+    ) -> TPOutcome:
+        """Run one resource message; TransferErrors leave for the binding to render as TPError."""
+        kind = envelope.message_type
+        if kind not in RESOURCE_TYPES:
+            raise UnsupportedMessageType(
+                f"this service handles {', '.join(RESOURCE_TYPES)}; not {kind!r}", supported=list(RESOURCE_TYPES)
+            )
+        if kind == "resource_mount":
+            return await self._mount(envelope, binding, authorize, base_url)
+        if kind == "resource_unmount":
+            authorize(Scope.ADMIN)
+            return await self._unmount(envelope, binding)
+        authorize(Scope.UPLOAD)
+        return await self._notify(envelope, binding)
+
+    def _reply(self, request: Envelope, binding: Binding, payload: dict[str, Any]) -> Envelope:
+        return make_envelope(
+            request.message_type,
+            {**payload, "in_reply_to": request.message_id},
+            sender=self.settings.tp_identity,
+            receiver=request.sender,
+            contract_ref=request.contract_ref,
+            binding=binding,
+            timestamp=self.clock(),
+            in_reply_to=request.message_id,
+        )
+
+    @staticmethod
+    def _resource_id(payload: dict[str, Any]) -> str:
+        rid = payload.get("resource_id")
+        if not isinstance(rid, str) or not rid:
+            raise InvalidEnvelope("payload.resource_id must be a non-empty string")
+        return rid
+
+    # -- mount ---------------------------------------------------------------------------------------------------
+
+    async def _mount(
+        self, envelope: Envelope, binding: Binding, authorize: Callable[[Scope], None], base_url: str
+    ) -> TPOutcome:
+        payload = envelope.payload
+        ttl = payload.get("ttl")
+        if ttl is not None and (not isinstance(ttl, int) or isinstance(ttl, bool) or ttl <= 0):
+            raise InvalidEnvelope("payload.ttl must be a positive integer (seconds)")
+        method_name = payload.get("download_method")
+        try:
+            method = DownloadMethod(method_name) if method_name is not None else None
+        except ValueError:
+            raise InvalidEnvelope("payload.download_method must be GET, POST or signed_url") from None
+
+        if "resource_id" in payload:
+            authorize(Scope.READ)
+            rid = self._resource_id(payload)
+            record = await self.files.record(rid)
+            descriptor = await self.files.describe(record, base_url, download_method=method, ttl=ttl)
+            return self._mounted(envelope, binding, rid, descriptor)
+        if "upload" in payload:
+            authorize(Scope.UPLOAD)
+            spec = payload["upload"]
+            if not isinstance(spec, dict):
+                raise InvalidEnvelope("payload.upload must be an object")
+            session = await self.sessions.create(
+                name=_opt_str(spec, "name"),
+                content_type=_opt_str(spec, "content_type"),
+                size=_opt_int(spec, "size"),
+                chunk_size=_opt_int(spec, "chunk_size"),
+                checksum=_opt_str(spec, "checksum"),
+                ttl=ttl,
+            )
+            doc = session_document(self.files, session, base_url)
+            reply = {"status": "open", "resource_id": session.id, "upload": doc}
+            if "descriptor" in doc:
+                reply["resource"] = doc["descriptor"]
+            return TPOutcome(200, self._reply(envelope, binding, reply))
+        if "resource" in payload:
+            authorize(Scope.UPLOAD)
+            descriptor = self.imports.parse(payload["resource"], self.settings.inline_threshold)
+            own = (descriptor.metadata or {}).get("file_id")
+            if descriptor.type is TransferMode.URL and isinstance(own, str) and is_file_id(own):
+                known: FileRecord | None
+                try:
+                    known = await self.files.record(own)
+                except NotFound:
+                    known = None
+                if known is not None and "sha256:" + known.sha256 == descriptor.checksum:
+                    fresh = await self.files.describe(known, base_url, download_method=method, ttl=ttl)
+                    return self._mounted(envelope, binding, own, fresh)
+            if descriptor.type is TransferMode.INLINE:
+                record = await self.imports.fetch_and_store(descriptor)
+                fresh = await self.files.describe(record, base_url, download_method=method, ttl=ttl)
+                return self._mounted(envelope, binding, record.id, fresh)
+            job = self.imports.start(descriptor, base_url)
+            self._spawn(self._announce_when_done(job, envelope, binding))
+            return TPOutcome(202, correlation_id=job.id)
+        raise InvalidEnvelope("resource_mount payload needs resource_id, resource or upload")
+
+    def _mounted(self, envelope: Envelope, binding: Binding, rid: str, descriptor: FileContent) -> TPOutcome:
+        payload = {"status": "mounted", "resource_id": rid, "resource": descriptor.to_json()}
+        return TPOutcome(200, self._reply(envelope, binding, payload))
+
+    async def _announce_when_done(self, job: Job, request: Envelope, binding: Binding) -> None:
+        """When a background import ends, tell the sender (mailbox + live subscribers) with a resource_notify."""
+        async for event in job.follow():
+            if event is None or event.kind not in ("result", "error"):
+                continue
+            if event.kind == "result":
+                payload = {"event": "available", "resource_id": event.data["file_id"]}
+                payload["resource"] = event.data["descriptor"]
+            else:
+                payload = {"event": "failed", "error": event.data}
+            payload["correlation_id"] = job.id
+            note = make_envelope(
+                "resource_notify",
+                {**payload, "in_reply_to": request.message_id},
+                sender=self.settings.tp_identity,
+                receiver=request.sender,
+                contract_ref=request.contract_ref,
+                binding=binding,
+                timestamp=self.clock(),
+                in_reply_to=request.message_id,
+            )
+            if request.sender is not None:
+                await self.deliver(request.sender, note.raw)
+            self.publish(f"job:{job.id}", note.raw)
+            return
+
+    # -- unmount -------------------------------------------------------------------------------------------------
+
+    async def _unmount(self, envelope: Envelope, binding: Binding) -> TPOutcome:
+        rid = self._resource_id(envelope.payload)
+        if is_session_id(rid):
+            await self.sessions.abort(rid)
+        else:
+            await self.files.delete(rid)
+        return TPOutcome(200, self._reply(envelope, binding, {"status": "unmounted", "resource_id": rid}))
+
+    # -- notify (relay) ------------------------------------------------------------------------------------------
+
+    async def _notify(self, envelope: Envelope, binding: Binding) -> TPOutcome:
+        relayed = forward(envelope, binding)  # TP-TRA001 when it would be a sixth hop
+        rid = envelope.payload.get("resource_id")
+        if envelope.receiver is None and not isinstance(rid, str):
+            raise InvalidEnvelope("resource_notify needs a receiver or payload.resource_id to deliver to")
+        if envelope.receiver is not None:
+            await self.deliver(envelope.receiver, relayed)
+        if isinstance(rid, str):
+            self.publish(f"resource:{rid}", relayed)
+        return TPOutcome(202, correlation_id=envelope.message_id)
+
+    # -- mailboxes (storage) and live topics (this process) --------------------------------------------------------
+
+    async def deliver(self, receiver: Any, raw: bytes) -> None:
+        """Keep ``raw`` for ``receiver`` until polled (or ``tp_mailbox_ttl``), and push it to live subscribers."""
+        box = identity_key(receiver)
+        now = self.clock()
+        key = f"{MAILBOX}{box}/{int(now * 1e6):020d}-{hashlib.sha256(raw).hexdigest()[:16]}"
+        with storage_errors_translated():
+            async with self.storage.create(key, size_hint=len(raw)) as writer:
+                await writer.write(raw)
+                await writer.commit({"expires": str(int(now) + self.settings.tp_mailbox_ttl)})
+        self.publish(f"receiver:{box}", raw)
+
+    async def poll(self, receiver: Any, limit: int = 50) -> list[dict[str, Any]]:
+        """Take up to ``limit`` waiting messages for ``receiver``, oldest first (each delivered once)."""
+        prefix = f"{MAILBOX}{identity_key(receiver)}/"
+        now = self.clock()
+        out: list[dict[str, Any]] = []
+        with storage_errors_translated():
+            keys = [(info.key, info.metadata) async for info in self.storage.list(prefix)]
+        for key, metadata in sorted(keys):
+            if len(out) >= limit:
+                break
+            try:
+                expired = float(metadata.get("expires", "0")) < now
+                if not expired:
+                    async with await self.storage.open(key) as reader:
+                        raw = b"".join([piece async for piece in reader.read()])
+                await self.storage.delete(key)
+            except ObjectNotFound:
+                continue  # another poller took it
+            except StorageError as exc:
+                raise TransferError(f"mailbox read failed: {exc}") from exc
+            if not expired:
+                out.append(validate_envelope(json.loads(raw), raw).doc)
+        return out
+
+    def subscribe(self, topic: str) -> asyncio.Queue[bytes]:
+        queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=1000)
+        self._topics.setdefault(topic, set()).add(queue)
+        return queue
+
+    def unsubscribe(self, topic: str, queue: asyncio.Queue[bytes]) -> None:
+        subscribers = self._topics.get(topic)
+        if subscribers is not None:
+            subscribers.discard(queue)
+            if not subscribers:
+                del self._topics[topic]
+
+    def publish(self, topic: str, raw: bytes) -> None:
+        for queue in list(self._topics.get(topic, ())):
+            try:
+                queue.put_nowait(raw)
+            except asyncio.QueueFull:  # a subscriber that does not read loses the oldest, not the service
+                queue.get_nowait()
+                queue.put_nowait(raw)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _opt_str(spec: dict[str, Any], name: str) -> str | None:
+    value = spec.get(name)
+    if value is not None and not isinstance(value, str):
+        raise InvalidEnvelope(f"payload.upload.{name} must be a string")
+    return value
+
+
+def _opt_int(spec: dict[str, Any], name: str) -> int | None:
+    value = spec.get(name)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise InvalidEnvelope(f"payload.upload.{name} must be a non-negative integer")
+    return value

@@ -132,6 +132,55 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """The MCP server: stdio (for an agent that starts it) or streamable HTTP (the service with /mcp)."""
+    if args.transport == "streamable-http":
+        return cmd_serve(args)
+    # stdio: stdout belongs to the MCP protocol; everything else goes to stderr
+    import logging
+
+    from pydantic import ValidationError
+
+    from transfer.bindings.mcp import build_mcp
+    from transfer.service.container import Services
+    from transfer.settings import Settings
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    for flag, var in (("data_dir", "TRANSFER_DATA_DIR"), ("public_url", "TRANSFER_PUBLIC_URL")):
+        if getattr(args, flag) is not None:
+            os.environ[var] = str(getattr(args, flag))
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        problems = "; ".join(f"TRANSFER_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+        raise CliError("invalid_settings", problems) from exc
+    root = Path(args.root or settings.mcp_root or Path.cwd())
+
+    async def run() -> int:
+        services = Services.build(settings)
+        await services.start()
+        server = build_mcp(services, None, http=False, root=root)
+        http_task = None
+        if args.serve_http:
+            import uvicorn
+
+            from transfer.api.app import create_app
+            from transfer.api.server import uvicorn_config
+
+            app = create_app(settings, services=services)
+            config = uvicorn_config(app, settings, host=settings.host, port=settings.port, log_level="warning")
+            http_task = asyncio.create_task(uvicorn.Server(config).serve())
+        try:
+            await server.run_stdio_async()
+        finally:
+            if http_task is not None:
+                http_task.cancel()
+            await services.close()
+        return 0
+
+    return asyncio.run(run())
+
+
 async def cmd_upload(args: argparse.Namespace) -> int:
     options = ResolveOptions(buffer_size=1 << 20, connections=args.connections)
     results: list[dict[str, Any]] = []
@@ -349,6 +398,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--s3-endpoint-url", help="S3 endpoint (TRANSFER_S3_ENDPOINT_URL; default AWS_ENDPOINT_URL)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("mcp", help="MCP server: tools to upload, open sessions, resolve, describe, bundle, TP")
+    p.add_argument("--transport", choices=["stdio", "streamable-http"], default="stdio")
+    p.add_argument("--root", help="directory the file tools may use (stdio default: the working directory)")
+    p.add_argument(
+        "--serve-http",
+        action="store_true",
+        help="stdio: also serve the HTTP API in this process, so the URLs in descriptors resolve",
+    )
+    p.add_argument("--data-dir", help="local storage directory (TRANSFER_DATA_DIR)")
+    p.add_argument("--public-url", help="base URL for descriptors (TRANSFER_PUBLIC_URL)")
+    for flag in ("--host", "--port", "--storage", "--s3-bucket", "--s3-endpoint-url"):
+        p.add_argument(flag, type=int if flag == "--port" else str, help="as for serve (streamable-http)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=cmd_mcp)
 
     server_default = os.environ.get("TRANSFER_SERVER", DEFAULT_SERVER)
     p = sub.add_parser("upload", help="upload files; prints their descriptors as JSON")

@@ -74,13 +74,17 @@ def error_response(exc: TransferError) -> JSONResponse:
 
 
 def create_app(
-    settings: Settings | None = None, storage: Storage | None = None, *, clock: Callable[[], float] = time.time
+    settings: Settings | None = None,
+    storage: Storage | None = None,
+    *,
+    clock: Callable[[], float] = time.time,
+    services: Services | None = None,
 ) -> FastAPI:
     """Build the ASGI application; storage defaults to the local data directory of ``settings``; ``clock`` (Unix
     seconds) decides URL expiry, so tests can move time."""
     settings = settings or Settings()
     auth = Authenticator(parse_keys(settings.api_keys or {}))
-    services = Services.build(settings, storage, clock=clock)
+    services = services or Services.build(settings, storage, clock=clock)
     service = services.files
     bearer = HTTPBearer(auto_error=False, description="an API key (`transfer keys new`)")
 

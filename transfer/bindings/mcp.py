@@ -19,15 +19,15 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import wraps
 from pathlib import Path
-from typing import Annotated, Any, Literal, ParamSpec, TypeVar
+from typing import Annotated, Any, Literal, ParamSpec, TypeVar, cast
 
 import httpx
 import xxhash
 from fastapi import FastAPI
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types import CallToolResult, TextContent
 from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -43,10 +43,12 @@ from transfer.core.content import (
     DownloadMethod,
     FileContent,
     FileRole,
-    TextContent,
     TransferMode,
     load_descriptor,
     normalize_checksum,
+)
+from transfer.core.content import (
+    TextContent as SynapseText,
 )
 from transfer.core.encodings import storage_encoding
 from transfer.core.mime import is_textual
@@ -75,7 +77,7 @@ INSTRUCTIONS = (
 
 
 def _tool_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    """Our errors as MCP tool errors carrying the JSON error body."""
+    """Our errors as MCP tool errors (``isError``) whose text and structured content are the JSON error body."""
 
     @wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -84,7 +86,11 @@ def _tool_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         except TransferError as exc:
             body = exc.to_payload()
             body["error"]["retryable"] = exc.retryable
-            raise ToolError(json.dumps(body, ensure_ascii=False)) from None
+            text = json.dumps(body, ensure_ascii=False)
+            result = CallToolResult(
+                content=[TextContent(type="text", text=text)], structured_content=body, is_error=True
+            )
+            return cast(R, result)  # passed through unchanged by the SDK (no output validation for errors)
 
     return wrapper
 
@@ -310,7 +316,7 @@ class McpBinding:
                     )
                 data = await resolver.to_bytes(parsed, max_size=threshold)
                 media = parsed.content_type if isinstance(parsed, FileContent) else "text/plain"
-                if isinstance(parsed, TextContent) or is_textual(media or ""):
+                if isinstance(parsed, SynapseText) or is_textual(media or ""):
                     try:
                         return {"content": data.decode("utf-8"), "content_encoding": "utf-8", "size": len(data)}
                     except UnicodeDecodeError:

@@ -11,6 +11,7 @@ WS   /tp/v1                                   native WebSocket (§9.2.2): subpro
                                               ``resource_notify`` messages as frames
 POST /a2a                                     A2A JSON-RPC 2.0 (§9.3): ``tp.resource.mount|unmount|notify`` with
                                               ``params.tp_envelope``; batches; the envelope bytes pass unaltered
+GET  /tp/v1/messages?receiver=…&wait=…       the reverse direction: messages kept for a receiver (long poll)
 POST /tp/v1/prompt                            prompt embedding (§9.6): text with ```` ```tp-envelope ```` blocks in,
                                               text with the reply block out
 
@@ -23,9 +24,9 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request, WebSocket
+from fastapi import FastAPI, Query, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from starlette.websockets import WebSocketDisconnect
 
@@ -190,6 +191,33 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
         except TransferError as exc:
             return tp_error_response(exc, related)
         return Response("\n".join(replies), media_type="text/plain; charset=utf-8")
+
+    @app.get(
+        "/tp/v1/messages",
+        tags=["tp"],
+        summary="Messages waiting for a receiver (long poll; each delivered once): {messages: [envelope, ...]}",
+    )
+    async def tp_messages(
+        request: Request,
+        receiver: Annotated[str, Query(min_length=1, max_length=1024, description="the TP identity polled for")],
+        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        wait: Annotated[float, Query(ge=0, le=60, description="seconds to wait when nothing is there yet")] = 0,
+    ) -> Response:
+        try:
+            auth.authorizer(request.headers.get("authorization"))(Scope.READ)
+            topic = f"receiver:{identity_key(receiver)}"
+            queue = tp.subscribe(topic)  # before the first look, so nothing slips between look and wait
+            try:
+                messages = await tp.poll(receiver, limit)
+                if not messages and wait > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(queue.get(), timeout=wait)
+                    messages = await tp.poll(receiver, limit)
+            finally:
+                tp.unsubscribe(topic, queue)
+        except TransferError as exc:
+            return tp_error_response(exc)
+        return JSONResponse({"messages": messages})
 
     @app.post("/tp/v1/{area}/{rest:path}", tags=["tp"], summary="Other TP message types (not served here)")
     async def tp_other(area: str, rest: str) -> Response:

@@ -19,6 +19,7 @@ import anyio.from_thread
 import httpx
 
 from transfer.client.chunks import ChunkOptions, upload_chunked
+from transfer.client.events import JobEvent, follow_job
 from transfer.client.resolver import Descriptor, Progress, ResolveOptions, Resolver, raise_for_error
 from transfer.core.content import ContentBundle, FileContent, checksum_hex, load_descriptor
 from transfer.errors import ChecksumMismatch, InvalidDescriptor, SizeMismatch
@@ -73,8 +74,10 @@ class AsyncTransferClient:
         ttl: int | None = None,
         inline: bool | None = None,
         progress: Progress | None = None,
+        job_id: str | None = None,
     ) -> FileContent:
-        """Upload ``source`` and return its descriptor (inline when small, else url mode)."""
+        """Upload ``source`` and return its descriptor (inline when small, else url mode). With ``job_id``, others
+        can follow the upload's progress at ``/v1/jobs/{job_id}/events`` (:meth:`follow_job`)."""
         size: int | None = None
         if isinstance(source, str | os.PathLike):
             path = Path(source)
@@ -113,6 +116,7 @@ class AsyncTransferClient:
                 "ttl": ttl,
                 "inline": None if inline is None else str(inline).lower(),
                 "size": size,
+                "job_id": job_id,
             }.items()
             if v is not None
         }
@@ -172,6 +176,20 @@ class AsyncTransferClient:
         await raise_for_error(response)
         status: dict[str, Any] = response.json()
         return status
+
+    def follow_job(self, job_id: str, **kwargs: Any) -> AsyncIterator[JobEvent]:
+        """The AIFlowy progress events of an upload (its ``job_id``), a session (its id) or an import."""
+        return follow_job(self.http, f"{self.server}/v1/jobs/{quote(job_id)}/events", **kwargs)
+
+    async def import_descriptor(self, descriptor: FileContent | dict[str, Any], job_id: str | None = None) -> str:
+        """Ask the service to fetch a descriptor's content itself and store it; returns the job id to follow."""
+        doc = descriptor.to_json() if isinstance(descriptor, FileContent) else descriptor
+        body: dict[str, Any] = {"descriptor": doc}
+        if job_id is not None:
+            body["job_id"] = job_id
+        response = await self.http.post(f"{self.server}/v1/imports", json=body)
+        await raise_for_error(response)
+        return str(response.json()["job_id"])
 
     async def describe(self, file_id: str, **params: Any) -> FileContent:
         """A fresh descriptor (new signed URL) for a stored file."""

@@ -1,0 +1,284 @@
+"""The MCP tools through the official SDK client: over streamable HTTP (/mcp of a live server) and over stdio
+(`transfer mcp` as a subprocess). Large content never travels in MCP messages: descriptors and paths do."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import xxhash
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.conftest import LiveServer, running
+from transfer.core.auth import new_token, token_hash
+from transfer.settings import Settings
+
+pytestmark = pytest.mark.anyio
+
+TOOLS = {
+    "upload_file",
+    "upload_content",
+    "open_session",
+    "send_chunk",
+    "complete_session",
+    "session_status",
+    "describe",
+    "resolve",
+    "create_bundle",
+    "tp_resource_mount",
+    "tp_resource_unmount",
+    "tp_resource_notify",
+    "tp_poll_messages",
+}
+
+
+def structured(result: Any) -> dict[str, Any]:
+    assert not result.is_error, result.content
+    data: dict[str, Any] = result.structured_content
+    return data
+
+
+def tool_error(result: Any) -> dict[str, Any]:
+    assert result.is_error
+    body: dict[str, Any] = json.loads(result.content[0].text)["error"]
+    return body
+
+
+@pytest.fixture
+def mcp_server(tmp_path: Path) -> Any:
+    root = tmp_path / "root"
+    root.mkdir()
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        signing_keys={"t": "0123456789abcdef0123"},
+        mcp_root=root,
+        mcp_max_inline_bytes=256 << 10,
+        inline_threshold=4096,
+    )
+    with running(settings) as live:
+        yield live, root
+
+
+async def test_tools_are_listed_with_precise_schemas(mcp_server: tuple[LiveServer, Path]) -> None:
+    live, _ = mcp_server
+    async with Client(f"{live.url}/mcp") as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    assert TOOLS <= set(tools)
+    upload = tools["upload_file"].input_schema
+    assert upload["required"] == ["path"]
+    assert upload["properties"]["encoding"]["enum"] == ["none", "gzip", "deflate", "zstd"]
+    assert tools["tp_resource_mount"].input_schema["required"] == ["tp_envelope"]
+    assert "ctx" not in tools["resolve"].input_schema["properties"]
+
+
+async def test_upload_file_then_resolve_to_a_path_over_http(mcp_server: tuple[LiveServer, Path]) -> None:
+    live, root = mcp_server
+    data = os.urandom(3 << 20)  # far above what one MCP message carries here (256 KiB)
+    (root / "big.bin").write_bytes(data)
+    async with Client(f"{live.url}/mcp") as client:
+        descriptor = structured(await client.call_tool("upload_file", {"path": "big.bin"}))
+        assert descriptor["type"] == "url" and descriptor["size"] == len(data)
+        assert descriptor["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
+        assert "data" not in descriptor
+        # the server's resolve is a server-side fetch: loopback is refused unless allowed
+        refused = tool_error(await client.call_tool("resolve", {"descriptor": descriptor, "path": "copy.bin"}))
+        assert refused["code"] == "destination_refused"
+        assert not (root / "copy.bin").exists()
+        # outside the root: refused, nothing written
+        escape = tool_error(await client.call_tool("upload_file", {"path": "../data/x"}))
+        assert escape["code"] == "forbidden"
+        missing = tool_error(await client.call_tool("describe", {"file_id": "f_" + "0" * 32}))
+        assert missing["code"] == "not_found" and missing["status"] == 404
+
+
+async def test_http_resolve_works_when_the_network_is_allowed(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        signing_keys={"t": "0123456789abcdef0123"},
+        mcp_root=root,
+        fetch_allow_networks=["127.0.0.0/8"],
+        inline_threshold=4096,
+    )
+    data = os.urandom(300_000)
+    (root / "a.bin").write_bytes(data)
+    with running(settings) as live:
+        async with Client(f"{live.url}/mcp") as client:
+            descriptor = structured(await client.call_tool("upload_file", {"path": "a.bin"}))
+            out = structured(await client.call_tool("resolve", {"descriptor": descriptor, "path": "sub/b.bin"}))
+            assert out["size"] == len(data)
+            assert (root / "sub" / "b.bin").read_bytes() == data
+            again = tool_error(await client.call_tool("resolve", {"descriptor": descriptor, "path": "sub/b.bin"}))
+            assert again["code"] == "conflict"
+            too_big = tool_error(await client.call_tool("resolve", {"descriptor": descriptor}))
+            assert too_big["code"] == "invalid_request" and "path" in too_big["message"]
+
+
+async def test_small_content_inline_and_chunked_session(mcp_server: tuple[LiveServer, Path]) -> None:
+    live, _ = mcp_server
+    async with Client(f"{live.url}/mcp") as client:
+        small = structured(
+            await client.call_tool(
+                "upload_content", {"data": "hello agents", "name": "hello.txt", "content_type": "text/plain"}
+            )
+        )
+        assert small["type"] == "inline" and base64.b64decode(small["data"]) == b"hello agents"
+        back = structured(await client.call_tool("resolve", {"descriptor": small}))
+        assert back == {"content": "hello agents", "content_encoding": "utf-8", "size": 12}
+
+        big = tool_error(
+            await client.call_tool(
+                "upload_content",
+                {"data": base64.b64encode(b"x" * (300 << 10)).decode(), "name": "x", "data_encoding": "base64"},
+            )
+        )
+        assert big["code"] == "payload_too_large"
+
+        payload = os.urandom(200_000)
+        session = structured(
+            await client.call_tool("open_session", {"name": "s.bin", "size": len(payload), "chunk_size": 65536})
+        )
+        sid = session["streaming_session_id"]
+        assert session["total_chunks"] == 4 and session["descriptor"]["type"] == "streaming"
+        for index in (3, 0, 2, 1):
+            part = payload[index * 65536 : (index + 1) * 65536]
+            args = {"session_id": sid, "index": index, "data": base64.b64encode(part).decode()}
+            if index == 1:
+                args["checksum"] = "xxh3-128:" + xxhash.xxh3_128_hexdigest(part)
+            receipt = structured(await client.call_tool("send_chunk", args))
+            assert receipt["size"] == len(part) and receipt["duplicate"] is False
+        wrong = tool_error(
+            await client.call_tool(
+                "send_chunk",
+                {"session_id": sid, "index": 0, "data": base64.b64encode(b"y" * 65536).decode()},
+            )
+        )
+        assert wrong["code"] == "chunk_conflict"
+        bad_sum = tool_error(
+            await client.call_tool(
+                "send_chunk",
+                {
+                    "session_id": sid,
+                    "index": 0,
+                    "data": base64.b64encode(payload[:65536]).decode(),
+                    "checksum": "xxh3-128:" + "0" * 32,
+                },
+            )
+        )
+        assert bad_sum["code"] == "chunk_checksum_mismatch"
+        status = structured(await client.call_tool("session_status", {"session_id": sid}))
+        assert status["stored_count"] == 4
+        final = structured(await client.call_tool("complete_session", {"session_id": sid}))
+        assert final["type"] == "url" and final["checksum"] == "sha256:" + hashlib.sha256(payload).hexdigest()
+        bundle = structured(
+            await client.call_tool(
+                "create_bundle",
+                {"items": [{"role": "main", "file_id": final["metadata"]["file_id"]}], "name": "b"},
+            )
+        )
+        assert bundle["items"][0]["content"]["checksum"] == final["checksum"]
+    async with httpx.AsyncClient() as http:  # the descriptor works for a plain HTTP client
+        assert (await http.get(final["url"])).content == payload
+
+
+async def test_tp_tools_and_poll(mcp_server: tuple[LiveServer, Path]) -> None:
+    live, _ = mcp_server
+    async with Client(f"{live.url}/mcp") as client:
+        small = structured(await client.call_tool("upload_content", {"data": "x" * 5000, "name": "t.txt"}))
+        fid = small["metadata"]["file_id"]
+        envelope = {
+            "tp_version": "1.0.0",
+            "message_id": str(uuid.uuid4()),
+            "message_type": "resource_mount",
+            "sender": "agent-a",
+            "receiver": "agent-b",
+            "payload": {"resource_id": fid},
+        }
+        reply = structured(await client.call_tool("tp_resource_mount", {"tp_envelope": envelope}))
+        assert reply["payload"]["resource"]["checksum"] == small["checksum"]
+        assert reply["in_reply_to"] == envelope["message_id"] and reply["receiver"] == "agent-a"
+        wrong = tool_error(await client.call_tool("tp_resource_unmount", {"tp_envelope": envelope}))
+        assert wrong["code"] == "invalid_request"
+        note = {**envelope, "message_id": str(uuid.uuid4()), "message_type": "resource_notify"}
+        note["payload"] = {"resource_id": fid, "event": "available"}
+        accepted = structured(await client.call_tool("tp_resource_notify", {"tp_envelope": note}))
+        assert accepted == {"correlation_id": note["message_id"]}
+        polled = structured(await client.call_tool("tp_poll_messages", {"receiver": "agent-b"}))
+        assert [m["message_id"] for m in polled["messages"]] == [note["message_id"]]
+        assert polled["messages"][0]["trace_info"]["hop_count"] == 1
+        assert polled["messages"][0]["trace_info"]["original_protocol"] == "mcp_tool_call"
+        empty = structured(await client.call_tool("tp_poll_messages", {"receiver": "agent-b"}))
+        assert empty == {"messages": []}
+
+
+async def test_http_endpoint_needs_a_key_and_checks_scopes(tmp_path: Path) -> None:
+    reader, uploader = new_token(), new_token()
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        signing_keys={"t": "0123456789abcdef0123"},
+        api_keys={
+            "reader": {"sha256": token_hash(reader), "scopes": ["read"]},
+            "uploader": {"sha256": token_hash(uploader), "scopes": ["upload", "read"]},
+        },
+    )
+    with running(settings) as live:
+        async with httpx.AsyncClient() as http:
+            response = await http.post(f"{live.url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+            assert response.status_code == 401 and response.json()["error"]["code"] == "unauthenticated"
+        async with Client(_bearer(f"{live.url}/mcp", reader)) as client:
+            denied = tool_error(await client.call_tool("upload_content", {"data": "x", "name": "x"}))
+            assert denied["code"] == "insufficient_scope"
+        async with Client(_bearer(f"{live.url}/mcp", uploader)) as client:
+            ok = structured(await client.call_tool("upload_content", {"data": "x", "name": "x"}))
+            assert ok["size"] == 1
+
+
+@asynccontextmanager
+async def _bearer(url: str, token: str) -> AsyncIterator[Any]:
+    """The SDK's streamable HTTP transport with our key on every request."""
+    import httpx2
+
+    async with (
+        httpx2.AsyncClient(headers={"authorization": f"Bearer {token}"}, timeout=30) as http,
+        streamable_http_client(url, http_client=http) as streams,
+    ):
+        yield streams
+
+
+async def test_stdio_server_with_its_own_http(tmp_path: Path) -> None:
+    """`transfer mcp --serve-http` as an agent runs it: stdio for MCP, the URLs it hands out served in-process."""
+    from tests.conftest import free_port
+
+    port = free_port()
+    work = tmp_path / "work"
+    work.mkdir()
+    data = os.urandom(2 << 20)
+    (work / "in.bin").write_bytes(data)
+    env = {
+        **os.environ,
+        "TRANSFER_DATA_DIR": str(tmp_path / "data"),
+        "TRANSFER_PORT": str(port),
+        "TRANSFER_SIGNING_KEYS": json.dumps({"t": "0123456789abcdef0123"}),
+    }
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "transfer", "mcp", "--serve-http"], env=env, cwd=str(work)
+    )
+    async with Client(params) as client:
+        descriptor = structured(await client.call_tool("upload_file", {"path": "in.bin"}))
+        assert descriptor["url"].startswith(f"http://127.0.0.1:{port}/")
+        out = structured(await client.call_tool("resolve", {"descriptor": descriptor, "path": "out/copy.bin"}))
+        assert out["size"] == len(data)
+    assert (work / "out" / "copy.bin").read_bytes() == data

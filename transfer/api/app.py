@@ -22,6 +22,7 @@ from storage.errors import StorageError
 from transfer import __version__
 from transfer.api.bundles import add_bundle_routes
 from transfer.api.jobs import add_job_routes
+from transfer.api.limits import ControlBodyLimit
 from transfer.api.multipart import file_part_stream, multipart_boundary
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.sessions import add_session_routes
@@ -145,7 +146,7 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        codes = {404: "not_found", 405: "method_not_allowed"}
+        codes = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
         err = TransferError(str(exc.detail), headers=dict(exc.headers or {}))
         body = err.to_payload()
         body["error"].update(code=codes.get(exc.status_code, "http_error"), status=exc.status_code)
@@ -164,13 +165,18 @@ def create_app(
     def base_url(request: Request) -> str:
         return settings.public_url or str(request.base_url).rstrip("/")
 
-    add_session_routes(app, sessions, service, base_url, needs)
+    def owner_of(request: Request) -> str | None:
+        """The name of the request's API key (open sessions are counted per key)."""
+        return auth.authorizer(request.headers.get("authorization")).owner
+
+    add_session_routes(app, sessions, service, base_url, needs, owner_of)
     add_bundle_routes(app, services.bundles, base_url, needs)
-    add_tus_routes(app, tus, service, base_url, needs)
+    add_tus_routes(app, tus, service, base_url, needs, owner_of)
     add_job_routes(app, services, base_url, needs)
     add_tp_routes(app, services, auth, base_url)
     add_mcp_endpoint(app, services, auth)
     app.add_middleware(TusMiddleware)
+    app.add_middleware(ControlBodyLimit, limit=settings.max_json_body)
     if settings.cors_allow_origins:
         app.add_middleware(
             CORSMiddleware,

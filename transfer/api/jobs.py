@@ -121,13 +121,14 @@ def add_job_routes(
         conversation = conversation_id or aiflowy.new_conversation_id()
 
         async def frames() -> AsyncIterator[bytes]:
-            yield b"retry: 2000\n\n"
+            retry: int | None = 2000  # sent once, with the first event
             async for event in job.follow(after, heartbeat=settings.sse_heartbeat):
                 if event is None:
                     yield aiflowy.KEEP_ALIVE
                     continue
                 name, doc = render(event, job, conversation)
-                yield aiflowy.sse_frame(name, doc, event.index)
+                yield aiflowy.sse_frame(name, doc, event.index, retry)
+                retry = None
                 if name in ("error", "done"):
                     return
 

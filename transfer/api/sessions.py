@@ -83,6 +83,7 @@ def add_session_routes(
     files: FileService,
     base_url: Callable[[Request], str],
     needs: Callable[[Scope], Any],
+    owner_of: Callable[[Request], str | None] = lambda request: None,
 ) -> None:
     """Mount the session endpoints on ``app``."""
     settings = files.settings
@@ -106,6 +107,7 @@ def add_session_routes(
             ttl=body.ttl,
             role=body.role,
             description=body.description,
+            owner=owner_of(request),
         )
         return session_document(session, base_url(request))
 

@@ -87,6 +87,7 @@ def add_tus_routes(
     files: FileService,
     base_url: Callable[[Request], str],
     needs: Callable[[AuthScope], Any],
+    owner_of: Callable[[Request], str | None] = lambda request: None,
 ) -> None:
     settings = files.settings
     may_upload = [needs(AuthScope.UPLOAD)]
@@ -140,7 +141,13 @@ def add_tus_routes(
                 raise InvalidRequest("Upload-Defer-Length must be 1")
             if (length is None) == (not deferred):
                 raise InvalidRequest("send exactly one of Upload-Length and Upload-Defer-Length: 1")
-        upload = await tus.create(length=length, metadata=parse_metadata(upload_metadata), concat=concat, parts=parts)
+        upload = await tus.create(
+            length=length,
+            metadata=parse_metadata(upload_metadata),
+            concat=concat,
+            parts=parts,
+            owner=owner_of(request),
+        )
         headers = {
             "location": f"{base_url(request)}{PREFIX}/{upload.id}",
             "upload-expires": http_date(upload.expires_at),

@@ -36,7 +36,7 @@ from starlette.types import Receive, Scope, Send
 
 from transfer import __version__
 from transfer.client.resolver import ResolveOptions, Resolver
-from transfer.core.auth import Authenticator, check_scope
+from transfer.core.auth import Authenticator, Grant
 from transfer.core.auth import Scope as KeyScope
 from transfer.core.content import (
     ContentBundle,
@@ -116,11 +116,15 @@ class McpBinding:
             return None
         return request if isinstance(request, Request) else None
 
-    def authorize(self, ctx: Context | None, scope: KeyScope) -> None:
+    def grant(self, ctx: Context | None) -> Grant:
+        """The caller's key over HTTP; a local stdio caller may do everything."""
         request = self._request(ctx)
         if self.http and self.auth is not None:
-            key = self.auth.authenticate(request.headers.get("authorization") if request else None)
-            check_scope(key, scope)
+            return self.auth.authorizer(request.headers.get("authorization") if request else None)
+        return Grant(None)
+
+    def authorize(self, ctx: Context | None, scope: KeyScope) -> None:
+        self.grant(ctx)(scope)
 
     def base_url(self, ctx: Context | None) -> str:
         if self.settings.public_url:
@@ -220,7 +224,8 @@ class McpBinding:
     ) -> dict[str, Any]:
         """Open a chunked, resumable upload session; returns its id, chunk size and (size known) a streaming
         descriptor other agents can already follow."""
-        self.authorize(ctx, KeyScope.UPLOAD)
+        grant = self.grant(ctx)
+        grant(KeyScope.UPLOAD)
         if chunk_size is None:
             chunk_size = min(self.settings.session_chunk_size, self.settings.mcp_max_inline_bytes)
         sessions = self.services.sessions
@@ -231,6 +236,7 @@ class McpBinding:
             chunk_size=chunk_size,
             checksum=_checksum(checksum),
             ttl=ttl,
+            owner=grant.owner,
         )
         return session_document(self.services.files, session, self.base_url(ctx))
 
@@ -358,12 +364,7 @@ class McpBinding:
             raise TooLarge("envelope too large", limit=self.settings.tp_max_envelope_size)
         if envelope.message_type != message_type:
             raise InvalidRequest(f"this tool takes {message_type}; the envelope is {envelope.message_type}")
-        request = self._request(ctx)
-        if self.http and self.auth is not None:
-            authorize = self.auth.authorizer(request.headers.get("authorization") if request else None)
-        else:
-            authorize = _allow_all
-        outcome = await self.services.tp.handle(envelope, Binding.MCP_TOOL_CALL, authorize, self.base_url(ctx))
+        outcome = await self.services.tp.handle(envelope, Binding.MCP_TOOL_CALL, self.grant(ctx), self.base_url(ctx))
         return outcome.body()
 
     async def tp_poll_messages(
@@ -380,10 +381,6 @@ class McpBinding:
         if self.http:  # the server fetches on behalf of a remote caller: SSRF-guarded
             return self.services.imports.http_client()
         return httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0), follow_redirects=True)
-
-
-def _allow_all(scope: KeyScope) -> None:
-    return None
 
 
 def build_mcp(services: Services, auth: Authenticator | None, *, http: bool, root: Path | None) -> MCPServer:

@@ -65,6 +65,8 @@ async def follow_job(
                     raise RemoteError(f"event stream answered HTTP {source.response.status_code}")
                 source.response.raise_for_status()
                 async for sse in source.aiter_sse():
+                    if not sse.data:  # a retry-only or comment-only block: nothing to dispatch
+                        continue
                     if sse.event not in aiflowy.SSE_EVENTS:
                         raise InvalidEnvelope(f"unexpected SSE event name {sse.event!r}")
                     try:

@@ -17,7 +17,7 @@ import base64
 import binascii
 import hashlib
 from typing import Any, Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from transfer.core.content import ContentEncoding, FileContent, TransferMode, load_descriptor
 from transfer.errors import InvalidDescriptor
@@ -58,7 +58,7 @@ def a2a_part_to_file(part: dict[str, Any]) -> FileContent:
     """An A2A file part (v1.0 or v0.3) as a FileContent."""
     if not isinstance(part, dict):
         raise InvalidDescriptor("an A2A part is a JSON object")
-    metadata = part.get("metadata") if isinstance(part.get("metadata"), dict) else {}
+    metadata: dict[str, Any] = part["metadata"] if isinstance(part.get("metadata"), dict) else {}
     if isinstance(part.get("file"), dict):  # v0.3 FilePart
         file = part["file"]
         data, url = file.get("bytes"), file.get("uri")
@@ -75,7 +75,7 @@ def file_to_mcp_content(descriptor: FileContent) -> dict[str, Any]:
     if descriptor.type is TransferMode.INLINE:
         file_id = (descriptor.metadata or {}).get("file_id")
         key = file_id or (descriptor.checksum or "").removeprefix("sha256:") or "inline"
-        uri = f"synapse://files/{key}/{descriptor.name}"
+        uri = f"synapse://files/{key}/{quote(descriptor.name, safe='')}"
         resource = {"uri": uri, "mimeType": descriptor.content_type, "blob": descriptor.data}
         return {"type": "resource", "resource": resource, "_meta": meta}
     if descriptor.url is None:
@@ -98,14 +98,14 @@ def mcp_content_to_file(block: dict[str, Any]) -> FileContent:
     """An MCP EmbeddedResource (blob or text) or ResourceLink as a FileContent."""
     if not isinstance(block, dict):
         raise InvalidDescriptor("an MCP content block is a JSON object")
-    meta = block.get("_meta") if isinstance(block.get("_meta"), dict) else {}
+    meta: dict[str, Any] = block["_meta"] if isinstance(block.get("_meta"), dict) else {}
     carried = meta.get(MCP_KEY)
     if block.get("type") == "resource" and isinstance(block.get("resource"), dict):
         resource = block["resource"]
         data = resource.get("blob")
         if data is None and isinstance(resource.get("text"), str):
             data = base64.b64encode(resource["text"].encode("utf-8")).decode("ascii")
-        name = _name_from_uri(str(resource.get("uri", "")))
+        name = None if isinstance(carried, dict) else _name_from_uri(str(resource.get("uri", "")))
         return _rebuild(data, None, name, resource.get("mimeType"), carried)
     if block.get("type") == "resource_link":
         return _rebuild(None, block.get("uri"), block.get("name"), block.get("mimeType"), carried, block.get("size"))
@@ -117,9 +117,7 @@ def _name_from_uri(uri: str) -> str:
     return unquote(path.rsplit("/", 1)[-1]) if path else ""
 
 
-def _rebuild(
-    data: Any, url: Any, name: Any, media: Any, carried: Any, size: Any = None
-) -> FileContent:
+def _rebuild(data: Any, url: Any, name: Any, media: Any, carried: Any, size: Any = None) -> FileContent:
     if (data is None) == (url is None):
         raise InvalidDescriptor("a file part carries exactly one of inline bytes or a URL")
     if isinstance(carried, dict):  # ours: the descriptor, with the part's own fields put back

@@ -6,7 +6,7 @@ never in the event name); each ``data:`` line is one JSON envelope::
     {"protocol": "aiflowy-chat", "version": "1.1", "domain", "type", "conversation_id",
      "message_id"?, "index"?, "payload", "meta"?}
 
-After an ``error`` event the stream ends. Keep-alives are SSE comments (``: keep-alive``), which clients ignore.
+After an ``error`` event the stream ends. Keep-alives are SSE comment lines (``: keep-alive``), which clients ignore.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ VERSION = "1.1"
 DOMAINS = frozenset({"llm", "tool", "system", "business", "workflow", "interaction", "debug"})
 SSE_EVENTS = ("message", "error", "done")
 MEDIA_TYPE = "text/event-stream"
-KEEP_ALIVE = b": keep-alive\n\n"
+# a comment line with no blank line after it: ignored by every parser, and never dispatched as an empty event
+# (some parsers dispatch a blank-line-terminated block that held only a comment once an id was seen)
+KEEP_ALIVE = b": keep-alive\n"
 
 
 def new_conversation_id() -> str:
@@ -83,11 +85,11 @@ def validate(doc: Any) -> dict[str, Any]:
     return doc
 
 
-def sse_frame(event: str, doc: dict[str, Any], event_id: int | None = None) -> bytes:
-    """One SSE event: ``id``, ``event`` and a single-line ``data`` holding the envelope."""
+def sse_frame(event: str, doc: dict[str, Any], event_id: int | None = None, retry_ms: int | None = None) -> bytes:
+    """One SSE event: ``id``, ``event`` and a single-line ``data`` holding the envelope (``retry`` when given)."""
     if event not in SSE_EVENTS:
         raise ValueError(f"SSE event name must be one of {SSE_EVENTS}")
-    lines = []
+    lines = [f"retry: {retry_ms}"] if retry_ms is not None else []
     if event_id is not None:
         lines.append(f"id: {event_id}")
     lines.append(f"event: {event}")

@@ -17,7 +17,7 @@ import enum
 import hashlib
 import hmac
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from transfer.errors import InsufficientScope, Unauthenticated
@@ -84,11 +84,25 @@ class Authenticator:
         check_scope(key, scope)
         return key
 
-    def authorizer(self, authorization: str | None) -> Callable[[Scope], None]:
-        """Authenticate now; the returned function checks a scope later (when the operation, hence the scope it
+    def authorizer(self, authorization: str | None) -> Grant:
+        """Authenticate now; the returned grant checks a scope later (when the operation, hence the scope it
         needs, is known only after parsing a message)."""
-        key = self.authenticate(authorization)
-        return lambda scope: check_scope(key, scope)
+        return Grant(self.authenticate(authorization))
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What an authenticated caller may do: call it with a scope to check it (InsufficientScope otherwise)."""
+
+    key: ApiKey | None  # None: keys are not configured (or a local caller, e.g. MCP over stdio)
+
+    def __call__(self, scope: Scope) -> None:
+        check_scope(self.key, scope)
+
+    @property
+    def owner(self) -> str | None:
+        """The key's name: what open sessions are counted against."""
+        return None if self.key is None else self.key.name
 
 
 def check_scope(key: ApiKey | None, scope: Scope) -> None:

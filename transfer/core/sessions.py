@@ -82,6 +82,7 @@ class Session:
     description: str | None = None
     file_id: str | None = None  # once completed
     chunk_digests: list[str] = field(default_factory=list)  # xxh3-128 hex per chunk, once completed
+    owner: str | None = None  # the API key that opened it (open-session quota)
 
     @property
     def total_chunks(self) -> int | None:
@@ -158,6 +159,7 @@ class Session:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "owner": self.owner,
             "id": self.id,
             "name": self.name,
             "content_type": self.content_type,

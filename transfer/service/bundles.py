@@ -26,8 +26,6 @@ from transfer.errors import InvalidDescriptor, InvalidRequest, NotFound
 from transfer.service.documents import read_document, write_document
 from transfer.service.files import FileService
 
-MAX_ITEMS = 1000
-
 
 def bundle_key(bundle_id: str) -> str:
     return f"bundles/{bundle_id}.json"
@@ -50,8 +48,9 @@ class BundleService:
         ``{"id"?, "role", "content": <inline Text/JSON/Code object>}``. Returns the bundle id."""
         if not items:
             raise InvalidRequest("a bundle needs at least one item")
-        if len(items) > MAX_ITEMS:
-            raise InvalidRequest(f"a bundle holds at most {MAX_ITEMS} items")
+        limit = self.files.settings.max_bundle_items
+        if len(items) > limit:
+            raise InvalidRequest(f"a bundle holds at most {limit} items", limit=limit)
         stored: list[dict[str, Any]] = []
         for n, item in enumerate(items):
             try:

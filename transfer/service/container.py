@@ -15,6 +15,7 @@ from transfer.service.bundles import BundleService
 from transfer.service.files import FileService
 from transfer.service.imports import ImportService
 from transfer.service.progress import Job, ProgressHub
+from transfer.service.quota import SessionQuota
 from transfer.service.sessions import SessionService, is_session_id
 from transfer.service.tp import TPService
 from transfer.service.tus import TusService
@@ -40,14 +41,15 @@ class Services:
         cls, settings: Settings, storage: Storage | None = None, *, clock: Callable[[], float] = time.time
     ) -> Services:
         files = FileService(storage or make_storage(settings), settings, clock=clock)
-        sessions = SessionService(files.storage, settings, clock=clock)
+        quota = SessionQuota(files.storage, settings.max_open_sessions_per_key)
+        sessions = SessionService(files.storage, settings, clock=clock, quota=quota)
         hub = ProgressHub(max_jobs=settings.max_jobs, retention=settings.job_retention)
         imports = ImportService(files, hub)
         return cls(
             settings=settings,
             files=files,
             sessions=sessions,
-            tus=TusService(files.storage, settings, clock=clock),
+            tus=TusService(files.storage, settings, clock=clock, quota=quota),
             bundles=BundleService(files.storage, files, clock=clock),
             hub=hub,
             imports=imports,

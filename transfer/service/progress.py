@@ -55,6 +55,7 @@ class Job:
     _next_index: int = 0
     _last_progress: float = 0.0
     _last_percent: int = -1
+    _published_bytes: int = -1
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     watchers: int = 0
 
@@ -97,7 +98,7 @@ class Job:
         percent = int(done * 100 / self.total) if self.total else -1
         if not force and now - self._last_progress < PROGRESS_INTERVAL and percent == self._last_percent:
             return
-        self._last_progress, self._last_percent = now, percent
+        self._last_progress, self._last_percent, self._published_bytes = now, percent, done
         data: dict[str, Any] = {"bytes": done, **extra}
         if self.total is not None:
             data["total"] = self.total
@@ -109,7 +110,8 @@ class Job:
             return
         if self.state == "pending":
             self.start()
-        self.advance(self.bytes, force=True)
+        if self._published_bytes != self.bytes:  # the last word on bytes comes before the result
+            self.advance(self.bytes, force=True)
         self.state = "completed"
         self._publish("result", result)
         self._end()

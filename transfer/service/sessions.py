@@ -44,6 +44,7 @@ from transfer.errors import (
     storage_errors_translated,
 )
 from transfer.service.documents import publish_composed, read_document, write_document
+from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord, object_key
 from transfer.settings import Settings
 
@@ -109,10 +110,19 @@ class _PrefixHasher:
 class SessionService:
     """Chunked sessions over one storage backend; completion hands the file to the file layer's records."""
 
-    def __init__(self, storage: Storage, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        settings: Settings,
+        *,
+        clock: Callable[[], float] = time.time,
+        quota: SessionQuota | None = None,
+    ) -> None:
         self.storage = storage
         self.settings = settings
         self.clock = clock
+        self.quota = quota or SessionQuota(storage, settings.max_open_sessions_per_key)
+        self.quota.register(is_session_id, self.is_open)
         self._hashers: dict[str, _PrefixHasher] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._arrivals: dict[str, asyncio.Event] = {}
@@ -151,7 +161,9 @@ class SessionService:
         ttl: int | None,
         role: FileRole | None = None,
         description: str | None = None,
+        owner: str | None = None,
     ) -> Session:
+        """Open a session; ``owner`` (an API key name) counts it against that key's open-session limit."""
         s = self.settings
         if size is not None and size > s.max_upload_size:
             raise TooLarge(f"size exceeds the limit of {s.max_upload_size} bytes", limit=s.max_upload_size)
@@ -173,9 +185,22 @@ class SessionService:
             checksum=None if checksum is None else "sha256:" + checksum_hex(checksum),
             role=role.value if role else None,
             description=description,
+            owner=owner,
         )
-        await self._save(session, new=True)
+        await self.quota.acquire(owner, session.id)
+        try:
+            await self._save(session, new=True)
+        except BaseException:
+            await self.quota.release(owner, session.id)
+            raise
         return session
+
+    async def is_open(self, sid: str) -> bool:
+        try:
+            session = await self.load(sid)
+        except NotFound:
+            return False
+        return session.state_at(self.clock()) is SessionState.OPEN
 
     async def put_chunk(
         self, sid: str, index: int, body: AsyncIterator[bytes], digest: ChunkDigest, declared_length: int | None
@@ -365,6 +390,7 @@ class SessionService:
             await publish_composed(self.storage, record, [chunk_key(sid, i) for i in range(total)])
             done = session.with_changes(state=SessionState.COMPLETED, file_id=file_id, size=size, chunk_digests=digests)
             await self._save(done)
+            await self.quota.release(session.owner, sid)
             self._hashers.pop(sid, None)
             self._arrived(sid)
             self._spawn(self._delete_chunks(sid))
@@ -384,6 +410,7 @@ class SessionService:
             await self._delete_chunks(sid)
             if session.state is SessionState.OPEN:
                 await self._save(session.with_changes(state=state))
+            await self.quota.release(session.owner, sid)
             self._hashers.pop(sid, None)
             self._arrived(sid)
 

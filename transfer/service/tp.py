@@ -31,7 +31,7 @@ from typing import Any
 
 from storage.base import Storage
 from storage.errors import ObjectNotFound, StorageError
-from transfer.core.auth import Scope
+from transfer.core.auth import Grant, Scope
 from transfer.core.content import DownloadMethod, FileContent, TransferMode
 from transfer.core.tp import (
     RESOURCE_TYPES,
@@ -101,9 +101,7 @@ class TPService:
 
     # -- dispatch -----------------------------------------------------------------------------------------------
 
-    async def handle(
-        self, envelope: Envelope, binding: Binding, authorize: Callable[[Scope], None], base_url: str
-    ) -> TPOutcome:
+    async def handle(self, envelope: Envelope, binding: Binding, authorize: Grant, base_url: str) -> TPOutcome:
         """Run one resource message; TransferErrors leave for the binding to render as TPError."""
         kind = envelope.message_type
         if kind not in RESOURCE_TYPES:
@@ -139,9 +137,7 @@ class TPService:
 
     # -- mount ---------------------------------------------------------------------------------------------------
 
-    async def _mount(
-        self, envelope: Envelope, binding: Binding, authorize: Callable[[Scope], None], base_url: str
-    ) -> TPOutcome:
+    async def _mount(self, envelope: Envelope, binding: Binding, authorize: Grant, base_url: str) -> TPOutcome:
         payload = envelope.payload
         ttl = payload.get("ttl")
         if ttl is not None and (not isinstance(ttl, int) or isinstance(ttl, bool) or ttl <= 0):
@@ -170,6 +166,7 @@ class TPService:
                 chunk_size=_opt_int(spec, "chunk_size"),
                 checksum=_opt_str(spec, "checksum"),
                 ttl=ttl,
+                owner=authorize.owner,
             )
             doc = session_document(self.files, session, base_url)
             reply = {"status": "open", "resource_id": session.id, "upload": doc}

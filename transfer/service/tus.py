@@ -40,6 +40,7 @@ from transfer.errors import (
     storage_errors_translated,
 )
 from transfer.service.documents import publish_composed, read_document, write_document
+from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord
 from transfer.settings import Settings
 
@@ -88,6 +89,7 @@ class Upload:
     parts: list[str] = field(default_factory=list)  # final: the partial upload ids, in order
     terminated: bool = False
     file_id: str | None = None
+    owner: str | None = None  # the API key that created it (open-session quota)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,10 +110,19 @@ def _segment_key(uid: str, offset: int) -> str:
 
 
 class TusService:
-    def __init__(self, storage: Storage, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        settings: Settings,
+        *,
+        clock: Callable[[], float] = time.time,
+        quota: SessionQuota | None = None,
+    ) -> None:
         self.storage = storage
         self.settings = settings
         self.clock = clock
+        self.quota = quota or SessionQuota(storage, settings.max_open_sessions_per_key)
+        self.quota.register(is_upload_id, self.is_open)
         self._hashers: dict[str, _Hasher] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -143,7 +154,13 @@ class TusService:
         return sum(size for _, size in await self.segments(uid))
 
     async def create(
-        self, *, length: int | None, metadata: dict[str, str], concat: str = "", parts: list[str] | None = None
+        self,
+        *,
+        length: int | None,
+        metadata: dict[str, str],
+        concat: str = "",
+        parts: list[str] | None = None,
+        owner: str | None = None,
     ) -> Upload:
         if length is not None and length > self.settings.max_upload_size:
             raise TooLarge(f"Upload-Length exceeds Tus-Max-Size {self.settings.max_upload_size}")
@@ -156,6 +173,7 @@ class TusService:
             expires_at=now + self.settings.session_ttl,
             concat=concat,
             parts=parts or [],
+            owner=owner,
         )
         if concat == "final":
             total = 0
@@ -169,10 +187,23 @@ class TusService:
             if total > self.settings.max_upload_size:
                 raise TooLarge("the concatenated upload exceeds Tus-Max-Size")
             upload = replace(upload, length=total)
-        await self._save(upload, new=True)
+        if concat != "final":  # a final upload is finished at once: nothing stays open
+            await self.quota.acquire(owner, upload.id)
+        try:
+            await self._save(upload, new=True)
+        except BaseException:
+            await self.quota.release(owner, upload.id)
+            raise
         if concat == "final":
             upload = await self._finish(upload)
         return upload
+
+    async def is_open(self, uid: str) -> bool:
+        try:
+            upload = await self.load(uid)
+        except (NotFound, Gone):
+            return False
+        return upload.file_id is None
 
     async def append(
         self,
@@ -281,6 +312,7 @@ class TusService:
             await publish_composed(self.storage, record, sources)
             done = replace(upload, file_id=file_id)
             await self._save(done)
+            await self.quota.release(upload.owner, upload.id)
             return done
 
     async def _hash_sources(self, sources: list[str], limit: int | None = None) -> tuple[str, bytes]:
@@ -299,6 +331,7 @@ class TusService:
         upload = await self.load(uid)
         await self._delete_segments(uid)
         await self._save(replace(upload, terminated=True))
+        await self.quota.release(upload.owner, uid)
         self._hashers.pop(uid, None)
 
     async def _delete_segments(self, uid: str) -> None:

@@ -1,0 +1,71 @@
+"""Size limits on control-plane request bodies (JSON: sessions, bundles, imports, TP, JSON-RPC, MCP).
+
+Those bodies are parsed whole, so they are capped before parsing: a ``Content-Length`` over the limit is refused at
+once, and a chunked body is cut off as soon as it passes the limit (413 ``payload_too_large``). Data-plane bodies
+(file uploads, session chunks, tus PATCH) stream to storage and have their own limits.
+"""
+
+from __future__ import annotations
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from transfer.api.responses import AsciiJSONResponse
+from transfer.errors import TooLarge
+
+CONTROL_PREFIXES = ("/v1/bundles", "/v1/imports", "/tp/v1", "/a2a", "/mcp")
+
+
+def _is_control(method: str, path: str) -> bool:
+    if path.startswith(CONTROL_PREFIXES):
+        return True
+    # session create and complete are JSON; chunk PUTs are data
+    return method == "POST" and (
+        path == "/v1/sessions" or (path.startswith("/v1/sessions/") and path.endswith("/complete"))
+    )
+
+
+class _BodyTooLarge(HTTPException):
+    """An HTTPException, so that FastAPI's body parsing lets it through as a 413 (it turns other errors into 400)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body larger than {limit} bytes")
+
+
+class ControlBodyLimit:
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not _is_control(scope["method"], scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        error = TooLarge(f"request body larger than {self.limit} bytes", limit=self.limit)
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await AsciiJSONResponse(error.to_payload(), status_code=413)(scope, receive, send)
+                return
+        received = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise _BodyTooLarge(self.limit)
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _BodyTooLarge:
+            if not started:
+                await AsciiJSONResponse(error.to_payload(), status_code=413)(scope, receive, send)

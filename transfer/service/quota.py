@@ -1,0 +1,75 @@
+"""Open sessions per API key (chunked sessions and tus uploads together), counted through the storage backend so
+that every replica sees the same number.
+
+Each open session leaves a marker ``owners/<key hash>/<session id>``; the count is the number of markers, and only
+when it reaches the limit are the markers checked against their sessions (finished or expired ones are dropped).
+Two replicas racing for the last slot may both win it: the limit is exact to within the number of replicas.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable
+
+from storage.base import Storage
+from storage.errors import ObjectNotFound
+from transfer.errors import TooManySessions, storage_errors_translated
+
+IsOpen = Callable[[str], Awaitable[bool]]
+
+
+def _prefix(owner: str) -> str:
+    return f"owners/{hashlib.sha256(owner.encode('utf-8')).hexdigest()[:32]}/"
+
+
+class SessionQuota:
+    """Shared by the session and tus services: each registers how to tell whether one of its ids is still open."""
+
+    def __init__(self, storage: Storage, limit: int) -> None:
+        self.storage = storage
+        self.limit = limit
+        self._checkers: list[tuple[Callable[[str], bool], IsOpen]] = []
+
+    def register(self, owns: Callable[[str], bool], is_open: IsOpen) -> None:
+        self._checkers.append((owns, is_open))
+
+    async def _is_open(self, session_id: str) -> bool:
+        for owns, is_open in self._checkers:
+            if owns(session_id):
+                return await is_open(session_id)
+        return False
+
+    async def acquire(self, owner: str | None, session_id: str) -> None:
+        """Count ``session_id`` against ``owner`` (None: no key, no limit); TooManySessions at the limit."""
+        if owner is None:
+            return
+        prefix = _prefix(owner)
+        with storage_errors_translated():
+            ids = [info.key[len(prefix) :] async for info in self.storage.list(prefix)]
+            if len(ids) >= self.limit:
+                still_open = 0
+                for sid in ids:
+                    if await self._is_open(sid):
+                        still_open += 1
+                    else:
+                        await self._drop(prefix + sid)
+                if still_open >= self.limit:
+                    raise TooManySessions(
+                        f"this API key has {still_open} open sessions, the limit is {self.limit}; complete or "
+                        "abort one first",
+                        limit=self.limit,
+                        headers={"retry-after": "60"},
+                    )
+            async with self.storage.create(prefix + session_id, size_hint=0, durable=False) as writer:
+                await writer.commit({})
+
+    async def release(self, owner: str | None, session_id: str) -> None:
+        if owner is not None:
+            with storage_errors_translated():
+                await self._drop(_prefix(owner) + session_id)
+
+    async def _drop(self, key: str) -> None:
+        try:
+            await self.storage.delete(key)
+        except ObjectNotFound:
+            pass

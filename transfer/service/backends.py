@@ -33,6 +33,9 @@ def make_storage(settings: Settings) -> Storage:
                 atomic_if_absent=settings.s3_atomic_if_absent,
                 max_object_size=settings.max_upload_size,
                 buffer_size=settings.buffer_size,
+                max_attempts=settings.s3_max_attempts,
+                connect_timeout=settings.s3_connect_timeout,
+                read_timeout=settings.s3_read_timeout,
             )
         )
     if settings.storage == "null":

@@ -1,0 +1,136 @@
+"""The S3 backend behind a fault proxy (in front of the S3 test server): resets, 503 SlowDown and stalls are retried
+where safe; a CompleteMultipartUpload that keeps failing is a clear error. Never a partial or corrupted object, never
+an orphaned multipart upload."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from storage.errors import BackendUnavailable, ObjectNotFound
+from storage.s3 import S3Storage
+from tests.conftest import in_progress_uploads, running, s3_config
+from tests.faultproxy import FaultProxy
+from tests.storage_conformance import put, read_all
+from transfer.settings import Settings
+
+pytestmark = [pytest.mark.anyio, pytest.mark.s3]
+MiB = 1 << 20
+
+
+@pytest.fixture
+def proxy(s3_endpoint: Any) -> Iterator[FaultProxy]:
+    parts = urlsplit(s3_endpoint.url)
+    fault_proxy = FaultProxy((parts.hostname or "127.0.0.1", parts.port or 80), stall_seconds=3.0).start()
+    yield fault_proxy
+    fault_proxy.stop()
+
+
+class _Via:
+    def __init__(self, endpoint: Any, url: str) -> None:
+        self.url, self.access_key, self.secret_key, self.region = (
+            url,
+            endpoint.access_key,
+            endpoint.secret_key,
+            endpoint.region,
+        )
+
+
+@pytest.fixture
+async def storage(s3_endpoint: Any, s3_bucket: str, proxy: FaultProxy) -> AsyncIterator[S3Storage]:
+    config = s3_config(
+        _Via(s3_endpoint, proxy.url),
+        s3_bucket,
+        part_size=5 * MiB,
+        buffer_size=256 << 10,
+        read_timeout=1.0,
+        max_attempts=4,
+    )
+    backend = S3Storage(config)
+    await backend.start()
+    yield backend
+    await backend.close()
+    assert in_progress_uploads(s3_endpoint, s3_bucket) == []  # no orphaned multipart upload, whatever happened
+
+
+async def test_resets_and_slowdowns_are_retried(storage: S3Storage, proxy: FaultProxy) -> None:
+    data = os.urandom(12 * MiB)  # three parts
+    proxy.add("UploadPart", "reset", times=2)
+    proxy.add("UploadPart", "slowdown", times=1)
+    proxy.add("CreateMultipartUpload", "slowdown", times=1)
+    proxy.add("CompleteMultipartUpload", "internal", times=1)
+    await put(storage, "files/retried", data)
+    assert hashlib.sha256(await read_all(storage, "files/retried")).digest() == hashlib.sha256(data).digest()
+    faults = [f for _, f in proxy.log if f != "forwarded"]
+    assert sorted(faults) == ["internal", "reset", "reset", "slowdown", "slowdown"]
+
+    small = os.urandom(100_000)
+    proxy.add("PutObject", "slowdown", times=2)
+    await put(storage, "files/small", small)
+    assert await read_all(storage, "files/small") == small
+
+
+async def test_stalled_reads_time_out_and_are_retried(storage: S3Storage, proxy: FaultProxy) -> None:
+    data = os.urandom(2 * MiB)
+    await put(storage, "files/stall", data)
+    proxy.add("GetObject", "stall", times=1)
+    assert await read_all(storage, "files/stall") == data  # 1 s read timeout, then a retry
+    assert ("GetObject", "stall") in proxy.log
+
+
+async def test_complete_that_keeps_failing_is_a_clear_error(storage: S3Storage, proxy: FaultProxy) -> None:
+    proxy.add("CompleteMultipartUpload", "error200", times=-1)  # S3's "200 OK" with an error inside
+    with pytest.raises(BackendUnavailable):
+        await put(storage, "files/never", os.urandom(11 * MiB))
+    with pytest.raises(ObjectNotFound):
+        await storage.stat("files/never")
+    assert any(op == "AbortMultipartUpload" for op, _ in proxy.log)
+
+
+async def test_an_endpoint_that_never_answers_fails_in_bounded_time(storage: S3Storage, proxy: FaultProxy) -> None:
+    proxy.add("PutObject", "stall", times=-1)
+    with pytest.raises(BackendUnavailable):
+        await put(storage, "files/stuck", os.urandom(1000))
+    with pytest.raises(ObjectNotFound):
+        await storage.stat("files/stuck")
+
+
+async def test_service_answers_503_and_stores_nothing(
+    s3_endpoint: Any, s3_bucket: str, proxy: FaultProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": s3_endpoint.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3_endpoint.secret_key,
+        "AWS_REGION": s3_endpoint.region,
+    }.items():
+        monkeypatch.setenv(k, v)
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        storage="s3",
+        s3_bucket=s3_bucket,
+        s3_endpoint_url=proxy.url,
+        s3_addressing_style="path",
+        s3_atomic_if_absent=False,
+        signing_keys={"t": "0123456789abcdef0123"},
+    )
+    with running(settings) as live:
+        proxy.add("CompleteMultipartUpload", "internal", times=-1)
+        async with httpx.AsyncClient(timeout=60) as http:
+            response = await http.post(f"{live.url}/v1/files", params={"name": "x.bin"}, content=os.urandom(20 * MiB))
+            assert response.status_code == 503
+            assert response.json()["error"]["code"] == "storage_unavailable"
+            assert (await http.get(f"{live.url}/v1/files")).json()["files"] == []
+            proxy.rules.clear()
+            data = os.urandom(9 * MiB)
+            proxy.add("UploadPart", "reset", times=1)
+            ok = await http.post(f"{live.url}/v1/files", params={"name": "y.bin"}, content=data)
+            assert ok.status_code == 201
+            assert (await http.get(ok.json()["url"])).content == data
+    assert in_progress_uploads(s3_endpoint, s3_bucket) == []

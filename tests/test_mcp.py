@@ -81,6 +81,10 @@ async def test_tools_are_listed_with_precise_schemas(mcp_server: tuple[LiveServe
     assert upload["properties"]["encoding"]["enum"] == ["none", "gzip", "deflate", "zstd"]
     assert tools["tp_resource_mount"].input_schema["required"] == ["tp_envelope"]
     assert "ctx" not in tools["resolve"].input_schema["properties"]
+    resolve = tools["resolve"].input_schema
+    assert {"FileContent", "ContentBundle"} <= set(resolve["$defs"])  # the descriptor schema, from the models
+    assert resolve["$defs"]["BundleItemRole"]["enum"] == ["main", "reference", "attachment", "thumbnail"]
+    assert tools["create_bundle"].input_schema["$defs"]["BundleItemInput"]["required"] == ["role"]
 
 
 async def test_upload_file_then_resolve_to_a_path_over_http(mcp_server: tuple[LiveServer, Path]) -> None:
@@ -99,6 +103,8 @@ async def test_upload_file_then_resolve_to_a_path_over_http(mcp_server: tuple[Li
         # outside the root: refused, nothing written
         escape = tool_error(await client.call_tool("upload_file", {"path": "../data/x"}))
         assert escape["code"] == "forbidden"
+        bad = await client.call_tool("resolve", {"descriptor": {"type": "url", "name": "x"}})
+        assert bad.is_error  # rejected by the input schema, before any fetch
         missing = tool_error(await client.call_tool("describe", {"file_id": "f_" + "0" * 32}))
         assert missing["code"] == "not_found" and missing["status"] == 404
 

@@ -28,7 +28,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import CallToolResult, TextContent
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -39,6 +39,7 @@ from transfer.client.resolver import ResolveOptions, Resolver
 from transfer.core.auth import Authenticator, Grant
 from transfer.core.auth import Scope as KeyScope
 from transfer.core.content import (
+    BundleItemRole,
     ContentBundle,
     DownloadMethod,
     FileContent,
@@ -93,6 +94,17 @@ def _tool_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
             return cast(R, result)  # passed through unchanged by the SDK (no output validation for errors)
 
     return wrapper
+
+
+class BundleItemInput(BaseModel):
+    """One bundle item: a stored file (``file_id``) or inline text/JSON/code (``content``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: BundleItemRole
+    id: str | None = Field(default=None, max_length=256)
+    file_id: str | None = Field(default=None, pattern=r"^f_[0-9a-f]{32}$")
+    content: dict[str, Any] | None = Field(default=None, description="a TextContent, JSONContent or CodeContent")
 
 
 class McpBinding:
@@ -289,7 +301,7 @@ class McpBinding:
 
     async def resolve(
         self,
-        descriptor: Annotated[dict[str, Any], Field(description="a Synapse FileContent or ContentBundle (JSON)")],
+        descriptor: Annotated[FileContent | ContentBundle, Field(description="a Synapse FileContent or ContentBundle")],
         path: Annotated[
             str | None, Field(description="where to write (a directory for bundles); omit for small content")
         ] = None,
@@ -299,7 +311,7 @@ class McpBinding:
         """Download, verify (SHA-256, size) and decode content to a local path. Without a path, content within the
         inline threshold comes back in the result (text as text, other bytes as base64)."""
         self.authorize(ctx, KeyScope.READ)
-        parsed = load_descriptor(descriptor)
+        parsed = load_descriptor(descriptor.to_json(), inline_threshold=self.settings.inline_threshold)
         async with self._http() as http:
             resolver = Resolver(http, ResolveOptions(max_decoded_size=self.settings.max_upload_size))
             if isinstance(parsed, ContentBundle):
@@ -340,14 +352,7 @@ class McpBinding:
 
     async def create_bundle(
         self,
-        items: Annotated[
-            list[dict[str, Any]],
-            Field(
-                min_length=1,
-                description='each {"role": main|reference|attachment|thumbnail, "file_id": "f_…"} or '
-                '{"role", "content": a TextContent/JSONContent/CodeContent}, optional "id"',
-            ),
-        ],
+        items: Annotated[list[BundleItemInput], Field(min_length=1)],
         name: str | None = None,
         description: str | None = None,
         ctx: Context | None = None,
@@ -355,7 +360,8 @@ class McpBinding:
         """Group stored files and inline content into a ContentBundle."""
         self.authorize(ctx, KeyScope.UPLOAD)
         bundles = self.services.bundles
-        bundle_id = await bundles.create(items, name=name, description=description)
+        docs = [item.model_dump(exclude_none=True) for item in items]
+        bundle_id = await bundles.create(docs, name=name, description=description)
         return (await bundles.describe(bundle_id, self.base_url(ctx))).to_json()
 
     async def tp(self, message_type: str, tp_envelope: dict[str, Any], ctx: Context | None) -> dict[str, Any]:

@@ -326,15 +326,17 @@ def run(size: int, reps: int, workdir: Path, use_baselines: bool = True) -> dict
 
 
 def memory_profile(sizes: list[int], workdir: Path) -> list[dict[str, int]]:
-    """Peak RSS of a fresh server process after uploading and then downloading (full body) a file of each size:
-    flat peaks prove that no path holds a whole file in memory."""
+    """Peak RSS of a fresh server process after uploading, downloading (full body) and importing (the service
+    fetching its own URL, as for a foreign one) a file of each size: flat peaks prove that no path holds a whole
+    file in memory."""
     rows = []
+    env = {**os.environ, "TRANSFER_FETCH_ALLOW_NETWORKS": '["127.0.0.0/8"]'}
     for size in sizes:
         run_dir = workdir / f"mem{size}"
         run_dir.mkdir()
         src = run_dir / "payload.bin"
         make_file(src, size)
-        with service(run_dir, run_dir / "data") as (url, pid):
+        with service(run_dir, run_dir / "data", env=env) as (url, pid):
             out = run_dir / "d.json"
             subprocess.run(
                 curl_upload(src, f"{url}/v1/files?inline=false", out),
@@ -343,8 +345,19 @@ def memory_profile(sizes: list[int], workdir: Path) -> list[dict[str, int]]:
             after_upload = peak_rss_bytes(pid)
             signed = json.loads(out.read_text())["url"]
             subprocess.run([*pin(1), "curl", "-sSf", "-o", "/dev/null", signed], check=True)
+            after_download = peak_rss_bytes(pid)
+            job = httpx.post(f"{url}/v1/imports", json={"descriptor": json.loads(out.read_text())}).json()["job_id"]
+            while (state := httpx.get(f"{url}/v1/jobs/{job}").json())["state"] in ("pending", "running"):
+                time.sleep(0.2)
+            if state["state"] != "completed":
+                raise RuntimeError(f"import failed: {state}")
             rows.append(
-                {"size": size, "peak_rss_after_upload": after_upload, "peak_rss_after_download": peak_rss_bytes(pid)}
+                {
+                    "size": size,
+                    "peak_rss_after_upload": after_upload,
+                    "peak_rss_after_download": after_download,
+                    "peak_rss_after_import": peak_rss_bytes(pid),
+                }
             )
         shutil.rmtree(run_dir)
     return rows
@@ -352,11 +365,12 @@ def memory_profile(sizes: list[int], workdir: Path) -> list[dict[str, int]]:
 
 def memory_table(rows: list[dict[str, int]]) -> str:
     """Peak RSS of fresh servers per file size (flat = streams, not buffers)."""
-    lines = ["| file size | server peak RSS after upload | after download |", "|---|---|---|"]
+    lines = ["| file size | server peak RSS after upload | after download | after import |", "|---|---|---|---|"]
     for m in rows:
         lines.append(
             f"| {m['size'] >> 20} MiB | {m['peak_rss_after_upload'] / (1 << 20):.0f} MiB | "
-            f"{m['peak_rss_after_download'] / (1 << 20):.0f} MiB |"
+            f"{m['peak_rss_after_download'] / (1 << 20):.0f} MiB | "
+            f"{m.get('peak_rss_after_import', 0) / (1 << 20):.0f} MiB |"
         )
     return "\n".join(lines)
 

@@ -26,6 +26,7 @@ def test_memory_profile_runs(tmp_path: Path) -> None:
 
     rows = memory_profile([1 << 20], tmp_path)
     assert rows[0]["size"] == 1 << 20 and rows[0]["peak_rss_after_download"] >= rows[0]["peak_rss_after_upload"] > 0
+    assert rows[0]["peak_rss_after_import"] >= rows[0]["peak_rss_after_download"]
 
 
 @pytest.mark.s3

@@ -107,7 +107,40 @@ async def test_soak(soak_server: tuple[str, int, Path]) -> None:
             assert r.status_code == 206 and r.content == shared[a : b + 1]
             return b - a + 1
 
-        mix = [small] * 5 + [medium] * 2 + [chunked] + [ranged] * 2
+        async def followed(rng: random.Random) -> int:
+            """An upload whose AIFlowy progress stream is followed at the same time."""
+            data = os.urandom(rng.randint(1 * MiB, 2 * MiB))
+            job_id = f"soak-{rng.getrandbits(64):016x}"
+
+            async def follow() -> list[Any]:
+                return [e async for e in client.follow_job(job_id)]
+
+            reader = asyncio.create_task(follow())
+            await asyncio.sleep(0.05)
+            d = await client.upload(data, job_id=job_id)
+            events = await asyncio.wait_for(reader, 60)
+            assert events[-1].event == "done" and events[-1].envelope["meta"]["bytes"] == len(data)
+            result = next(e for e in events if e.type == "tool_result")
+            assert result.payload["result"]["descriptor"]["checksum"] == d.checksum
+            return len(data)
+
+        async def mounted(rng: random.Random) -> int:
+            """A TP resource_mount (REST binding) of a stored file, then a read through the new descriptor."""
+            envelope = {
+                "tp_version": "1.0.0",
+                "message_id": f"m-{rng.getrandbits(64):016x}",
+                "message_type": "resource_mount",
+                "sender": "fay:soak",
+                "payload": {"resource_id": big.metadata["file_id"]},  # type: ignore[index]
+            }
+            r = await http.post("/tp/v1/resource/mount", json=envelope, headers={"content-type": "application/tp+json"})
+            assert r.status_code == 200, r.text
+            url = r.json()["payload"]["resource"]["url"]
+            r = await http.get(url, headers={"range": "bytes=0-65535"})
+            assert r.status_code == 206 and r.content == shared[:65536]
+            return 65536
+
+        mix = [small] * 5 + [medium] * 2 + [chunked] + [ranged] * 2 + [followed, mounted]
 
         async def worker(n: int) -> None:
             rng = random.Random(n)

@@ -16,8 +16,9 @@ import httpx
 import pytest
 import zstandard
 
-from tests.conftest import Clock, LiveServer
+from tests.conftest import Clock, LiveServer, running
 from tests.test_api_upload import assert_error
+from transfer.settings import Settings
 
 MiB = 1 << 20
 DATA = os.urandom(3 * MiB + 333)
@@ -187,6 +188,22 @@ def test_active_types_are_attachments(http: httpx.Client) -> None:
     r = http.get(d["url"])
     assert r.headers["content-disposition"].startswith("attachment;")
     assert r.headers["x-content-type-options"] == "nosniff"
+
+
+def test_active_types_inline_only_when_configured(tmp_path: Path) -> None:
+    settings = Settings(
+        data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"}, serve_active_types_inline=True
+    )
+    with running(settings) as live, httpx.Client(base_url=live.url) as client:
+        d = client.post(
+            "/v1/files",
+            params={"inline": "false", "name": "x.svg"},
+            content=b"<svg/>",
+            headers={"content-type": "image/svg+xml"},
+        ).json()
+        r = client.get(d["url"])
+        assert r.headers["content-disposition"].startswith("inline;")
+        assert r.headers["x-content-type-options"] == "nosniff"
 
 
 def test_empty_file(http: httpx.Client) -> None:

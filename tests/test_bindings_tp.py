@@ -476,3 +476,21 @@ async def test_prompt_embedding_binding(tp_server: LiveServer) -> None:
         text = "```tp-envelope\n" + json.dumps(secret) + "\n```"
         response = await http.post(f"{live.url}/tp/v1/prompt", content=text, headers={"content-type": "text/plain"})
         assert response.status_code == 403 and response.json()["code"] == "TP-TRA031"
+
+
+async def test_relay_failure_is_tp_tra002(tp_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mailbox that cannot be written (a storage outage we cannot cause for real here): the bridge says so."""
+    from transfer.errors import StorageUnavailable
+
+    async def broken(receiver: Any, raw: bytes) -> None:
+        raise StorageUnavailable("storage backend failed: injected")
+
+    monkeypatch.setattr(tp_server.app.state.services.tp, "deliver", broken)
+    async with httpx.AsyncClient() as http:
+        note = envelope("resource_notify", {"resource_id": "f_x", "event": "available"})
+        response = await http.post(f"{tp_server.url}/tp/v1/resource/notify", json=note, headers=TP_JSON)
+    assert response.status_code == 502
+    body = response.json()
+    assert (
+        body["code"] == "TP-TRA002" and body["retryable"] is True and body["detail"]["cause"] == "storage_unavailable"
+    )

@@ -11,6 +11,7 @@ import os
 import random
 import statistics
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,9 @@ async def test_soak(soak_server: tuple[str, int, Path]) -> None:
                     stats["latency"].append(time.perf_counter() - started)
                     stats["ops"][op.__name__] = stats["ops"].get(op.__name__, 0) + 1
                 except Exception as exc:  # every failure is a finding: collect them all, fail below
-                    stats["errors"].append(f"{op.__name__}: {type(exc).__name__}: {exc}")
+                    where = traceback.extract_tb(exc.__traceback__)
+                    place = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in where[-1:-6:-1])
+                    stats["errors"].append(f"{op.__name__}: {type(exc).__name__}: {exc} at {place}")
 
         await asyncio.gather(*(worker(n) for n in range(CLIENTS)))
         peak = peak_rss_bytes(pid)

@@ -36,6 +36,7 @@ class Settings(BaseSettings):
     s3_max_attempts: int = Field(default=5, ge=1, le=20, description="attempts per S3 call (resets, 503, timeouts)")
     s3_connect_timeout: float = Field(default=5.0, gt=0, description="seconds to connect to the S3 endpoint")
     s3_read_timeout: float = Field(default=60.0, gt=0, description="seconds without a byte from S3 before a retry")
+    http_keep_alive: float = Field(default=75.0, gt=0, description="seconds an idle keep-alive connection stays open")
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     public_url: str | None = Field(
@@ -61,6 +62,10 @@ class Settings(BaseSettings):
     gzip_level: int = Field(default=1, ge=0, le=3, description="python-isal level for gzip/deflate")
     zstd_level: int = Field(default=3, ge=1, le=19)
     compress_on_the_fly: bool = True
+    serve_active_types_inline: bool = Field(
+        default=False,
+        description="serve HTML/SVG/XML inline instead of as attachments (only on a domain of its own)",
+    )
     max_description_length: int = Field(default=1024, ge=0)
     session_chunk_size: int = Field(default=8 << 20, ge=64 << 10, description="default chunk size of sessions")
     session_max_chunk_size: int = Field(default=512 << 20, ge=64 << 10)

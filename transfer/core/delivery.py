@@ -80,6 +80,7 @@ class DeliveryPolicy:
     cache_max_age: int = 0
     compress_on_the_fly: bool = True
     compress_min_length: int = 1024
+    active_inline: bool = False  # serve HTML/SVG/XML inline (only for a domain that serves nothing else)
 
 
 def plan_delivery(
@@ -115,7 +116,8 @@ def plan_delivery(
     if outcome is Outcome.PRECONDITION_FAILED:
         raise PreconditionFailed("a precondition in the request does not hold for this object", etag=etag)
 
-    disposition = "attachment" if essence(rep.content_type) in ACTIVE_TYPES else "inline"
+    active = essence(rep.content_type) in ACTIVE_TYPES and not policy.active_inline
+    disposition = "attachment" if active else "inline"
     common = [
         *validators,
         ("accept-ranges", "bytes"),

@@ -197,7 +197,8 @@ class FileService:
         """A URL the backend serves itself (S3 presigned GET), with our content headers forced onto its response."""
         storage = self.storage
         assert isinstance(storage, SupportsPresign)
-        disposition = "attachment" if essence(record.content_type) in ACTIVE_TYPES else "inline"
+        active = essence(record.content_type) in ACTIVE_TYPES and not self.settings.serve_active_types_inline
+        disposition = "attachment" if active else "inline"
         with storage_errors_translated():
             url = await storage.presign_get(
                 object_key(record.id),
@@ -247,6 +248,7 @@ class FileService:
                 max_ranges=self.settings.max_ranges,
                 cache_max_age=max(0, expires - int(self.clock())),
                 compress_on_the_fly=self.settings.compress_on_the_fly,
+                active_inline=self.settings.serve_active_types_inline,
             )
             plan = plan_delivery(rep, method, headers, policy, boundary=secrets.token_hex(16))
         except (TransferError, StorageError):

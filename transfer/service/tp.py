@@ -42,6 +42,7 @@ from transfer.core.tp import (
     validate_envelope,
 )
 from transfer.errors import (
+    BridgeFailed,
     InvalidEnvelope,
     NotFound,
     TransferError,
@@ -243,7 +244,10 @@ class TPService:
         if envelope.receiver is None and not isinstance(rid, str):
             raise InvalidEnvelope("resource_notify needs a receiver or payload.resource_id to deliver to")
         if envelope.receiver is not None:
-            await self.deliver(envelope.receiver, relayed)
+            try:
+                await self.deliver(envelope.receiver, relayed)
+            except TransferError as exc:  # §9.8: a bridge that cannot pass a message on says so with TP-TRA002
+                raise BridgeFailed(f"could not relay the message: {exc.message}", cause=exc.code) from exc
         if isinstance(rid, str):
             self.publish(f"resource:{rid}", relayed)
         return TPOutcome(202, correlation_id=envelope.message_id)

@@ -107,3 +107,21 @@ async def test_control_bodies_and_bundles_are_capped(tmp_path: Path) -> None:
             items = [{"role": "main", "file_id": fid}] * 3
             response = await http.post("/v1/bundles", json={"items": items})
             assert response.status_code == 400 and "at most 2" in response.json()["error"]["message"]
+
+
+async def test_headers_and_tus_metadata_are_capped(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"}, max_header_size=8192)
+    with running(settings) as live:
+        async with httpx.AsyncClient(base_url=live.url) as http:
+            response = await http.post("/v1/files", content=b"x", headers={"x-big": "a" * 10_000})
+            assert response.status_code == 431 and response.json()["error"]["code"] == "headers_too_large"
+            assert (await http.post("/v1/files", content=b"x", headers={"x-ok": "a" * 1000})).status_code == 201
+            response = await http.post(
+                "/tus/files",
+                headers={
+                    "tus-resumable": "1.0.0",
+                    "upload-length": "1",
+                    "upload-metadata": "filename " + "QUFB" * 1100,
+                },
+            )
+            assert response.status_code == 400 and "Upload-Metadata" in response.json()["error"]["message"]

@@ -23,6 +23,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── ChunkChecksumMismatch      422 chunk_checksum_mismatch
     │   └── SizeMismatch               422 size_mismatch
     ├── TooLarge                       413 payload_too_large
+    │   ├── HeadersTooLarge            431 headers_too_large
     │   └── DecodedSizeLimit           413 decoded_size_limit    (decompression bomb guard)
     ├── Unauthenticated                401 unauthenticated       (no, malformed or unknown API key)
     ├── AccessDenied                   403 access_denied
@@ -177,6 +178,11 @@ class SizeMismatch(IntegrityError):
 class TooLarge(TransferError):
     code = "payload_too_large"
     status = 413
+
+
+class HeadersTooLarge(TooLarge):
+    code = "headers_too_large"
+    status = 431
 
 
 class DecodedSizeLimit(TooLarge):

@@ -36,7 +36,7 @@ class Settings(BaseSettings):
     s3_max_attempts: int = Field(default=5, ge=1, le=20, description="attempts per S3 call (resets, 503, timeouts)")
     s3_connect_timeout: float = Field(default=5.0, gt=0, description="seconds to connect to the S3 endpoint")
     s3_read_timeout: float = Field(default=60.0, gt=0, description="seconds without a byte from S3 before a retry")
-    http_keep_alive: float = Field(default=75.0, gt=0, description="seconds an idle keep-alive connection stays open")
+    http_keep_alive: int = Field(default=75, gt=0, description="seconds an idle keep-alive connection stays open")
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     public_url: str | None = Field(
@@ -80,6 +80,7 @@ class Settings(BaseSettings):
     max_open_sessions_per_key: int = Field(
         default=100, ge=1, description="chunked and tus sessions one API key may have open at once"
     )
+    max_header_size: int = Field(default=64 << 10, ge=4 << 10, description="bytes of request header fields (431)")
     max_bundle_items: int = Field(default=1000, ge=1, le=100_000, description="items in one bundle")
     max_json_body: int = Field(
         default=16 << 20, ge=1 << 10, description="largest JSON request body (descriptors, bundles, JSON-RPC)"

@@ -22,7 +22,7 @@ from storage.errors import StorageError
 from transfer import __version__
 from transfer.api.bundles import add_bundle_routes
 from transfer.api.jobs import add_job_routes
-from transfer.api.limits import ControlBodyLimit
+from transfer.api.limits import ControlBodyLimit, HeaderLimit
 from transfer.api.multipart import file_part_stream, multipart_boundary
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.sessions import add_session_routes
@@ -177,6 +177,7 @@ def create_app(
     add_mcp_endpoint(app, services, auth)
     app.add_middleware(TusMiddleware)
     app.add_middleware(ControlBodyLimit, limit=settings.max_json_body)
+    app.add_middleware(HeaderLimit, limit=settings.max_header_size)
     if settings.cors_allow_origins:
         app.add_middleware(
             CORSMiddleware,

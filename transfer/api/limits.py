@@ -1,4 +1,5 @@
-"""Size limits on control-plane request bodies (JSON: sessions, bundles, imports, TP, JSON-RPC, MCP).
+"""Size limits on request headers, and on control-plane request bodies (JSON: sessions, bundles, imports, TP,
+JSON-RPC, MCP).
 
 Those bodies are parsed whole, so they are capped before parsing: a ``Content-Length`` over the limit is refused at
 once, and a chunked body is cut off as soon as it passes the limit (413 ``payload_too_large``). Data-plane bodies
@@ -11,7 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from transfer.api.responses import AsciiJSONResponse
-from transfer.errors import TooLarge
+from transfer.errors import HeadersTooLarge, TooLarge
 
 CONTROL_PREFIXES = ("/v1/bundles", "/v1/imports", "/tp/v1", "/a2a", "/mcp")
 
@@ -69,3 +70,23 @@ class ControlBodyLimit:
         except _BodyTooLarge:
             if not started:
                 await AsciiJSONResponse(error.to_payload(), status_code=413)(scope, receive, send)
+
+
+class HeaderLimit:
+    """431 when the request's header fields together exceed ``limit`` bytes (the HTTP parser itself has no cap)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            size = sum(len(k) + len(v) + 4 for k, v in scope.get("headers", []))
+            if size > self.limit:
+                error = HeadersTooLarge(f"request header fields exceed {self.limit} bytes", limit=self.limit)
+                if scope["type"] == "http":
+                    await AsciiJSONResponse(error.to_payload(), status_code=431)(scope, receive, send)
+                else:
+                    await send({"type": "websocket.close", "code": 1009, "reason": "headers too large"})
+                return
+        await self.app(scope, receive, send)

@@ -55,11 +55,16 @@ def is_upload_id(value: str) -> bool:
     return value.startswith("t_") and len(value) == 34 and all(c in "0123456789abcdef" for c in value[2:])
 
 
+MAX_METADATA = 4096  # bytes of Upload-Metadata: it is stored with the upload and echoed on every HEAD
+
+
 def parse_metadata(value: str | None) -> dict[str, str]:
     """``Upload-Metadata``: comma-separated ``key base64value`` pairs (value optional); keys unique."""
     out: dict[str, str] = {}
     if not value:
         return out
+    if len(value) > MAX_METADATA:
+        raise InvalidRequest(f"Upload-Metadata is longer than {MAX_METADATA} bytes", limit=MAX_METADATA)
     for pair in value.split(","):
         pair = pair.strip()
         if not pair:

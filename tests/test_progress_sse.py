@@ -255,3 +255,11 @@ async def test_redirect_to_a_refused_address_is_refused(tmp_path: Path) -> None:
                 redirector.shutdown()
                 redirector.server_close()
     assert state["error"]["code"] == "destination_refused" and "127.0.0.1" in state["error"]["message"]
+
+
+async def test_a_job_that_never_starts_ends_with_an_error(tmp_path: Path) -> None:
+    with running(make_settings(tmp_path, sse_heartbeat=0.1, job_retention=0.3)) as live:
+        async with httpx.AsyncClient(timeout=10) as http:
+            events = await read_stream(http, f"{live.url}/v1/jobs/never-started-1/events")
+    assert [e[0] for e in events] == ["error"]
+    assert events[0][2]["payload"]["code"] == "not_found"

@@ -22,6 +22,7 @@ How job events map to envelopes (SSE ``id`` = envelope ``index``; ``message_id``
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
@@ -31,7 +32,7 @@ from pydantic import BaseModel, Field
 
 from transfer.core import aiflowy
 from transfer.core.auth import Scope
-from transfer.errors import InvalidRequest
+from transfer.errors import InvalidRequest, NotFound
 from transfer.service.container import Services
 from transfer.service.progress import Job, ProgressEvent
 
@@ -122,8 +123,18 @@ def add_job_routes(
 
         async def frames() -> AsyncIterator[bytes]:
             retry: int | None = 2000  # sent once, with the first event
+            opened = time.monotonic()
             async for event in job.follow(after, heartbeat=settings.sse_heartbeat):
                 if event is None:
+                    if job.state == "pending" and time.monotonic() - opened > settings.job_retention:
+                        # a job that never started (a mistyped id, an upload that never came): say so and end
+                        gone = NotFound(f"job {job.id!r} did not start within {settings.job_retention:.0f} s")
+                        payload = {"code": gone.code, "message": gone.message, "retryable": False}
+                        doc = aiflowy.envelope(
+                            "system", "error", payload, conversation_id=conversation, message_id=job.id
+                        )
+                        yield aiflowy.sse_frame("error", doc, None, retry)
+                        return
                     yield aiflowy.KEEP_ALIVE
                     continue
                 name, doc = render(event, job, conversation)

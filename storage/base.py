@@ -173,6 +173,15 @@ class SupportsCompose(Protocol):
 
 
 @runtime_checkable
+class SupportsAbandonedUploads(Protocol):
+    """A backend whose unfinished uploads outlive a writer that died (S3 multipart uploads after a SIGKILL)."""
+
+    async def abort_abandoned_uploads(self, older_than: float) -> int:
+        """Abort unfinished uploads started more than ``older_than`` seconds ago; returns how many."""
+        ...
+
+
+@runtime_checkable
 class SupportsPresign(Protocol):
     """Capability PRESIGN: a URL the backend itself serves, valid for ``expires_in`` seconds."""
 

@@ -23,7 +23,7 @@ import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
 
@@ -426,6 +426,33 @@ class S3Storage:
                 pass
             raise
         return await self.stat(key)
+
+    async def abort_abandoned_uploads(self, older_than: float) -> int:
+        """Abort multipart uploads under our prefix started more than ``older_than`` seconds ago: their writer died
+        with its process (SIGKILL, a crash), so nothing will complete or abort them, and their parts cost storage.
+        (AWS's lifecycle rule AbortIncompleteMultipartUpload does the same on the server side.)"""
+        cutoff = datetime.now(UTC) - timedelta(seconds=older_than)
+        kwargs: dict[str, Any] = {"Bucket": self.config.bucket, "Prefix": f"{self.config.prefix}data/"}
+        aborted = 0
+        while True:
+            page = await self.call("listing multipart uploads", self.client.list_multipart_uploads, **kwargs)
+            for upload in page.get("Uploads", []):
+                if upload["Initiated"] < cutoff:
+                    try:
+                        await self.call(
+                            "aborting an abandoned upload",
+                            self.client.abort_multipart_upload,
+                            Bucket=self.config.bucket,
+                            Key=upload["Key"],
+                            UploadId=upload["UploadId"],
+                        )
+                        aborted += 1
+                    except ObjectNotFound:
+                        pass  # completed or aborted meanwhile
+            if not page.get("IsTruncated"):
+                return aborted
+            kwargs["KeyMarker"] = page.get("NextKeyMarker", "")
+            kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker", "")
 
     async def put_meta(self, key: str, record: dict[str, Any]) -> None:
         body = json.dumps(record, ensure_ascii=True).encode("ascii")

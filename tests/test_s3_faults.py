@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
+import socket
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -134,3 +138,62 @@ async def test_service_answers_503_and_stores_nothing(
             assert ok.status_code == 201
             assert (await http.get(ok.json()["url"])).content == data
     assert in_progress_uploads(s3_endpoint, s3_bucket) == []
+
+
+def _send_part_of_an_upload(url: str, declared: int, sent: int) -> None:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(
+            f"POST /v1/files HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+            f"Content-Length: {declared}\r\n\r\n".encode()
+        )
+        block = os.urandom(1 << 20)
+        for _ in range(sent >> 20):
+            s.sendall(block)
+
+
+def _wait(condition: Any, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.1)
+
+
+def test_client_gone_mid_upload_on_s3_leaves_no_multipart_upload(
+    s3_env: dict[str, str], s3_endpoint: Any, s3_bucket: str, tmp_path: Path
+) -> None:
+    settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"})
+    with running(settings) as live:
+        _send_part_of_an_upload(live.url, 40 * MiB, 16 * MiB)  # parts were on their way, then the client vanished
+        _wait(lambda: in_progress_uploads(s3_endpoint, s3_bucket) == [])
+        assert httpx.get(f"{live.url}/v1/files").json()["files"] == []
+
+
+def test_server_killed_mid_upload_leaves_an_upload_the_sweeper_aborts(
+    s3_env: dict[str, str], s3_endpoint: Any, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.conftest import free_port
+    from tests.test_sessions_resume import start_server
+
+    url = f"http://127.0.0.1:{free_port()}"
+    first = start_server(url, tmp_path / "data")
+    try:
+        sender = threading.Thread(target=_send_part_of_an_upload, args=(url, 60 * MiB, 30 * MiB), daemon=True)
+        sender.start()
+        _wait(lambda: in_progress_uploads(s3_endpoint, s3_bucket) != [])
+        first.send_signal(signal.SIGKILL)  # nobody is left to complete or abort it
+        first.wait()
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert in_progress_uploads(s3_endpoint, s3_bucket) != []  # orphaned, for now
+    monkeypatch.setenv("TRANSFER_S3_ABANDONED_UPLOAD_AGE", "0.5")
+    monkeypatch.setenv("TRANSFER_SESSION_GC_INTERVAL", "0.3")
+    second = start_server(url, tmp_path / "data")
+    try:
+        _wait(lambda: in_progress_uploads(s3_endpoint, s3_bucket) == [])
+        assert httpx.get(f"{url}/v1/files").json()["files"] == []  # and nothing half-published
+    finally:
+        second.kill()
+        second.wait()

@@ -36,6 +36,11 @@ class Settings(BaseSettings):
     s3_max_attempts: int = Field(default=5, ge=1, le=20, description="attempts per S3 call (resets, 503, timeouts)")
     s3_connect_timeout: float = Field(default=5.0, gt=0, description="seconds to connect to the S3 endpoint")
     s3_read_timeout: float = Field(default=60.0, gt=0, description="seconds without a byte from S3 before a retry")
+    s3_abandoned_upload_age: float = Field(
+        default=24 * 3600,
+        gt=0,
+        description="seconds after which an unfinished multipart upload is aborted as abandoned",
+    )
     http_keep_alive: int = Field(default=75, gt=0, description="seconds an idle keep-alive connection stays open")
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from storage.base import Storage
+from storage.base import Storage, SupportsAbandonedUploads
 from storage.errors import StorageError
 from transfer import __version__
 from transfer.api.bundles import add_bundle_routes
@@ -35,7 +35,13 @@ from transfer.core.content import DownloadMethod, FileRole, normalize_checksum
 from transfer.core.digests import sha256_from_digest_field
 from transfer.core.encodings import coding_from_http, storage_encoding
 from transfer.core.naming import filename_from_content_disposition
-from transfer.errors import ClientDisconnected, InvalidRequest, TransferError, from_storage_error
+from transfer.errors import (
+    ClientDisconnected,
+    InvalidRequest,
+    TransferError,
+    from_storage_error,
+    storage_errors_translated,
+)
 from transfer.service.container import Services
 from transfer.service.ingest import UploadRequest
 from transfer.service.progress import counted
@@ -107,6 +113,11 @@ def create_app(
             try:
                 await sessions.collect_garbage()
                 await tus.collect_garbage()
+                if isinstance(service.storage, SupportsAbandonedUploads):
+                    with storage_errors_translated():
+                        aborted = await service.storage.abort_abandoned_uploads(settings.s3_abandoned_upload_age)
+                    if aborted:
+                        log.warning("aborted %d abandoned multipart upload(s) (their writers had died)", aborted)
             except TransferError:
                 log.exception("session garbage collection failed; retrying at the next interval")
 

@@ -178,15 +178,7 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
             for envelope in extract_from_prompt(text, cap):
                 related = envelope.message_id
                 outcome = await tp.handle(envelope, Binding.PROMPT_EMBEDDING, authorize, base_url(request))
-                reply = outcome.reply or make_envelope(
-                    envelope.message_type,
-                    {"status": "accepted", "correlation_id": outcome.correlation_id},
-                    sender=settings.tp_identity,
-                    receiver=envelope.sender,
-                    binding=Binding.PROMPT_EMBEDDING,
-                    timestamp=services.files.clock(),
-                    in_reply_to=envelope.message_id,
-                )
+                reply = tp.as_envelope(outcome, envelope, Binding.PROMPT_EMBEDDING)
                 replies.append(embed_in_prompt(reply, settings.tp_identity, primer=False))
         except TransferError as exc:
             return tp_error_response(exc, related)
@@ -415,15 +407,7 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
                         await outbox.put(ack.raw.decode("utf-8"))
                         continue
                     outcome = await tp.handle(envelope, Binding.NATIVE_TP, authorize, base)
-                    reply = outcome.reply or make_envelope(
-                        envelope.message_type,
-                        {"status": "accepted", "correlation_id": outcome.correlation_id},
-                        sender=settings.tp_identity,
-                        receiver=envelope.sender,
-                        binding=Binding.NATIVE_TP,
-                        timestamp=services.files.clock(),
-                        in_reply_to=envelope.message_id,
-                    )
+                    reply = tp.as_envelope(outcome, envelope, Binding.NATIVE_TP)
                     await outbox.put(reply.raw.decode("utf-8"))
                     if outcome.correlation_id and outcome.status == 202 and outcome.correlation_id.startswith("j_"):
                         spawn(follow(outcome.correlation_id, envelope.sender))

@@ -117,6 +117,12 @@ class TPService:
         authorize(Scope.UPLOAD)
         return await self._notify(envelope, binding)
 
+    def as_envelope(self, outcome: TPOutcome, request: Envelope, binding: Binding) -> Envelope:
+        """The outcome as one envelope, for bindings that answer only with envelopes (WebSocket, prompt): the
+        reply, or an acknowledgement carrying the correlation id."""
+        accepted = {"status": "accepted", "correlation_id": outcome.correlation_id}
+        return outcome.reply or self._reply(request, binding, accepted)
+
     def _reply(self, request: Envelope, binding: Binding, payload: dict[str, Any]) -> Envelope:
         return make_envelope(
             request.message_type,

@@ -262,7 +262,7 @@ def test_client_disconnect_mid_upload_leaves_nothing(live_server: LiveServer) ->
         )
         for _ in range(30):
             s.sendall(b"a" * 65536)  # ~2 MiB of the promised 10 MiB, then vanish
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # generous: the suite runs beside other work on two cores
     while live_server.leftovers() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert_nothing_stored(live_server)

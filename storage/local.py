@@ -31,6 +31,8 @@ from aiofiles.threadpool.binary import AsyncFileIO
 from storage.base import Capability, ObjectInfo, ReaderContext, WriterContext, validate_key
 from storage.errors import BackendUnavailable, ObjectExists, ObjectNotFound, StorageError, StorageFull
 
+_cleanups: set[asyncio.Future[None]] = set()  # clean-ups of opens that finished after their caller was cancelled
+
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
@@ -76,8 +78,13 @@ class LocalWriter(WriterContext):
 
     async def _open(self) -> AsyncFileIO:
         if self._file is None:
+            opening = asyncio.ensure_future(aiofiles.open(self._tmp, "xb", buffering=0))
             try:
-                f = await aiofiles.open(self._tmp, "xb", buffering=0)
+                f = await asyncio.shield(opening)
+            except asyncio.CancelledError:
+                # the open goes on in its thread: close and remove what it creates, or both would leak
+                opening.add_done_callback(self._discard_opened)
+                raise
             except OSError as exc:
                 raise _translate(exc, "creating a temp file") from exc
             if self._done:  # aborted while the open was in flight
@@ -86,6 +93,21 @@ class LocalWriter(WriterContext):
                 raise BackendUnavailable("writer was aborted")
             self._file = f
         return self._file
+
+    def _discard_opened(self, opening: asyncio.Future[AsyncFileIO]) -> None:
+        if opening.cancelled() or opening.exception() is not None:
+            return
+
+        async def discard(f: AsyncFileIO) -> None:
+            await f.close()
+            try:
+                await aiofiles.os.remove(self._tmp)
+            except FileNotFoundError:
+                pass
+
+        task = asyncio.ensure_future(discard(opening.result()))
+        _cleanups.add(task)
+        task.add_done_callback(_cleanups.discard)
 
     async def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._done:
@@ -148,8 +170,8 @@ class LocalWriter(WriterContext):
 class LocalReader(ReaderContext):
     """An open file descriptor plus the metadata published with it."""
 
-    def __init__(self, file: AsyncFileIO, info: ObjectInfo, buffer_size: int) -> None:
-        self._file = file
+    def __init__(self, fd: int, info: ObjectInfo, buffer_size: int) -> None:
+        self._fd = fd
         self._info = info
         self._buffer_size = buffer_size
 
@@ -164,7 +186,7 @@ class LocalReader(ReaderContext):
             want = min(self._buffer_size, stop - pos)
             try:
                 # pread: no shared file position, so several ranges of one reader may be read at once
-                chunk = await asyncio.to_thread(os.pread, self._file.fileno(), want, pos)
+                chunk = await asyncio.to_thread(os.pread, self._fd, want, pos)
             except OSError as exc:
                 raise _translate(exc, "reading") from exc
             if not chunk:
@@ -173,7 +195,18 @@ class LocalReader(ReaderContext):
             yield chunk
 
     async def close(self) -> None:
-        await self._file.close()
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)  # closing a regular file's descriptor does not block
+
+
+class _MetadataUnreadable(Exception):
+    pass
+
+
+def _close_opened(opening: asyncio.Future[tuple[int, os.stat_result, dict[str, Any]]]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        os.close(opening.result()[0])
 
 
 class LocalStorage:
@@ -323,23 +356,35 @@ class LocalStorage:
 
     async def open(self, key: str) -> LocalReader:
         path = self.object_path(key)
+
+        def do_open() -> tuple[int, os.stat_result, dict[str, Any]]:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                # re-stat the open descriptor: what we report is what this descriptor will read
+                return fd, os.fstat(fd), self._read_meta(key)
+            except FileNotFoundError:
+                os.close(fd)
+                raise
+            except (OSError, ValueError) as exc:
+                os.close(fd)
+                raise _MetadataUnreadable from exc
+            except BaseException:
+                os.close(fd)
+                raise
+
+        opening = asyncio.get_running_loop().run_in_executor(None, do_open)
         try:
-            f = await aiofiles.open(path, "rb", buffering=0)
+            fd, st, record = await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            opening.add_done_callback(_close_opened)  # the open finishes in its thread: close what it opens
+            raise
         except FileNotFoundError as exc:
             raise ObjectNotFound(key) from exc
+        except _MetadataUnreadable as exc:
+            raise BackendUnavailable(f"unreadable metadata for {key}") from exc.__cause__
         except OSError as exc:
             raise _translate(exc, f"opening {key}") from exc
-        try:
-            # re-stat the open descriptor: what we report is what this descriptor will read
-            st = await asyncio.to_thread(os.fstat, f.fileno())
-            record = await asyncio.to_thread(self._read_meta, key)
-        except FileNotFoundError as exc:
-            await f.close()
-            raise ObjectNotFound(key) from exc
-        except (OSError, ValueError) as exc:
-            await f.close()
-            raise BackendUnavailable(f"unreadable metadata for {key}") from exc
-        return LocalReader(f, self._info(key, record, st), self.buffer_size)
+        return LocalReader(fd, self._info(key, record, st), self.buffer_size)
 
     async def stat(self, key: str) -> ObjectInfo:
         def do_stat() -> ObjectInfo:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
 import os
+import random
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -60,3 +64,36 @@ async def test_published_file_is_the_object(storage: LocalStorage) -> None:
     await put(storage, "files/x", b"payload")
     assert (storage.objects_dir / "files" / "x").read_bytes() == b"payload"
     assert await read_all(storage, "files/x", 3) == b"load"
+
+
+async def test_cancellation_at_any_moment_leaks_nothing(storage: LocalStorage, tmp_path: Path) -> None:
+    """Opens finish in worker threads: a caller cancelled meanwhile (a client gone, a shutdown) must not leave an
+    open descriptor or a temp file behind."""
+    await put(storage, "files/a", os.urandom(1000))
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+
+    async def read_once() -> None:
+        async with await storage.open("files/a") as reader:
+            async for _ in reader.read():
+                pass
+
+    async def write_once(n: int) -> None:
+        async with storage.create(f"files/w{n}") as writer:
+            await writer.write(b"x" * 100)
+            await writer.commit({})
+
+    for n in range(200):
+        for job in (read_once(), write_once(n)):
+            task = asyncio.ensure_future(job)
+            await asyncio.sleep(random.choice([0, 0, 1e-5, 1e-4, 5e-4, 2e-3]))
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    await asyncio.sleep(0.3)  # threads still opening finish, and their clean-ups run
+    gc.collect()
+    assert open_fds() <= before
+    assert list((tmp_path / "store" / "tmp").iterdir()) == []

@@ -494,3 +494,35 @@ async def test_relay_failure_is_tp_tra002(tp_server: LiveServer, monkeypatch: py
     assert (
         body["code"] == "TP-TRA002" and body["retryable"] is True and body["detail"]["cause"] == "storage_unavailable"
     )
+
+
+async def test_mailboxes_are_read_only_by_their_identities(tmp_path: Path) -> None:
+    alice, bob, admin = new_token(), new_token(), new_token()
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        signing_keys={"t": "0123456789abcdef0123"},
+        api_keys={
+            "alice": {"sha256": token_hash(alice), "scopes": ["upload", "read"], "tp_identities": ["fay:alice"]},
+            "bob": {"sha256": token_hash(bob), "scopes": ["upload", "read"], "tp_identities": ["fay:bob"]},
+            "ops": {"sha256": token_hash(admin), "scopes": ["admin"]},
+        },
+    )
+    with running(settings) as live:
+        async with httpx.AsyncClient(base_url=live.url) as http:
+            note = envelope("resource_notify", {"event": "hello"}, sender="fay:bob", receiver="fay:alice")
+            sent = await http.post(
+                "/tp/v1/resource/notify", json=note, headers={**TP_JSON, "authorization": f"Bearer {bob}"}
+            )
+            assert sent.status_code == 202
+            snoop = await http.get(
+                "/tp/v1/messages", params={"receiver": "fay:alice"}, headers={"authorization": f"Bearer {bob}"}
+            )
+            assert snoop.status_code == 403 and snoop.json()["code"] == "forbidden"
+            mine = await http.get(
+                "/tp/v1/messages", params={"receiver": "fay:alice"}, headers={"authorization": f"Bearer {alice}"}
+            )
+            assert [m["message_id"] for m in mine.json()["messages"]] == [note["message_id"]]
+            ops = await http.get(
+                "/tp/v1/messages", params={"receiver": "fay:bob"}, headers={"authorization": f"Bearer {admin}"}
+            )
+            assert ops.status_code == 200 and ops.json() == {"messages": []}

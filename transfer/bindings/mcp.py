@@ -380,8 +380,7 @@ class McpBinding:
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """TP messages waiting for ``receiver`` (oldest first; each is delivered once)."""
-        self.authorize(ctx, KeyScope.READ)
-        return {"messages": await self.services.tp.poll(receiver, limit)}
+        return {"messages": await self.services.tp.poll(receiver, self.grant(ctx), limit)}
 
     def _http(self) -> httpx.AsyncClient:
         if self.http:  # the server fetches on behalf of a remote caller: SSRF-guarded

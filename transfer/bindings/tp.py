@@ -62,7 +62,7 @@ from transfer.errors import (
 )
 from transfer.service.container import Services
 from transfer.service.progress import ProgressEvent
-from transfer.service.tp import TPOutcome, identity_key
+from transfer.service.tp import TPOutcome, identity_key, identity_text
 
 JSON_TYPES = (MEDIA_TYPE, "application/json")
 _REST_PATHS = {path: mtype for mtype, (_, path) in MESSAGE_TYPES.items() if path}
@@ -196,15 +196,17 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
         wait: Annotated[float, Query(ge=0, le=60, description="seconds to wait when nothing is there yet")] = 0,
     ) -> Response:
         try:
-            auth.authorizer(request.headers.get("authorization"))(Scope.READ)
+            grant = auth.authorizer(request.headers.get("authorization"))
+            grant(Scope.READ)
+            grant.require_identity(receiver)
             topic = f"receiver:{identity_key(receiver)}"
             queue = tp.subscribe(topic)  # before the first look, so nothing slips between look and wait
             try:
-                messages = await tp.poll(receiver, limit)
+                messages = await tp.poll(receiver, grant, limit)
                 if not messages and wait > 0:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(queue.get(), timeout=wait)
-                    messages = await tp.poll(receiver, limit)
+                    messages = await tp.poll(receiver, grant, limit)
             finally:
                 tp.unsubscribe(topic, queue)
         except TransferError as exc:
@@ -384,8 +386,11 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
                 envelope = None
                 try:
                     envelope = parse_envelope(message["text"].encode("utf-8"), cap)
-                    if envelope.sender is not None:
-                        listen(f"receiver:{identity_key(envelope.sender)}")
+                    sender = envelope.sender
+                    if sender is not None and (
+                        authorize.key is None or authorize.key.may_receive_as(identity_text(sender))
+                    ):
+                        listen(f"receiver:{identity_key(sender)}")  # messages for this sender come here too
                     subscribe = envelope.payload.get("subscribe")
                     if envelope.message_type == "resource_notify" and subscribe is not None:
                         authorize(Scope.READ)

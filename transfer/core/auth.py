@@ -20,7 +20,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from transfer.errors import InsufficientScope, Unauthenticated
+from transfer.errors import InsufficientScope, Unauthenticated, UploadForbidden
 
 TOKEN_PREFIX = "tk_"
 
@@ -36,9 +36,13 @@ class ApiKey:
     name: str
     sha256: str  # hex of the token's SHA-256
     scopes: frozenset[Scope]
+    tp_identities: frozenset[str] = frozenset()  # TP receivers whose mailbox this key may read
 
     def allows(self, scope: Scope) -> bool:
         return scope in self.scopes or Scope.ADMIN in self.scopes
+
+    def may_receive_as(self, identity: str) -> bool:
+        return Scope.ADMIN in self.scopes or identity in self.tp_identities
 
 
 def new_token() -> str:
@@ -99,6 +103,14 @@ class Grant:
     def __call__(self, scope: Scope) -> None:
         check_scope(self.key, scope)
 
+    def require_identity(self, identity: str) -> None:
+        """Reading TP messages addressed to ``identity`` (a receiver, as its canonical text)."""
+        if self.key is not None and not self.key.may_receive_as(identity):
+            raise UploadForbidden(
+                f"the key {self.key.name!r} may not read messages for {identity[:80]!r} (its tp_identities)",
+                identity=identity[:200],
+            )
+
     @property
     def owner(self) -> str | None:
         """The key's name: what open sessions are counted against."""
@@ -124,5 +136,8 @@ def parse_keys(config: Mapping[str, Mapping[str, object]]) -> dict[str, ApiKey]:
             scopes = frozenset(Scope(str(s)) for s in raw_scopes)
         except ValueError as exc:
             raise ValueError(f"API key {name!r}: scopes are upload, read and admin") from exc
-        keys[name] = ApiKey(name, digest, scopes)
+        identities = spec.get("tp_identities", [])
+        if not isinstance(identities, list | tuple) or not all(isinstance(i, str) and i for i in identities):
+            raise ValueError(f"API key {name!r}: tp_identities must be a list of TP identities (strings)")
+        keys[name] = ApiKey(name, digest, scopes, frozenset(identities))
     return keys

@@ -73,10 +73,14 @@ class TPOutcome:
         return {"correlation_id": self.correlation_id}
 
 
+def identity_text(identity: Any) -> str:
+    """A TP identity (a string, or an object) as one string: itself, or its canonical JSON."""
+    return identity if isinstance(identity, str) else json.dumps(identity, sort_keys=True, separators=(",", ":"))
+
+
 def identity_key(identity: Any) -> str:
     """A stable mailbox / topic name for a sender or receiver (a string or an object)."""
-    text = identity if isinstance(identity, str) else json.dumps(identity, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+    return hashlib.sha256(identity_text(identity).encode("utf-8")).hexdigest()[:32]
 
 
 class TPService:
@@ -271,8 +275,11 @@ class TPService:
                 await writer.commit({"expires": str(int(now) + self.settings.tp_mailbox_ttl)})
         self.publish(f"receiver:{box}", raw)
 
-    async def poll(self, receiver: Any, limit: int = 50) -> list[dict[str, Any]]:
-        """Take up to ``limit`` waiting messages for ``receiver``, oldest first (each delivered once)."""
+    async def poll(self, receiver: Any, grant: Grant, limit: int = 50) -> list[dict[str, Any]]:
+        """Take up to ``limit`` waiting messages for ``receiver``, oldest first (each delivered once); the key must
+        list the receiver among its ``tp_identities`` (or be admin)."""
+        grant(Scope.READ)
+        grant.require_identity(identity_text(receiver))
         prefix = f"{MAILBOX}{identity_key(receiver)}/"
         now = self.clock()
         out: list[dict[str, Any]] = []

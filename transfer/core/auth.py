@@ -103,9 +103,13 @@ class Grant:
     def __call__(self, scope: Scope) -> None:
         check_scope(self.key, scope)
 
+    def may_receive_as(self, identity: str) -> bool:
+        return self.key is None or self.key.may_receive_as(identity)
+
     def require_identity(self, identity: str) -> None:
         """Reading TP messages addressed to ``identity`` (a receiver, as its canonical text)."""
-        if self.key is not None and not self.key.may_receive_as(identity):
+        if not self.may_receive_as(identity):
+            assert self.key is not None
             raise UploadForbidden(
                 f"the key {self.key.name!r} may not read messages for {identity[:80]!r} (its tp_identities)",
                 identity=identity[:200],

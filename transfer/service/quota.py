@@ -9,7 +9,8 @@ Two replicas racing for the last slot may both win it: the limit is exact to wit
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 from storage.base import Storage
 from storage.errors import ObjectNotFound
@@ -62,6 +63,16 @@ class SessionQuota:
                     )
             async with self.storage.create(prefix + session_id, size_hint=0, durable=False) as writer:
                 await writer.commit({})
+
+    @asynccontextmanager
+    async def claim(self, owner: str | None, session_id: str) -> AsyncIterator[None]:
+        """Acquire for the block that records the new session; if that block fails, the slot is given back."""
+        await self.acquire(owner, session_id)
+        try:
+            yield
+        except BaseException:
+            await self.release(owner, session_id)
+            raise
 
     async def release(self, owner: str | None, session_id: str) -> None:
         if owner is not None:

@@ -187,12 +187,8 @@ class SessionService:
             description=description,
             owner=owner,
         )
-        await self.quota.acquire(owner, session.id)
-        try:
+        async with self.quota.claim(owner, session.id):
             await self._save(session, new=True)
-        except BaseException:
-            await self.quota.release(owner, session.id)
-            raise
         return session
 
     async def is_open(self, sid: str) -> bool:

@@ -192,13 +192,9 @@ class TusService:
             if total > self.settings.max_upload_size:
                 raise TooLarge("the concatenated upload exceeds Tus-Max-Size")
             upload = replace(upload, length=total)
-        if concat != "final":  # a final upload is finished at once: nothing stays open
-            await self.quota.acquire(owner, upload.id)
-        try:
+        # a final upload is finished at once: nothing stays open, nothing counts against the key
+        async with self.quota.claim(owner if concat != "final" else None, upload.id):
             await self._save(upload, new=True)
-        except BaseException:
-            await self.quota.release(owner, upload.id)
-            raise
         if concat == "final":
             upload = await self._finish(upload)
         return upload

@@ -21,6 +21,7 @@ from storage.base import Storage, SupportsAbandonedUploads
 from storage.errors import StorageError
 from transfer import __version__
 from transfer.api.bundles import add_bundle_routes
+from transfer.api.caller import caller_of
 from transfer.api.jobs import add_job_routes
 from transfer.api.limits import ControlBodyLimit, HeaderLimit
 from transfer.api.multipart import file_part_stream, multipart_boundary
@@ -99,8 +100,13 @@ def create_app(
         """A route dependency: the request's API key must carry ``scope`` (open when no keys are configured)."""
 
         # a default, not an Annotated string: `bearer` is local to create_app, out of reach of postponed annotations
-        async def check(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:  # noqa: B008
-            auth.require(None if credentials is None else f"Bearer {credentials.credentials}", scope)
+        async def check(
+            request: Request,
+            credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
+        ) -> None:
+            grant = auth.authorizer(None if credentials is None else f"Bearer {credentials.credentials}")
+            grant(scope)
+            request.state.grant = grant  # what the route's operations act as (see caller_of)
 
         return Depends(check)
 
@@ -176,13 +182,9 @@ def create_app(
     def base_url(request: Request) -> str:
         return settings.public_url or str(request.base_url).rstrip("/")
 
-    def owner_of(request: Request) -> str | None:
-        """The name of the request's API key (open sessions are counted per key)."""
-        return auth.authorizer(request.headers.get("authorization")).owner
-
-    add_session_routes(app, sessions, service, base_url, needs, owner_of)
+    add_session_routes(app, sessions, service, base_url, needs)
     add_bundle_routes(app, services.bundles, base_url, needs)
-    add_tus_routes(app, tus, service, base_url, needs, owner_of)
+    add_tus_routes(app, tus, service, base_url, needs)
     add_job_routes(app, services, base_url, needs)
     add_tp_routes(app, services, auth, base_url)
     add_mcp_endpoint(app, services, auth)
@@ -298,6 +300,7 @@ def create_app(
             checksum=declared_checksum,
             expected_size=size,
             store_encoding=storage_encoding(encoding),
+            owner=caller_of(request).owner,
         )
         if content_encoding:
             req.body_encoding = coding_from_http(content_encoding)
@@ -356,7 +359,7 @@ def create_app(
     async def list_files(
         request: Request, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000
     ) -> dict[str, list[dict[str, Any]]]:
-        records = await service.list(limit)
+        records = await service.list(caller_of(request), limit)
         items = [(await service.describe(r, base_url(request), inline=False)).to_json() for r in records]
         return {"files": items}
 
@@ -374,7 +377,7 @@ def create_app(
         ttl: Annotated[int | None, Query(gt=0)] = None,
         inline: bool | None = None,
     ) -> dict[str, Any]:
-        record = await service.record(file_id)
+        record = await service.record(file_id, caller_of(request))
         descriptor = await service.describe(
             record, base_url(request), download_method=download_method, ttl=ttl, inline=inline
         )
@@ -387,8 +390,8 @@ def create_app(
         tags=["files"],
         responses={404: ERROR_SCHEMA},
     )
-    async def delete(file_id: str) -> Response:
-        await service.delete(file_id)
+    async def delete(request: Request, file_id: str) -> Response:
+        await service.delete(file_id, caller_of(request))
         return Response(status_code=204)
 
     download_doc: dict[str, Any] = dict(

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field
 
+from transfer.api.caller import caller_of
 from transfer.core.auth import Scope
 from transfer.service.bundles import BundleService
 
@@ -32,8 +33,9 @@ def add_bundle_routes(
         summary="Create a ContentBundle",
     )
     async def create_bundle(request: Request, body: BundleCreate) -> dict[str, Any]:
-        bundle_id = await bundles.create(body.items, name=body.name, description=body.description)
-        return (await bundles.describe(bundle_id, base_url(request), ttl=body.ttl)).to_json()
+        caller = caller_of(request)
+        bundle_id = await bundles.create(body.items, caller, name=body.name, description=body.description)
+        return (await bundles.describe(bundle_id, base_url(request), caller, ttl=body.ttl)).to_json()
 
     @app.get(
         "/v1/bundles/{bundle_id}",
@@ -42,4 +44,4 @@ def add_bundle_routes(
         summary="A bundle with fresh URLs for its files",
     )
     async def get_bundle(request: Request, bundle_id: str, ttl: int | None = None) -> dict[str, Any]:
-        return (await bundles.describe(bundle_id, base_url(request), ttl=ttl)).to_json()
+        return (await bundles.describe(bundle_id, base_url(request), caller_of(request), ttl=ttl)).to_json()

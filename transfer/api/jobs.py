@@ -30,6 +30,7 @@ from fastapi import FastAPI, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
+from transfer.api.caller import caller_of
 from transfer.core import aiflowy
 from transfer.core.auth import Scope
 from transfer.errors import InvalidRequest, NotFound
@@ -156,7 +157,7 @@ def add_job_routes(
     async def start_import(request: Request, body: ImportRequest) -> dict[str, Any]:
         descriptor = services.imports.parse(body.descriptor, settings.inline_threshold)
         base = base_url(request)
-        job = services.imports.start(descriptor, base, job_id=body.job_id)
+        job = services.imports.start(descriptor, base, caller_of(request), job_id=body.job_id)
         return {
             "job_id": job.id,
             "status_url": f"{base}/v1/jobs/{job.id}",

@@ -21,9 +21,10 @@ from fastapi import FastAPI, Header, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field, field_validator
 
+from transfer.api.caller import caller_of
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.streaming import request_body
-from transfer.core.auth import Scope
+from transfer.core.auth import TRUSTED, Scope
 from transfer.core.content import (
     DownloadMethod,
     FileContent,
@@ -83,7 +84,6 @@ def add_session_routes(
     files: FileService,
     base_url: Callable[[Request], str],
     needs: Callable[[Scope], Any],
-    owner_of: Callable[[Request], str | None] = lambda request: None,
 ) -> None:
     """Mount the session endpoints on ``app``."""
     settings = files.settings
@@ -107,7 +107,7 @@ def add_session_routes(
             ttl=body.ttl,
             role=body.role,
             description=body.description,
-            owner=owner_of(request),
+            owner=caller_of(request).owner,
         )
         return session_document(session, base_url(request))
 
@@ -136,7 +136,9 @@ def add_session_routes(
         else:
             raise InvalidRequest("a chunk needs its checksum: Chunk-Checksum: xxh3-128:<hex> (or sha256:<hex>)")
 
-        receipt = await sessions.put_chunk(sid, index, request_body(request), digest, content_length)
+        receipt = await sessions.put_chunk(
+            sid, index, request_body(request), digest, content_length, caller_of(request)
+        )
         return AsciiJSONResponse(
             {"index": receipt.index, "size": receipt.size, "xxh3": receipt.xxh3, "duplicate": receipt.duplicate},
             status_code=200 if receipt.duplicate else 201,
@@ -145,8 +147,8 @@ def add_session_routes(
     @app.get(
         "/v1/sessions/{sid}", dependencies=read, tags=["sessions"], summary="Session status: stored and missing chunks"
     )
-    async def session_status(sid: str) -> dict[str, Any]:
-        return await sessions.status(sid)
+    async def session_status(request: Request, sid: str) -> dict[str, Any]:
+        return await sessions.status(sid, caller_of(request))
 
     @app.post(
         "/v1/sessions/{sid}/complete",
@@ -156,7 +158,7 @@ def add_session_routes(
     )
     async def complete_session(request: Request, sid: str, body: SessionComplete | None = None) -> dict[str, Any]:
         body = body or SessionComplete()
-        session, record = await sessions.complete(sid, body.size)
+        session, record = await sessions.complete(sid, caller_of(request), body.size)
         if body.mode == "streaming":
             return streaming_descriptor(session, base_url(request), body.ttl, record).to_json()
         descriptor = await files.describe(
@@ -167,8 +169,8 @@ def add_session_routes(
     @app.delete(
         "/v1/sessions/{sid}", dependencies=upload, status_code=204, tags=["sessions"], summary="Abort a session"
     )
-    async def abort_session(sid: str) -> Response:
-        await sessions.abort(sid)
+    async def abort_session(request: Request, sid: str) -> Response:
+        await sessions.abort(sid, caller_of(request))
         return Response(status_code=204)
 
     @app.get(
@@ -178,18 +180,19 @@ def add_session_routes(
         summary="A streaming descriptor for the session",
     )
     async def session_descriptor(request: Request, sid: str, ttl: int | None = None) -> dict[str, Any]:
-        session = await sessions.load(sid)
+        caller = caller_of(request)
+        session = await sessions.load(sid, caller)
         if session.size is None:
             raise SessionIncomplete(
                 "the size of this session is unknown until it completes: no streaming descriptor yet"
             )
-        record = await files.record(session.file_id) if session.file_id else None
+        record = await files.record(session.file_id, caller) if session.file_id else None
         return streaming_descriptor(session, base_url(request), ttl, record).to_json()
 
     @app.get("/v1/sessions/{sid}/chunks", tags=["sessions"], summary="Status through a streaming descriptor's URL")
     async def signed_status(request: Request, sid: str) -> dict[str, Any]:
         files.signer.verify("GET", chunks_path(sid), request.url.query, files.clock())
-        return await sessions.status(sid)
+        return await sessions.status(sid, TRUSTED)  # the signature is the authority
 
     chunk_doc: dict[str, Any] = dict(
         tags=["sessions"],

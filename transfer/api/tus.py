@@ -16,6 +16,7 @@ from fastapi import FastAPI, Header, Request
 from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from transfer.api.caller import caller_of
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.streaming import request_body
 from transfer.core.auth import Scope as AuthScope
@@ -87,7 +88,6 @@ def add_tus_routes(
     files: FileService,
     base_url: Callable[[Request], str],
     needs: Callable[[AuthScope], Any],
-    owner_of: Callable[[Request], str | None] = lambda request: None,
 ) -> None:
     settings = files.settings
     may_upload = [needs(AuthScope.UPLOAD)]
@@ -146,7 +146,7 @@ def add_tus_routes(
             metadata=parse_metadata(upload_metadata),
             concat=concat,
             parts=parts,
-            owner=owner_of(request),
+            caller=caller_of(request),
         )
         headers = {
             "location": f"{base_url(request)}{PREFIX}/{upload.id}",
@@ -154,7 +154,7 @@ def add_tus_routes(
         }
         if (content_type or "").split(";")[0].strip() == OFFSET_TYPE and concat != "final":
             upload, offset = await tus.append(
-                upload.id, 0, request_body(request), checksum=_parse_checksum(upload_checksum)
+                upload.id, 0, request_body(request), caller_of(request), checksum=_parse_checksum(upload_checksum)
             )
             headers["upload-offset"] = str(offset)
         if upload.file_id:
@@ -162,8 +162,8 @@ def add_tus_routes(
         return Response(status_code=201, headers=headers)
 
     @app.head(PREFIX + "/{uid}", dependencies=may_upload, tags=["tus"], summary="tus offset")
-    async def tus_head(uid: str) -> Response:
-        upload = await tus.load(uid)
+    async def tus_head(request: Request, uid: str) -> Response:
+        upload = await tus.load(uid, caller_of(request))
         headers = {"cache-control": "no-store", "upload-expires": http_date(upload.expires_at)}
         headers["upload-offset"] = str(upload.length if upload.concat == "final" else await tus.offset(uid))
         if upload.length is None:
@@ -198,6 +198,7 @@ def add_tus_routes(
             uid,
             offset,
             request_body(request),
+            caller_of(request),
             checksum=_parse_checksum(upload_checksum),
             declare_length=_non_negative(upload_length, "Upload-Length"),
         )
@@ -207,8 +208,8 @@ def add_tus_routes(
         return Response(status_code=204, headers=headers)
 
     @app.delete(PREFIX + "/{uid}", dependencies=may_upload, status_code=204, tags=["tus"], summary="tus termination")
-    async def tus_delete(uid: str) -> Response:
-        await tus.terminate(uid)
+    async def tus_delete(request: Request, uid: str) -> Response:
+        await tus.terminate(uid, caller_of(request))
         return Response(status_code=204)
 
     @app.get(
@@ -218,8 +219,9 @@ def add_tus_routes(
         summary="The FileContent descriptor of a finished tus upload",
     )
     async def tus_descriptor(request: Request, uid: str) -> dict[str, Any]:
-        upload = await tus.load(uid, allow_ended=True)
+        caller = caller_of(request)
+        upload = await tus.load(uid, caller, allow_ended=True)
         if not upload.file_id:
             raise NotFound(f"upload {uid} is not finished yet")
-        record = await files.record(upload.file_id)
+        record = await files.record(upload.file_id, caller)
         return (await files.describe(record, base_url(request), inline=False)).to_json()

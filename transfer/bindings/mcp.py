@@ -16,7 +16,11 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+import os
+import secrets
+import shutil
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from functools import wraps
 from pathlib import Path
 from typing import Annotated, Any, Literal, ParamSpec, TypeVar, cast
@@ -182,9 +186,11 @@ class McpBinding:
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Upload a local file; returns its FileContent descriptor (url mode above the inline threshold)."""
-        self.authorize(ctx, KeyScope.UPLOAD)
+        grant = self.grant(ctx)
+        grant(KeyScope.UPLOAD)
         full = self.path(path, must_exist=True)
         request = UploadRequest(
+            owner=grant.owner,
             name=name or full.name,
             content_type=content_type,
             role=role,
@@ -209,10 +215,12 @@ class McpBinding:
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Store given bytes (at most mcp_max_inline_bytes); returns the FileContent descriptor."""
-        self.authorize(ctx, KeyScope.UPLOAD)
+        grant = self.grant(ctx)
+        grant(KeyScope.UPLOAD)
         raw = _decode(data, data_encoding)
         self._limit(len(raw), "content")
         request = UploadRequest(
+            owner=grant.owner,
             name=name,
             content_type=content_type,
             role=role,
@@ -263,11 +271,12 @@ class McpBinding:
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Store chunk ``index`` (any order; the same bytes again are a no-op)."""
-        self.authorize(ctx, KeyScope.UPLOAD)
+        grant = self.grant(ctx)
+        grant(KeyScope.UPLOAD)
         raw = _decode(data, "base64")
         self._limit(len(raw), "a chunk")
         digest = ChunkDigest.parse(checksum) if checksum else ChunkDigest("xxh3-128", xxhash.xxh3_128_hexdigest(raw))
-        receipt = await self.services.sessions.put_chunk(session_id, index, _one(raw), digest, len(raw))
+        receipt = await self.services.sessions.put_chunk(session_id, index, _one(raw), digest, len(raw), grant)
         return {"index": receipt.index, "size": receipt.size, "xxh3": receipt.xxh3, "duplicate": receipt.duplicate}
 
     async def complete_session(
@@ -277,14 +286,16 @@ class McpBinding:
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Verify and publish the session's content; returns its url-mode FileContent descriptor."""
-        self.authorize(ctx, KeyScope.UPLOAD)
-        _session, record = await self.services.sessions.complete(session_id, size)
+        grant = self.grant(ctx)
+        grant(KeyScope.UPLOAD)
+        _session, record = await self.services.sessions.complete(session_id, grant, size)
         return (await self.services.files.describe(record, self.base_url(ctx), inline=False)).to_json()
 
     async def session_status(self, session_id: str, ctx: Context | None = None) -> dict[str, Any]:
         """Which chunks are stored and which are missing, bytes received, state and expiry."""
-        self.authorize(ctx, KeyScope.READ)
-        return await self.services.sessions.status(session_id)
+        grant = self.grant(ctx)
+        grant(KeyScope.READ)
+        return await self.services.sessions.status(session_id, grant)
 
     async def describe(
         self,
@@ -294,9 +305,10 @@ class McpBinding:
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """A fresh FileContent descriptor (new signed URL) for a stored file."""
-        self.authorize(ctx, KeyScope.READ)
+        grant = self.grant(ctx)
+        grant(KeyScope.READ)
         files = self.services.files
-        record = await files.record(file_id)
+        record = await files.record(file_id, grant)
         return (await files.describe(record, self.base_url(ctx), ttl=ttl, download_method=download_method)).to_json()
 
     async def resolve(
@@ -309,8 +321,12 @@ class McpBinding:
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Download, verify (SHA-256, size) and decode content to a local path. Without a path, content within the
-        inline threshold comes back in the result (text as text, other bytes as base64)."""
-        self.authorize(ctx, KeyScope.READ)
+        inline threshold comes back in the result (text as text, other bytes as base64). Writing to a path needs
+        the upload scope and never replaces an existing file unless ``overwrite`` is true."""
+        grant = self.grant(ctx)
+        grant(KeyScope.READ)
+        if path is not None:
+            grant(KeyScope.UPLOAD)  # it writes to the server's disk
         parsed = load_descriptor(descriptor.to_json(), inline_threshold=self.settings.inline_threshold)
         async with self._http() as http:
             resolver = Resolver(http, ResolveOptions(max_decoded_size=self.settings.max_upload_size))
@@ -318,7 +334,10 @@ class McpBinding:
                 if path is None:
                     raise InvalidRequest("a bundle resolves into a directory: give path")
                 target = self.path(path, must_exist=False)
-                placed = await resolver.bundle_to_dir(parsed, target)
+                target.mkdir(parents=True, exist_ok=True)
+                with _staging(target) as staging:
+                    resolved = await resolver.bundle_to_dir(parsed, staging)
+                    placed = _place_all([(p, target / p.name) for p in resolved], overwrite=overwrite)
                 return {"directory": str(target), "files": [str(p) for p in placed]}
             if path is None:
                 size = parsed.size if isinstance(parsed, FileContent) else None
@@ -341,10 +360,12 @@ class McpBinding:
                         pass
                 return {"content": base64.b64encode(data).decode(), "content_encoding": "base64", "size": len(data)}
             dest = self.path(path, must_exist=False)
-            if dest.exists() and not overwrite:
+            if dest.exists() and not overwrite:  # early answer; _place_all checks again when it places the file
                 raise Conflict(f"{path!r} exists; pass overwrite=true to replace it")
             dest.parent.mkdir(parents=True, exist_ok=True)
-            written = await resolver.to_path(parsed, dest)
+            with _staging(dest.parent) as staging:
+                resolved_file = await resolver.to_path(parsed, staging / dest.name)
+                (written,) = _place_all([(resolved_file, dest)], overwrite=overwrite)
             out: dict[str, Any] = {"path": str(written), "size": written.stat().st_size}
             if isinstance(parsed, FileContent) and parsed.checksum:
                 out["checksum"] = parsed.checksum
@@ -358,11 +379,12 @@ class McpBinding:
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Group stored files and inline content into a ContentBundle."""
-        self.authorize(ctx, KeyScope.UPLOAD)
+        grant = self.grant(ctx)
+        grant(KeyScope.UPLOAD)
         bundles = self.services.bundles
         docs = [item.model_dump(exclude_none=True) for item in items]
-        bundle_id = await bundles.create(docs, name=name, description=description)
-        return (await bundles.describe(bundle_id, self.base_url(ctx))).to_json()
+        bundle_id = await bundles.create(docs, grant, name=name, description=description)
+        return (await bundles.describe(bundle_id, self.base_url(ctx), grant)).to_json()
 
     async def tp(self, message_type: str, tp_envelope: dict[str, Any], ctx: Context | None) -> dict[str, Any]:
         envelope = validate_envelope(tp_envelope)
@@ -500,3 +522,38 @@ def _checksum(value: str | None) -> str | None:
         return normalize_checksum(value)
     except ValueError as exc:
         raise InvalidRequest(f"checksum: {exc}") from None
+
+
+@contextmanager
+def _staging(directory: Path) -> Iterator[Path]:
+    """A private directory beside the destination (same file system, so placing is a link, not a copy); removed
+    with whatever is left in it."""
+    staging = directory / f".transfer-{secrets.token_hex(6)}"
+    staging.mkdir()
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _place_all(moves: list[tuple[Path, Path]], *, overwrite: bool) -> list[Path]:
+    """Move verified files to their destinations. Without ``overwrite`` every destination must be free: checked
+    for all first, then each placed with link(2), which fails rather than replace a file that appeared meanwhile
+    (Conflict; what this call already placed is taken back)."""
+    if not overwrite:
+        taken = [str(dest) for _, dest in moves if dest.exists()]
+        if taken:
+            raise Conflict(f"{', '.join(taken)[:200]} exists; pass overwrite=true to replace", existing=taken[:20])
+    placed: list[Path] = []
+    try:
+        for source, dest in moves:
+            if overwrite:
+                os.replace(source, dest)
+            else:
+                os.link(source, dest)
+            placed.append(dest)
+    except FileExistsError as exc:
+        for dest in placed:
+            dest.unlink(missing_ok=True)
+        raise Conflict(f"{exc.filename} appeared while resolving; nothing was replaced") from None
+    return placed

@@ -106,19 +106,35 @@ class Grant:
     def may_receive_as(self, identity: str) -> bool:
         return self.key is None or self.key.may_receive_as(identity)
 
-    def require_identity(self, identity: str) -> None:
-        """Reading TP messages addressed to ``identity`` (a receiver, as its canonical text)."""
+    def require_identity(self, identity: str, *, speaking: bool = False) -> None:
+        """Reading TP messages addressed to ``identity`` (a receiver), or sending as it (``speaking``: a sender),
+        both as its canonical text: the key must list it in its ``tp_identities`` (admin: any)."""
         if not self.may_receive_as(identity):
             assert self.key is not None
+            act = "send messages as" if speaking else "read messages for"
             raise UploadForbidden(
-                f"the key {self.key.name!r} may not read messages for {identity[:80]!r} (its tp_identities)",
+                f"the key {self.key.name!r} may not {act} {identity[:80]!r} (its tp_identities)",
                 identity=identity[:200],
             )
 
     @property
     def owner(self) -> str | None:
-        """The key's name: what open sessions are counted against."""
+        """The key's name: what the caller creates belongs to it, and open sessions are counted against it."""
         return None if self.key is None else self.key.name
+
+    @property
+    def is_admin(self) -> bool:
+        return self.key is None or Scope.ADMIN in self.key.scopes
+
+    def sees(self, owner: str | None) -> bool:
+        """Whether the caller may see and act on a resource created by ``owner`` (a key name; None: made in open
+        mode). Its own resources, all of them for admin keys and for callers without keys (open mode, local
+        callers such as MCP over stdio)."""
+        return self.is_admin or (self.key is not None and owner == self.key.name)
+
+
+# A caller inside the service itself (sweeps, followers) or holding a signed URL: ownership was settled elsewhere.
+TRUSTED = Grant(None)
 
 
 def check_scope(key: ApiKey | None, scope: Scope) -> None:

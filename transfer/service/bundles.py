@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from storage.base import Storage
+from transfer.core.auth import Grant
 from transfer.core.content import (
     BundleItemRole,
     CodeContent,
@@ -42,10 +43,16 @@ class BundleService:
         self.clock = clock
 
     async def create(
-        self, items: list[dict[str, Any]], *, name: str | None = None, description: str | None = None
+        self,
+        items: list[dict[str, Any]],
+        caller: Grant,
+        *,
+        name: str | None = None,
+        description: str | None = None,
     ) -> str:
-        """Validate and store a bundle. Each item: ``{"id"?, "role", "file_id"}`` for a stored file, or
-        ``{"id"?, "role", "content": <inline Text/JSON/Code object>}``. Returns the bundle id."""
+        """Validate and store a bundle owned by the caller's key. Each item: ``{"id"?, "role", "file_id"}`` for a
+        stored file the caller may see, or ``{"id"?, "role", "content": <inline Text/JSON/Code object>}``.
+        Returns the bundle id."""
         if not items:
             raise InvalidRequest("a bundle needs at least one item")
         limit = self.files.settings.max_bundle_items
@@ -59,7 +66,7 @@ class BundleService:
                 raise InvalidRequest(f"item {n}: role must be one of main, reference, attachment, thumbnail") from None
             entry: dict[str, Any] = {"id": str(item.get("id") or f"item-{n + 1:03d}"), "role": role.value}
             if "file_id" in item:
-                await self.files.record(str(item["file_id"]))  # NotFound if it does not exist
+                await self.files.record(str(item["file_id"]), caller)  # NotFound if missing or not the caller's
                 entry["file_id"] = str(item["file_id"])
             elif "content" in item:
                 content = _inline_content(item["content"], n)
@@ -75,23 +82,27 @@ class BundleService:
             "name": name,
             "description": description,
             "items": stored,
+            "owner": caller.owner,
             "created_at": datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0).isoformat(),
         }
         await write_document(self.storage, bundle_key(bundle_id), doc, if_absent=True)
         return bundle_id
 
-    async def describe(self, bundle_id: str, base_url: str, *, ttl: int | None = None) -> ContentBundle:
-        """The bundle as a ContentBundle: stored files described afresh, ``total_size`` computed."""
+    async def describe(self, bundle_id: str, base_url: str, caller: Grant, *, ttl: int | None = None) -> ContentBundle:
+        """The bundle as a ContentBundle: stored files described afresh, ``total_size`` computed. NotFound unless
+        the caller may see it (its own; any for admin)."""
         if not is_bundle_id(bundle_id):
             raise NotFound(f"no bundle {bundle_id!r}")
         try:
             doc = await read_document(self.storage, bundle_key(bundle_id))
         except NotFound:
             raise NotFound(f"no bundle {bundle_id!r}") from None
+        if not caller.sees(doc.get("owner")):
+            raise NotFound(f"no bundle {bundle_id!r}")
         items = []
         for entry in doc["items"]:
             if "file_id" in entry:
-                record = await self.files.record(entry["file_id"])
+                record = await self.files.record(entry["file_id"], caller)
                 content: Any = await self.files.describe(record, base_url, ttl=ttl)
             else:
                 content = _inline_content(entry["content"], 0)

@@ -18,6 +18,7 @@ import pybase64
 
 from storage.base import Capability, ObjectReader, Storage, SupportsPresign
 from storage.errors import StorageError
+from transfer.core.auth import Grant
 from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode
 from transfer.core.delivery import DeliveryPlan, DeliveryPolicy, Representation, plan_delivery
 from transfer.core.encodings import HTTP_CODINGS, DecodeLimits, make_decoder
@@ -113,24 +114,36 @@ class FileService:
                 now=self._now,
             )
 
-    async def record(self, file_id: str) -> FileRecord:
+    async def record(self, file_id: str, caller: Grant) -> FileRecord:
+        """The record of a file the caller may see (its own; any for admin); NotFound otherwise, whether or not
+        the file exists."""
         if not is_file_id(file_id):
             raise NotFound(f"no file {file_id!r}")
-        with storage_errors_translated():
-            info = await self.storage.stat(object_key(file_id))
-        return FileRecord.from_metadata(info.metadata)
+        try:
+            with storage_errors_translated():
+                info = await self.storage.stat(object_key(file_id))
+        except NotFound:
+            raise NotFound(f"no file {file_id!r}") from None
+        record = FileRecord.from_metadata(info.metadata)
+        if not caller.sees(record.owner):
+            raise NotFound(f"no file {file_id!r}")
+        return record
 
-    async def delete(self, file_id: str) -> None:
+    async def delete(self, file_id: str, caller: Grant) -> None:
         """Delete a file; its signed URLs stop working at once. Deleting a missing file is NotFound."""
-        await self.record(file_id)
+        await self.record(file_id, caller)
         with storage_errors_translated():
             await self.storage.delete(object_key(file_id))
 
-    async def list(self, limit: int = 1000) -> list[FileRecord]:
+    async def list(self, caller: Grant, limit: int = 1000) -> list[FileRecord]:
+        """The files the caller may see (its own; all for admin)."""
         out: list[FileRecord] = []
         with storage_errors_translated():
             async for info in self.storage.list("files/"):
-                out.append(FileRecord.from_metadata(info.metadata))
+                record = FileRecord.from_metadata(info.metadata)
+                if not caller.sees(record.owner):
+                    continue
+                out.append(record)
                 if len(out) >= limit:
                     break
         return out

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pybase64
 
+from transfer.core.auth import Grant
 from transfer.core.content import (
     CodeContent,
     ContentBundle,
@@ -78,18 +79,19 @@ class ImportService:
             )
         return descriptor
 
-    def start(self, descriptor: FileContent, base_url: str, *, job_id: str | None = None) -> Job:
-        """Begin importing in the background; the job reports progress and the new descriptor."""
+    def start(self, descriptor: FileContent, base_url: str, caller: Grant, *, job_id: str | None = None) -> Job:
+        """Begin importing in the background for the caller's key (the job and the file are its own); the job
+        reports progress and the new descriptor."""
         job = self.hub.open(job_id or self.hub.new_id("j"), "import")
         job.start(descriptor.name, descriptor.size)
-        task = asyncio.create_task(self._run(job, descriptor, base_url))
+        task = asyncio.create_task(self._run(job, descriptor, base_url, caller))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return job
 
-    async def _run(self, job: Job, descriptor: FileContent, base_url: str) -> None:
+    async def _run(self, job: Job, descriptor: FileContent, base_url: str, caller: Grant) -> None:
         try:
-            record = await self.fetch_and_store(descriptor, job)
+            record = await self.fetch_and_store(descriptor, caller, job)
             result = await self.files.describe(record, base_url)
             job.succeed({"file_id": record.id, "descriptor": result.to_json()})
         except TransferError as exc:
@@ -98,9 +100,11 @@ class ImportService:
             log.exception("import %s failed", job.id)
             job.fail(TransferError("internal error; see the server log"))
 
-    async def fetch_and_store(self, descriptor: FileContent, job: Job | None = None) -> FileRecord:
-        """Fetch (or decode, for inline) and store; the descriptor's checksum and size are verified."""
+    async def fetch_and_store(self, descriptor: FileContent, caller: Grant, job: Job | None = None) -> FileRecord:
+        """Fetch (or decode, for inline) and store as the caller's file; the descriptor's checksum and size are
+        verified."""
         request = UploadRequest(
+            owner=caller.owner,
             name=descriptor.name,
             content_type=descriptor.content_type,
             role=descriptor.role,

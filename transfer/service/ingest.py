@@ -48,6 +48,7 @@ class UploadRequest:
     checksum: str | None = None  # descriptor format: SHA-256 of the original bytes
     expected_size: int | None = None  # original size the client declares
     store_encoding: ContentEncoding = ContentEncoding.NONE
+    owner: str | None = None  # the API key storing it: the file belongs to that key
 
 
 class _Digests:
@@ -198,6 +199,7 @@ async def ingest(
             created_at=now(),
             role=request.role,
             description=request.description,
+            owner=request.owner,
         )
         await writer.commit(record.to_metadata())
     return record

@@ -44,6 +44,7 @@ class FileRecord:
     created_at: datetime
     role: FileRole | None = None
     description: str | None = None
+    owner: str | None = None  # the API key that stored it (None: stored in open mode); other keys get 404
 
     def to_metadata(self) -> dict[str, str]:
         """ASCII-only string metadata (fits S3 user metadata)."""

@@ -27,6 +27,7 @@ import xxhash
 
 from storage.base import Capability, Storage
 from storage.errors import ObjectExists, StorageError
+from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding, FileRole, checksum_hex
 from transfer.core.naming import sanitize_filename
 from transfer.core.sessions import Session, SessionState, compact_ranges, plan_chunk_size
@@ -133,13 +134,18 @@ class SessionService:
     async def _save(self, session: Session, *, new: bool = False) -> None:
         await write_document(self.storage, session_key(session.id), session.to_json(), if_absent=new)
 
-    async def load(self, sid: str) -> Session:
+    async def load(self, sid: str, caller: Grant) -> Session:
+        """The session, if the caller may see it (its own; any for admin); NotFound otherwise, whether or not it
+        exists. Readers holding a signed chunk URL act as TRUSTED: the signature is their authority."""
         if not is_session_id(sid):
             raise NotFound(f"no session {sid!r}")
         try:
-            return Session.from_json(await read_document(self.storage, session_key(sid)))
+            session = Session.from_json(await read_document(self.storage, session_key(sid)))
         except NotFound:
             raise NotFound(f"no session {sid!r}") from None
+        if not caller.sees(session.owner):
+            raise NotFound(f"no session {sid!r}")
+        return session
 
     def _lock(self, sid: str) -> asyncio.Lock:
         return self._locks.setdefault(sid, asyncio.Lock())
@@ -193,17 +199,23 @@ class SessionService:
 
     async def is_open(self, sid: str) -> bool:
         try:
-            session = await self.load(sid)
+            session = await self.load(sid, TRUSTED)
         except NotFound:
             return False
         return session.state_at(self.clock()) is SessionState.OPEN
 
     async def put_chunk(
-        self, sid: str, index: int, body: AsyncIterator[bytes], digest: ChunkDigest, declared_length: int | None
+        self,
+        sid: str,
+        index: int,
+        body: AsyncIterator[bytes],
+        digest: ChunkDigest,
+        declared_length: int | None,
+        caller: Grant,
     ) -> ChunkReceipt:
         """Store chunk ``index`` if its length and checksum are right. The same bytes again: a no-op; other bytes
         for a stored chunk: ChunkConflict."""
-        session = await self.load(sid)
+        session = await self.load(sid, caller)
         now = self.clock()
         expected = session.expected_length(index)
         limit = session.chunk_size if expected is None else expected
@@ -286,9 +298,9 @@ class SessionService:
                 out[int(info.key[len(prefix) :])] = info.size
         return out
 
-    async def status(self, sid: str) -> dict[str, Any]:
+    async def status(self, sid: str, caller: Grant) -> dict[str, Any]:
         """What is stored, what is missing, and the session's state: enough to resume with no local state."""
-        session = await self.load(sid)
+        session = await self.load(sid, caller)
         state = session.state_at(self.clock())
         stored = (
             {i: 0 for i in range(len(session.chunk_digests))}
@@ -341,10 +353,11 @@ class SessionService:
                 hasher.sha = staged
                 hasher.next_index += 1
 
-    async def complete(self, sid: str, declared_size: int | None = None) -> tuple[Session, FileRecord]:
-        """Verify and publish the whole file; the session becomes COMPLETED with the new file's id."""
+    async def complete(self, sid: str, caller: Grant, declared_size: int | None = None) -> tuple[Session, FileRecord]:
+        """Verify and publish the whole file; the session becomes COMPLETED with the new file's id, which belongs
+        to the session's owner."""
         async with self._lock(sid):
-            session = await self.load(sid)
+            session = await self.load(sid, caller)
             session.require_open(self.clock())
             stored = await self.stored_chunks(sid)
             size, total = session.completion_plan(stored, declared_size)
@@ -382,6 +395,7 @@ class SessionService:
                 created_at=datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0),
                 role=FileRole(session.role) if session.role else None,
                 description=session.description,
+                owner=session.owner,
             )
             await publish_composed(self.storage, record, [chunk_key(sid, i) for i in range(total)])
             done = session.with_changes(state=SessionState.COMPLETED, file_id=file_id, size=size, chunk_digests=digests)
@@ -397,10 +411,10 @@ class SessionService:
             with storage_errors_translated():
                 await self.storage.delete(chunk_key(sid, index))
 
-    async def abort(self, sid: str, *, state: SessionState = SessionState.ABORTED) -> None:
+    async def abort(self, sid: str, caller: Grant, *, state: SessionState = SessionState.ABORTED) -> None:
         """Abort (or expire) a session: its chunks are deleted; completed sessions cannot be aborted."""
         async with self._lock(sid):
-            session = await self.load(sid)
+            session = await self.load(sid, caller)
             if session.state is SessionState.COMPLETED:
                 session.require_open(self.clock())
             await self._delete_chunks(sid)
@@ -421,12 +435,12 @@ class SessionService:
                 sids.add(info.key.split("/")[1])
         for sid in sids:
             try:
-                session = await self.load(sid)
+                session = await self.load(sid, TRUSTED)
             except NotFound:  # chunks without a record: left by a crash between deletes
                 await self._delete_chunks(sid)
                 continue
             if session.state is SessionState.OPEN and session.state_at(now) is SessionState.EXPIRED:
-                await self.abort(sid, state=SessionState.EXPIRED)
+                await self.abort(sid, TRUSTED, state=SessionState.EXPIRED)
                 expired += 1
             elif session.state is not SessionState.OPEN and now >= session.expires_at + self.settings.session_retention:
                 await self._delete_chunks(sid)
@@ -441,7 +455,7 @@ class SessionService:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         while True:
-            session = await self.load(sid)
+            session = await self.load(sid, TRUSTED)  # the caller holds a signed URL for this session's chunks
             session.require_readable(self.clock())
             session.check_index(index)  # after completion the size is known, so this bounds the index too
             if session.state is SessionState.COMPLETED:

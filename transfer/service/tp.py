@@ -117,9 +117,18 @@ class TPService:
             return await self._mount(envelope, binding, authorize, base_url)
         if kind == "resource_unmount":
             authorize(Scope.ADMIN)
-            return await self._unmount(envelope, binding)
+            self._require_sender(envelope, authorize)
+            return await self._unmount(envelope, binding, authorize)
         authorize(Scope.UPLOAD)
+        self._require_sender(envelope, authorize)
         return await self._notify(envelope, binding)
+
+    @staticmethod
+    def _require_sender(envelope: Envelope, authorize: Grant) -> None:
+        """A key speaks only as the identities it owns (its ``tp_identities``; admin: any): 403 otherwise. Checked
+        after the scope, so a key lacking the scope hears about that first."""
+        if envelope.sender is not None:
+            authorize.require_identity(identity_text(envelope.sender), speaking=True)
 
     def as_envelope(self, outcome: TPOutcome, request: Envelope, binding: Binding) -> Envelope:
         """The outcome as one envelope, for bindings that answer only with envelopes (WebSocket, prompt): the
@@ -161,12 +170,14 @@ class TPService:
 
         if "resource_id" in payload:
             authorize(Scope.READ)
+            self._require_sender(envelope, authorize)
             rid = self._resource_id(payload)
-            record = await self.files.record(rid)
+            record = await self.files.record(rid, authorize)  # the caller's own file (any, for admin)
             descriptor = await self.files.describe(record, base_url, download_method=method, ttl=ttl)
             return self._mounted(envelope, binding, rid, descriptor)
         if "upload" in payload:
             authorize(Scope.UPLOAD)
+            self._require_sender(envelope, authorize)
             spec = payload["upload"]
             if not isinstance(spec, dict):
                 raise InvalidEnvelope("payload.upload must be an object")
@@ -186,22 +197,23 @@ class TPService:
             return TPOutcome(200, self._reply(envelope, binding, reply))
         if "resource" in payload:
             authorize(Scope.UPLOAD)
+            self._require_sender(envelope, authorize)
             descriptor = self.imports.parse(payload["resource"], self.settings.inline_threshold)
             own = (descriptor.metadata or {}).get("file_id")
             if descriptor.type is TransferMode.URL and isinstance(own, str) and is_file_id(own):
                 known: FileRecord | None
                 try:
-                    known = await self.files.record(own)
+                    known = await self.files.record(own, authorize)
                 except NotFound:
                     known = None
                 if known is not None and "sha256:" + known.sha256 == descriptor.checksum:
                     fresh = await self.files.describe(known, base_url, download_method=method, ttl=ttl)
                     return self._mounted(envelope, binding, own, fresh)
             if descriptor.type is TransferMode.INLINE:
-                record = await self.imports.fetch_and_store(descriptor)
+                record = await self.imports.fetch_and_store(descriptor, authorize)
                 fresh = await self.files.describe(record, base_url, download_method=method, ttl=ttl)
                 return self._mounted(envelope, binding, record.id, fresh)
-            job = self.imports.start(descriptor, base_url)
+            job = self.imports.start(descriptor, base_url, authorize)
             self._spawn(self._announce_when_done(job, envelope, binding))
             return TPOutcome(202, correlation_id=job.id)
         raise InvalidEnvelope("resource_mount payload needs resource_id, resource or upload")
@@ -238,12 +250,12 @@ class TPService:
 
     # -- unmount -------------------------------------------------------------------------------------------------
 
-    async def _unmount(self, envelope: Envelope, binding: Binding) -> TPOutcome:
+    async def _unmount(self, envelope: Envelope, binding: Binding, authorize: Grant) -> TPOutcome:
         rid = self._resource_id(envelope.payload)
         if is_session_id(rid):
-            await self.sessions.abort(rid)
+            await self.sessions.abort(rid, authorize)
         else:
-            await self.files.delete(rid)
+            await self.files.delete(rid, authorize)
         return TPOutcome(200, self._reply(envelope, binding, {"status": "unmounted", "resource_id": rid}))
 
     # -- notify (relay) ------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Any
 
 from storage.base import Storage
 from storage.errors import ObjectExists, StorageError
+from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding
 from transfer.core.naming import sanitize_filename, sniff_content_type
 from transfer.errors import (
@@ -134,7 +135,9 @@ class TusService:
     async def _save(self, upload: Upload, *, new: bool = False) -> None:
         await write_document(self.storage, _info_key(upload.id), upload.to_json(), if_absent=new)
 
-    async def load(self, uid: str, *, allow_ended: bool = False) -> Upload:
+    async def load(self, uid: str, caller: Grant, *, allow_ended: bool = False) -> Upload:
+        """The upload, if the caller may see it (its own; any for admin); NotFound otherwise, whether or not it
+        exists (tus §3.2.4 allows 404 for an unknown upload)."""
         if not is_upload_id(uid):
             raise NotFound(f"no upload {uid!r}")
         try:
@@ -142,6 +145,8 @@ class TusService:
         except NotFound:
             raise NotFound(f"no upload {uid!r}") from None
         upload = Upload(**doc)
+        if not caller.sees(upload.owner):
+            raise NotFound(f"no upload {uid!r}")
         if not allow_ended and (upload.terminated or self.clock() >= upload.expires_at):
             raise Gone(f"upload {uid} was terminated or has expired")
         return upload
@@ -165,8 +170,11 @@ class TusService:
         metadata: dict[str, str],
         concat: str = "",
         parts: list[str] | None = None,
-        owner: str | None = None,
+        caller: Grant,
     ) -> Upload:
+        """A new upload owned by the caller's key; a final upload (concatenation) may only name the caller's own
+        partial uploads."""
+        owner = caller.owner
         if length is not None and length > self.settings.max_upload_size:
             raise TooLarge(f"Upload-Length exceeds Tus-Max-Size {self.settings.max_upload_size}")
         now = self.clock()
@@ -183,7 +191,7 @@ class TusService:
         if concat == "final":
             total = 0
             for pid in upload.parts:
-                part = await self.load(pid)
+                part = await self.load(pid, caller)
                 if part.concat != "partial":
                     raise InvalidRequest(f"{pid} is not a partial upload")
                 if part.length is None or await self.offset(pid) != part.length:
@@ -201,7 +209,7 @@ class TusService:
 
     async def is_open(self, uid: str) -> bool:
         try:
-            upload = await self.load(uid)
+            upload = await self.load(uid, TRUSTED)
         except (NotFound, Gone):
             return False
         return upload.file_id is None
@@ -211,12 +219,13 @@ class TusService:
         uid: str,
         offset: int,
         body: AsyncIterator[bytes],
+        caller: Grant,
         *,
         checksum: tuple[str, bytes] | None = None,
         declare_length: int | None = None,
     ) -> tuple[Upload, int]:
         """Apply a PATCH at ``offset``; returns the upload and its new offset (RFC: 409 on a wrong offset)."""
-        upload = await self.load(uid)
+        upload = await self.load(uid, caller)
         if upload.concat == "final":
             raise UploadForbidden("a final upload cannot be patched")
         if declare_length is not None:
@@ -309,6 +318,7 @@ class TusService:
                 encoded_size=upload.length or 0,
                 encoded_sha256=sha_hex,
                 created_at=datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0),
+                owner=upload.owner,
             )
             await publish_composed(self.storage, record, sources)
             done = replace(upload, file_id=file_id)
@@ -328,8 +338,8 @@ class TusService:
                             head += piece[: 4096 - len(head)]
         return sha.hexdigest(), bytes(head)
 
-    async def terminate(self, uid: str) -> None:
-        upload = await self.load(uid)
+    async def terminate(self, uid: str, caller: Grant) -> None:
+        upload = await self.load(uid, caller)
         await self._delete_segments(uid)
         await self._save(replace(upload, terminated=True))
         await self.quota.release(upload.owner, uid)
@@ -350,7 +360,7 @@ class TusService:
                 uids.add(info.key.split("/")[1])
         for uid in uids:
             try:
-                upload = await self.load(uid, allow_ended=True)
+                upload = await self.load(uid, TRUSTED, allow_ended=True)
             except NotFound:
                 await self._delete_segments(uid)
                 continue

@@ -35,6 +35,7 @@ from transfer.core.content import DownloadMethod, FileRole, normalize_checksum
 from transfer.core.digests import sha256_from_digest_field
 from transfer.core.encodings import coding_from_http, storage_encoding
 from transfer.core.naming import filename_from_content_disposition
+from transfer.core.numerals import parse_count
 from transfer.errors import (
     ClientDisconnected,
     InvalidRequest,
@@ -310,9 +311,7 @@ def create_app(
                     req.body_sha256 = sha
         length = request.headers.get("content-length")
         if length is not None:
-            if not length.isdigit():
-                raise InvalidRequest("malformed Content-Length")
-            req.declared_length = int(length)
+            req.declared_length = parse_count(length, "Content-Length")
         raw_type = request.headers.get("content-type", "")
         boundary = multipart_boundary(raw_type) if raw_type else None
         stream = request_body(request)

@@ -29,9 +29,10 @@ from transfer.core.content import (
     FileContent,
     FileRole,
     normalize_checksum,
-    validate_media_type,
 )
 from transfer.core.digests import sha256_from_digest_field
+from transfer.core.mime import validate_media_type
+from transfer.core.numerals import decimal
 from transfer.errors import InvalidRequest, SessionIncomplete
 from transfer.service import session_views
 from transfer.service.files import FileService
@@ -72,8 +73,11 @@ def parse_prefer_wait(value: str | None, default: float, maximum: float) -> floa
     if value:
         for pref in value.split(","):
             name, _, arg = pref.strip().partition("=")
-            if name.strip().lower() == "wait" and arg.strip().isdigit():
-                return min(float(arg.strip()), maximum)
+            # delta-seconds is 1*DIGIT (RFC 9111 §1.2.2); a value that is not is ignored, as any preference the
+            # server does not understand (RFC 7240 §2)
+            seconds = decimal(arg.strip().strip('"'), max_digits=9)
+            if name.strip().lower() == "wait" and seconds is not None:
+                return min(float(seconds), maximum)
     return default
 
 

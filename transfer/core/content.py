@@ -36,6 +36,7 @@ from pydantic import (
     model_validator,
 )
 
+from transfer.core.mime import validate_media_type
 from transfer.errors import InvalidDescriptor
 
 INLINE_THRESHOLD: Final = 1 << 20  # 1 MiB (1,048,576 bytes), seed 000 §1.1
@@ -76,16 +77,6 @@ class DownloadMethod(enum.StrEnum):
     GET = "GET"
     POST = "POST"
     SIGNED_URL = "signed_url"
-
-
-_MEDIA_TYPE_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+/[!#$%&'*+.^_`|~0-9A-Za-z-]+(\s*;.*)?$")
-
-
-def validate_media_type(value: str) -> str:
-    """``type/subtype`` with optional parameters (RFC 9110 §8.3.1), printable ASCII; ValueError otherwise."""
-    if len(value) > 255 or not value.isascii() or not value.isprintable() or not _MEDIA_TYPE_RE.match(value):
-        raise ValueError("content_type must be a MIME type such as 'text/plain'")
-    return value
 
 
 def normalize_checksum(value: str) -> str:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Final
+
+from transfer.errors import InvalidRequest
 
 # Text (6)
 MIME_TEXT_PLAIN: Final = "text/plain"
@@ -79,6 +82,38 @@ ACTIVE_TYPES: Final = frozenset(
         "application/ecmascript",
     }
 )
+
+
+MAX_MEDIA_TYPE_LENGTH: Final = 255
+
+# RFC 9110 §8.3.1 media-type = type "/" subtype parameters; parameters = *( OWS ";" OWS [ parameter ] );
+# parameter = parameter-name "=" ( token / quoted-string ) (§5.6.2 token, §5.6.4 quoted-string). A strict subset:
+# OWS is spaces only and quoted strings hold printable ASCII only (no HTAB, no obs-text), so a valid value carries no
+# control character at all and is safe in any header field, JSON document or S3 metadata value.
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_QUOTED = r'"(?:[ !#-\[\]-~]|\\[ -~])*"'
+_MEDIA_TYPE_RE: Final = re.compile(rf"{_TOKEN}/{_TOKEN}(?: *; *(?:{_TOKEN}=(?:{_TOKEN}|{_QUOTED}))?)*")
+
+
+def validate_media_type(value: str) -> str:
+    """``value`` unchanged when it is a media type by RFC 9110 §8.3.1 of at most 255 characters without control
+    characters (e.g. ``text/plain; charset=utf-8``); ValueError otherwise."""
+    if not is_media_type(value):
+        raise ValueError("content_type must be a MIME type such as 'text/plain' (RFC 9110 §8.3.1, at most 255 chars)")
+    return value
+
+
+def is_media_type(value: str) -> bool:
+    """Whether :func:`validate_media_type` accepts ``value``."""
+    return len(value) <= MAX_MEDIA_TYPE_LENGTH and _MEDIA_TYPE_RE.fullmatch(value) is not None
+
+
+def require_media_type(value: str, field: str = "content_type") -> str:
+    """:func:`validate_media_type` for a service operation: InvalidRequest (400) naming ``field``."""
+    try:
+        return validate_media_type(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"{field} {value[:60]!r}: {exc}", field=field) from None
 
 
 def essence(content_type: str) -> str:

@@ -7,6 +7,7 @@ Storage errors are translated here with the one table of ``transfer.errors``.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -21,7 +22,7 @@ from storage.errors import StorageError
 from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode
 from transfer.core.delivery import DeliveryPlan, DeliveryPolicy, Representation, plan_delivery
 from transfer.core.encodings import HTTP_CODINGS, DecodeLimits, make_decoder
-from transfer.core.mime import ACTIVE_TYPES, essence, is_compressible
+from transfer.core.mime import ACTIVE_TYPES, essence, is_compressible, is_media_type
 from transfer.core.naming import content_disposition
 from transfer.core.signing import UrlSigner
 from transfer.errors import (
@@ -36,6 +37,8 @@ from transfer.service.backends import load_signing_keys
 from transfer.service.ingest import UploadRequest, ingest
 from transfer.service.records import FileRecord, is_file_id, new_file_id, object_key
 from transfer.settings import MAX_URL_TTL, Settings
+
+log = logging.getLogger("transfer.files")
 
 CONTENT_PATH = "/v1/files/{file_id}/content"
 
@@ -127,10 +130,21 @@ class FileService:
             await self.storage.delete(object_key(file_id))
 
     async def list(self, limit: int = 1000) -> list[FileRecord]:
+        """Up to ``limit`` stored files. An object whose record cannot be read or would not make a valid descriptor
+        (written by an older version, or by hand) is skipped with a log line: one bad record must not take the
+        listing down for everyone."""
         out: list[FileRecord] = []
         with storage_errors_translated():
             async for info in self.storage.list("files/"):
-                out.append(FileRecord.from_metadata(info.metadata))
+                try:
+                    record = FileRecord.from_metadata(info.metadata)
+                except StorageUnavailable:
+                    log.warning("listing skips %s: it has no readable file record", info.key)
+                    continue
+                if not is_media_type(record.content_type):
+                    log.warning("listing skips %s: its stored media type is not valid", info.key)
+                    continue
+                out.append(record)
                 if len(out) >= limit:
                     break
         return out

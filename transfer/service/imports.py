@@ -27,6 +27,7 @@ from transfer.core.content import (
     TransferMode,
     load_descriptor,
 )
+from transfer.core.numerals import decimal
 from transfer.errors import (
     InvalidDescriptor,
     RemoteError,
@@ -125,7 +126,7 @@ class ImportService:
                     await response.aread()
                     raise _upstream_error(response)
                 length = response.headers.get("content-length")
-                if length and length.isdigit() and int(length) > max_size:
+                if length and (decimal(length.strip()) or 0) > max_size:
                     raise TooLarge(f"the resource is {length} bytes; the limit is {max_size}", limit=max_size)
                 if response.headers.get("content-encoding", "identity").lower() not in ("identity", ""):
                     got = response.headers["content-encoding"]

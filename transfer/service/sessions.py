@@ -28,6 +28,7 @@ import xxhash
 from storage.base import Capability, Storage
 from storage.errors import ObjectExists, StorageError
 from transfer.core.content import ContentEncoding, FileRole, checksum_hex
+from transfer.core.mime import require_media_type
 from transfer.core.naming import sanitize_filename
 from transfer.core.sessions import Session, SessionState, compact_ranges, plan_chunk_size
 from transfer.errors import (
@@ -165,6 +166,8 @@ class SessionService:
     ) -> Session:
         """Open a session; ``owner`` (an API key name) counts it against that key's open-session limit."""
         s = self.settings
+        if content_type is not None:
+            require_media_type(content_type)  # every front door: REST, TP, MCP
         if size is not None and size > s.max_upload_size:
             raise TooLarge(f"size exceeds the limit of {s.max_upload_size} bytes", limit=s.max_upload_size)
         cs = plan_chunk_size(

@@ -22,6 +22,7 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final, Self
 
+import httpx
 from pydantic import (
     AwareDatetime,
     BaseModel,
@@ -204,6 +205,13 @@ class FileContent(ContentBase):
     def _absolute_url(cls, v: str | None) -> str | None:
         if v is not None and not re.match(r"^https?://[^\s/?#]+[^\s]*$", v, re.IGNORECASE):
             raise ValueError("must be an absolute http(s) URL")
+        if v is not None:
+            # parsed here by the parser that fetches it, so a URL it cannot parse (an ambiguous IPv4 form such as
+            # http://0177.0.0.1/, a bad port) is an invalid descriptor, not a failure halfway through a fetch
+            try:
+                httpx.URL(v)
+            except httpx.InvalidURL as exc:
+                raise ValueError(f"must be an absolute http(s) URL ({exc})") from None
         return v
 
     @model_validator(mode="after")

@@ -136,6 +136,8 @@ class ImportService:
                 if job is not None:
                     body = counted(body, job)
                 return await self.files.upload(body, request)
+        except httpx.InvalidURL as exc:  # a redirect, or a URL built without the descriptor's validation
+            raise InvalidDescriptor(f"the resource's URL cannot be fetched: {exc}") from None
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout(f"fetching {descriptor.name!r} timed out ({type(exc).__name__})") from None
         except httpx.TooManyRedirects:

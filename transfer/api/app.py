@@ -416,7 +416,13 @@ def create_app(
         kid: Annotated[str, Query(description="signing key id (signed)")] = "",
         sig: Annotated[str, Query(description="HMAC-SHA256 signature")] = "",
     ) -> Response:
-        download = await service.open_download(file_id, request.method, request.url.query, combined_headers(request))
+        download = await service.open_download(
+            file_id,
+            request.method,
+            request.url.query,
+            combined_headers(request),
+            raw_path=request.scope.get("raw_path"),
+        )
         return DownloadResponse(download, settings.gzip_level, settings.zstd_level)
 
     return app

@@ -30,9 +30,11 @@ from transfer.core.content import (
     FileRole,
     normalize_checksum,
 )
+from transfer.core.delivery import CONTENT_SAFETY_HEADERS
 from transfer.core.digests import sha256_from_digest_field
 from transfer.core.mime import validate_media_type
 from transfer.core.numerals import decimal
+from transfer.core.signing import require_signed_path
 from transfer.errors import InvalidRequest, SessionIncomplete
 from transfer.service import session_views
 from transfer.service.files import FileService
@@ -192,6 +194,7 @@ def add_session_routes(
 
     @app.get("/v1/sessions/{sid}/chunks", tags=["sessions"], summary="Status through a streaming descriptor's URL")
     async def signed_status(request: Request, sid: str) -> dict[str, Any]:
+        require_signed_path(request.scope.get("raw_path"), (chunks_path(sid),))
         files.signer.verify("GET", chunks_path(sid), request.url.query, files.clock())
         return await sessions.status(sid)
 
@@ -206,6 +209,8 @@ def add_session_routes(
     async def get_chunk(
         request: Request, sid: str, index: int, prefer: Annotated[str | None, Header()] = None
     ) -> Response:
+        # the signature covers the chunks path; a chunk's path is that path and the index, written canonically
+        require_signed_path(request.scope.get("raw_path"), (f"{chunks_path(sid)}/{index}",))
         files.signer.verify(request.method, chunks_path(sid), request.url.query, files.clock())
         wait = parse_prefer_wait(prefer, settings.live_read_timeout, max(settings.live_read_timeout, 300))
         _session, stream, length, xxh3 = await sessions.open_chunk(sid, index, wait)
@@ -213,7 +218,7 @@ def add_session_routes(
             "content-length": str(length),
             "chunk-checksum": f"xxh3-128:{xxh3}",
             "cache-control": "private, max-age=0",
-            "x-content-type-options": "nosniff",
+            **dict(CONTENT_SAFETY_HEADERS),
         }
         if request.method == "HEAD":
             await stream.aclose()  # type: ignore[attr-defined]

@@ -69,19 +69,53 @@ VIDEO_TYPES: Final = (MIME_VIDEO_MP4, MIME_VIDEO_WEBM, MIME_VIDEO_AVI, MIME_VIDE
 AUDIO_TYPES: Final = (MIME_AUDIO_MP3, MIME_AUDIO_WAV, MIME_AUDIO_AAC, MIME_AUDIO_OGG, MIME_AUDIO_FLAC, MIME_AUDIO_WEBM)
 ALL_TYPES: Final = TEXT_TYPES + APPLICATION_TYPES + IMAGE_TYPES + VIDEO_TYPES + AUDIO_TYPES
 
-# Types a browser would execute or render as a document: served as attachments (issue: safe serving).
-ACTIVE_TYPES: Final = frozenset(
+# Types a browser may execute or render as an active document: served as attachments (issue: safe serving). The
+# WHATWG MIME Sniffing Standard's "scriptable MIME types" (§4.6: HTML, any XML type, PDF), its JavaScript MIME type
+# essences (§4.6), and the other types browsers have run script from: XSLT, HTML components, Flash, mixed-replace.
+JAVASCRIPT_TYPES: Final = frozenset(
+    {
+        "application/ecmascript",
+        "application/javascript",
+        "application/x-ecmascript",
+        "application/x-javascript",
+        "text/ecmascript",
+        "text/javascript",
+        "text/javascript1.0",
+        "text/javascript1.1",
+        "text/javascript1.2",
+        "text/javascript1.3",
+        "text/javascript1.4",
+        "text/javascript1.5",
+        "text/jscript",
+        "text/livescript",
+        "text/x-ecmascript",
+        "text/x-javascript",
+    }
+)
+ACTIVE_TYPES: Final = JAVASCRIPT_TYPES | frozenset(
     {
         MIME_TEXT_HTML,
         MIME_TEXT_XML,
         MIME_XML,
         MIME_IMAGE_SVG,
+        MIME_PDF,
         "application/xhtml+xml",
-        "text/javascript",
-        "application/javascript",
-        "application/ecmascript",
+        "application/xslt+xml",
+        "text/xsl",
+        "text/x-component",
+        "application/x-shockwave-flash",
+        "multipart/x-mixed-replace",
     }
 )
+
+
+def is_active_type(content_type: str) -> bool:
+    """True when a browser could run script from or render as a document content of this type: the types above,
+    every ``+xml`` type (WHATWG: an XML MIME type), and anything that is not a valid media type at all."""
+    if not is_media_type(content_type):
+        return True
+    t = essence(content_type)
+    return t in ACTIVE_TYPES or t.endswith("+xml")
 
 
 MAX_MEDIA_TYPE_LENGTH: Final = 255

@@ -22,9 +22,9 @@ from storage.errors import StorageError
 from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode
 from transfer.core.delivery import DeliveryPlan, DeliveryPolicy, Representation, plan_delivery
 from transfer.core.encodings import HTTP_CODINGS, DecodeLimits, make_decoder
-from transfer.core.mime import ACTIVE_TYPES, essence, is_compressible, is_media_type
+from transfer.core.mime import is_active_type, is_compressible, is_media_type
 from transfer.core.naming import content_disposition
-from transfer.core.signing import UrlSigner
+from transfer.core.signing import UrlSigner, require_signed_path
 from transfer.errors import (
     InvalidRequest,
     MethodNotAllowed,
@@ -211,7 +211,7 @@ class FileService:
         """A URL the backend serves itself (S3 presigned GET), with our content headers forced onto its response."""
         storage = self.storage
         assert isinstance(storage, SupportsPresign)
-        active = essence(record.content_type) in ACTIVE_TYPES and not self.settings.serve_active_types_inline
+        active = is_active_type(record.content_type) and not self.settings.serve_active_types_inline
         disposition = "attachment" if active else "inline"
         with storage_errors_translated():
             url = await storage.presign_get(
@@ -235,12 +235,22 @@ class FileService:
         parts.extend(decoder.finish())
         return b"".join(parts)
 
-    async def open_download(self, file_id: str, method: str, query_string: str, headers: Mapping[str, str]) -> Download:
-        """Authorise a signed request and plan its response (RFC 9110). Raises AccessDenied subclasses for bad or
+    async def open_download(
+        self,
+        file_id: str,
+        method: str,
+        query_string: str,
+        headers: Mapping[str, str],
+        *,
+        raw_path: bytes | str | None = None,
+    ) -> Download:
+        """Authorise a signed request and plan its response (RFC 9110). ``raw_path`` is the request path as sent
+        (percent-encoded): only the exact signed path is accepted. Raises AccessDenied subclasses for bad or
         expired signatures, NotFound, PreconditionFailed, RangeNotSatisfiable."""
         method = method.upper()
         if method not in ("GET", "HEAD", "POST"):
             raise MethodNotAllowed(f"{method} is not allowed here", headers={"allow": "GET, HEAD, POST"})
+        require_signed_path(raw_path, (content_path(file_id),))
         self.signer.verify(method, content_path(file_id), query_string, self.clock())
         if not is_file_id(file_id):
             raise NotFound(f"no file {file_id!r}")

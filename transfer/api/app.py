@@ -27,6 +27,7 @@ from transfer.api.multipart import file_part_stream, multipart_boundary
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.sessions import add_session_routes
 from transfer.api.streaming import DownloadResponse, request_body
+from transfer.api.trust import BrowserPolicy, HostPolicy, TrustBoundary
 from transfer.api.tus import TusMiddleware, add_tus_routes
 from transfer.bindings.mcp import add_mcp_endpoint
 from transfer.bindings.tp import add_tp_routes
@@ -175,6 +176,8 @@ def create_app(
         return error_response(TransferError("internal error; see the server log"))
 
     def base_url(request: Request) -> str:
+        """Where descriptors point: the public URL, else the request's Host, which TrustBoundary has checked
+        against the allow-list (a forged Host never reaches a route)."""
         return settings.public_url or str(request.base_url).rstrip("/")
 
     def owner_of(request: Request) -> str | None:
@@ -218,6 +221,12 @@ def create_app(
             ],
             max_age=600,
         )
+    # outermost: no route, and no URL built from the Host, sees a request this refuses
+    app.add_middleware(
+        TrustBoundary,
+        hosts=HostPolicy.build(settings.host, settings.public_url, settings.allowed_hosts),
+        browsers=BrowserPolicy.build(settings.cors_allow_origins, settings.public_url),
+    )
 
     @app.get("/healthz", tags=["service"])
     async def healthz() -> dict[str, str]:

@@ -209,9 +209,11 @@ class FileContent(ContentBase):
             # parsed here by the parser that fetches it, so a URL it cannot parse (an ambiguous IPv4 form such as
             # http://0177.0.0.1/, a bad port) is an invalid descriptor, not a failure halfway through a fetch
             try:
-                httpx.URL(v)
+                port = httpx.URL(v).port
             except httpx.InvalidURL as exc:
                 raise ValueError(f"must be an absolute http(s) URL ({exc})") from None
+            if port is not None and not 0 < port <= 65535:  # httpx parses any digits; sockets take 16 bits
+                raise ValueError(f"must be an absolute http(s) URL (port {port} out of range)")
         return v
 
     @model_validator(mode="after")

@@ -108,6 +108,8 @@ class GuardedTransport(httpx.AsyncBaseTransport):
             raise DestinationRefused(f"scheme {url.scheme!r} is not fetched (only {', '.join(self.policy.schemes)})")
         host = url.host
         port = url.port or (443 if url.scheme == "https" else 80)
+        if not 0 < port <= 65535:  # e.g. a redirect to one; the socket layer would fail with an OverflowError
+            raise DestinationRefused(f"port {port} is not a TCP port", host=host)
         addresses = await self._addresses(host, port)
         refused = [ip for ip in addresses if not self.policy.allows(ip)]
         if refused or not addresses:

@@ -111,7 +111,8 @@ def test_name_from_content_disposition_and_unicode_download(http: httpx.Client) 
     d = r.json()
     assert d["name"] == name and d["type"] == "url"
     cd = http.head(d["url"]).headers["content-disposition"]
-    assert cd.startswith("inline; filename=") and f"filename*=UTF-8''{quote(name)}" in cd
+    # PDF is scriptable (WHATWG MIME Sniffing §4.6), so it is served as an attachment
+    assert cd.startswith("attachment; filename=") and f"filename*=UTF-8''{quote(name)}" in cd
 
 
 def test_path_like_names_are_sanitised(http: httpx.Client) -> None:

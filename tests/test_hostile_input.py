@@ -177,6 +177,8 @@ async def test_tp_and_mcp_session_content_types_are_validated(live_server: LiveS
             await sessions.create(
                 name="a", content_type=bad, size=5, chunk_size=None, checksum=None, ttl=None, owner=None
             )
+    with pytest.raises(InvalidRequest):  # TP hands the envelope's checksum string over as it came
+        await sessions.create(name="a", content_type=None, size=5, chunk_size=None, checksum="zz", ttl=None, owner=None)
     envelope = {
         "tp_version": "1.0.0",
         "message_id": str(uuid.uuid4()),

@@ -168,6 +168,10 @@ class SessionService:
         s = self.settings
         if content_type is not None:
             require_media_type(content_type)  # every front door: REST, TP, MCP
+        try:
+            declared = None if checksum is None else "sha256:" + checksum_hex(checksum)
+        except ValueError as exc:  # TP passes the envelope's string as it came
+            raise InvalidRequest(f"checksum: {exc}", field="checksum") from None
         if size is not None and size > s.max_upload_size:
             raise TooLarge(f"size exceeds the limit of {s.max_upload_size} bytes", limit=s.max_upload_size)
         cs = plan_chunk_size(
@@ -185,7 +189,7 @@ class SessionService:
             chunk_size=cs,
             created_at=now,
             expires_at=now + min(ttl or s.session_ttl, s.session_max_ttl),
-            checksum=None if checksum is None else "sha256:" + checksum_hex(checksum),
+            checksum=declared,
             role=role.value if role else None,
             description=description,
             owner=owner,

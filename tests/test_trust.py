@@ -46,11 +46,12 @@ def test_a_forged_host_is_refused_before_any_url_is_built(live_server: LiveServe
 
 
 def test_allowed_hosts_and_public_url(tmp_path: Path) -> None:
-    settings = Settings(data_dir=tmp_path / "d", signing_keys=KEY, allowed_hosts=["files.example"])
+    settings = Settings(data_dir=tmp_path / "d", signing_keys=KEY, allowed_hosts=["files.example", "[2001:db8::1]:80"])
     with running(settings) as live, httpx.Client(base_url=live.url) as http:
         r = http.post("/v1/files", content=b"x", params={"inline": "false"}, headers={"host": "files.example:8443"})
         assert r.status_code == 201 and r.json()["url"].startswith("http://files.example:8443/v1/files/")
         assert_error(http.get("/healthz", headers={"host": "other.example"}), 400, "host_not_allowed")
+        assert http.get("/healthz", headers={"host": "[2001:db8:0::1]:8080"}).status_code == 200
     public = Settings(data_dir=tmp_path / "p", signing_keys=KEY, public_url="https://transfer.example/")
     with running(public) as live, httpx.Client(base_url=live.url) as http:
         r = http.post("/v1/files", content=b"x", params={"inline": "false"}, headers={"host": "transfer.example"})

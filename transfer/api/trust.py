@@ -73,13 +73,14 @@ def split_host(value: str) -> tuple[str, int | None] | None:
 
 
 def _normal_name(name: str) -> str:
-    name = name.strip().lower().rstrip(".")
-    if name.startswith("[") and name.endswith("]"):
-        name = name[1:-1]
+    """A configured host name as :func:`split_host` would report it (a port, if given, is dropped)."""
+    name = name.strip()
     try:
-        return ipaddress.ip_address(name).compressed
+        return ipaddress.ip_address(name.strip("[]")).compressed
     except ValueError:
-        return name
+        pass
+    parsed = split_host(name)
+    return parsed[0] if parsed is not None else name.lower().rstrip(".")
 
 
 @dataclass(frozen=True, slots=True)

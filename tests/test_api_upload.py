@@ -111,7 +111,8 @@ def test_name_from_content_disposition_and_unicode_download(http: httpx.Client) 
     d = r.json()
     assert d["name"] == name and d["type"] == "url"
     cd = http.head(d["url"]).headers["content-disposition"]
-    assert cd.startswith("inline; filename=") and f"filename*=UTF-8''{quote(name)}" in cd
+    # PDF is scriptable (WHATWG MIME Sniffing §4.6), so it is served as an attachment
+    assert cd.startswith("attachment; filename=") and f"filename*=UTF-8''{quote(name)}" in cd
 
 
 def test_path_like_names_are_sanitised(http: httpx.Client) -> None:
@@ -257,8 +258,8 @@ def test_client_disconnect_mid_upload_leaves_nothing(live_server: LiveServer) ->
     host, port = live_server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as s:
         s.sendall(
-            b"POST /v1/files HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
-            b"Content-Length: 10485760\r\n\r\n"
+            f"POST /v1/files HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/octet-stream\r\n"
+            "Content-Length: 10485760\r\n\r\n".encode()
         )
         for _ in range(30):
             s.sendall(b"a" * 65536)  # ~2 MiB of the promised 10 MiB, then vanish

@@ -81,7 +81,7 @@ def test_client_gone_mid_chunk_leaves_nothing_and_the_session_resumes(server: Li
         piece = os.urandom(chunk)
         with socket.create_connection((host, int(port))) as s:
             s.sendall(
-                f"PUT /v1/sessions/{sid}/chunks/0 HTTP/1.1\r\nHost: x\r\nContent-Length: {chunk}\r\n"
+                f"PUT /v1/sessions/{sid}/chunks/0 HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: {chunk}\r\n"
                 f"Chunk-Checksum: xxh3-128:{xxhash.xxh3_128_hexdigest(piece)}\r\n\r\n".encode()
             )
             s.sendall(piece[: chunk // 2])  # half the chunk, then the client is gone

@@ -144,7 +144,7 @@ def _send_part_of_an_upload(url: str, declared: int, sent: int) -> None:
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as s:
         s.sendall(
-            f"POST /v1/files HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+            f"POST /v1/files HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/octet-stream\r\n"
             f"Content-Length: {declared}\r\n\r\n".encode()
         )
         block = os.urandom(1 << 20)

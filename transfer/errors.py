@@ -15,6 +15,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── ContentLengthMismatch      400 content_length_mismatch
     │   ├── MalformedBody              400 malformed_body
     │   ├── UnsupportedEncoding        415 unsupported_encoding
+    │   ├── HostNotAllowed             400 host_not_allowed      (Host not in the allow-list: URLs are built from it)
     │   ├── ChunkOutOfRange            400 chunk_out_of_range
     │   └── ChunkLengthMismatch        400 chunk_length_mismatch
     ├── IntegrityError                 422 integrity_error
@@ -31,6 +32,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── UploadForbidden            403 forbidden             (tus: PATCH on a final upload; paths outside root)
     │   ├── DestinationRefused         403 destination_refused   (server-side fetch to a private/loopback address)
     │   ├── EncryptedResourceRefused   403 TP-TRA031             (prompt embedding carries no encrypted resource)
+    │   ├── CrossSiteRefused           403 cross_site_refused    (a browser request from another site, not allowed)
     │   ├── SignatureInvalid           403 signature_invalid
     │   └── UrlExpired                 403 url_expired
     ├── NotFound                       404 not_found
@@ -124,6 +126,10 @@ class UnsupportedEncoding(InvalidRequest):
     status = 415
 
 
+class HostNotAllowed(InvalidRequest):
+    code = "host_not_allowed"
+
+
 class ChunkOutOfRange(InvalidRequest):
     code = "chunk_out_of_range"
 
@@ -197,6 +203,10 @@ class Unauthenticated(TransferError):
 class AccessDenied(TransferError):
     code = "access_denied"
     status = 403
+
+
+class CrossSiteRefused(AccessDenied):
+    code = "cross_site_refused"
 
 
 class SignatureInvalid(AccessDenied):

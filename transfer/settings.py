@@ -45,7 +45,13 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     public_url: str | None = Field(
-        default=None, description="base URL put in descriptors; default: the Host the request came to"
+        default=None,
+        description="base URL put in descriptors; default: the request's Host, if TRANSFER_ALLOWED_HOSTS allows it",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="JSON list of Host names (no port) requests may name, besides loopback names, the bound address "
+        'and the public URL host; others are 400 host_not_allowed. ["*"]: any (only behind a proxy that checks Host)',
     )
     signing_keys: dict[str, str] | None = Field(
         default=None,

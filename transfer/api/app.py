@@ -28,6 +28,7 @@ from transfer.api.multipart import file_part_stream, multipart_boundary
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.sessions import add_session_routes
 from transfer.api.streaming import DownloadResponse, request_body
+from transfer.api.trust import BrowserPolicy, HostPolicy, TrustBoundary
 from transfer.api.tus import TusMiddleware, add_tus_routes
 from transfer.bindings.mcp import add_mcp_endpoint
 from transfer.bindings.tp import add_tp_routes
@@ -36,6 +37,7 @@ from transfer.core.content import DownloadMethod, FileRole, normalize_checksum
 from transfer.core.digests import sha256_from_digest_field
 from transfer.core.encodings import coding_from_http, storage_encoding
 from transfer.core.naming import filename_from_content_disposition
+from transfer.core.numerals import parse_count
 from transfer.errors import (
     ClientDisconnected,
     InvalidRequest,
@@ -180,6 +182,8 @@ def create_app(
         return error_response(TransferError("internal error; see the server log"))
 
     def base_url(request: Request) -> str:
+        """Where descriptors point: the public URL, else the request's Host, which TrustBoundary has checked
+        against the allow-list (a forged Host never reaches a route)."""
         return settings.public_url or str(request.base_url).rstrip("/")
 
     add_session_routes(app, sessions, service, base_url, needs)
@@ -219,6 +223,12 @@ def create_app(
             ],
             max_age=600,
         )
+    # outermost: no route, and no URL built from the Host, sees a request this refuses
+    app.add_middleware(
+        TrustBoundary,
+        hosts=HostPolicy.build(settings.host, settings.public_url, settings.allowed_hosts),
+        browsers=BrowserPolicy.build(settings.cors_allow_origins, settings.public_url),
+    )
 
     @app.get("/healthz", tags=["service"])
     async def healthz() -> dict[str, str]:
@@ -313,9 +323,7 @@ def create_app(
                     req.body_sha256 = sha
         length = request.headers.get("content-length")
         if length is not None:
-            if not length.isdigit():
-                raise InvalidRequest("malformed Content-Length")
-            req.declared_length = int(length)
+            req.declared_length = parse_count(length, "Content-Length")
         raw_type = request.headers.get("content-type", "")
         boundary = multipart_boundary(raw_type) if raw_type else None
         stream = request_body(request)
@@ -420,7 +428,13 @@ def create_app(
         kid: Annotated[str, Query(description="signing key id (signed)")] = "",
         sig: Annotated[str, Query(description="HMAC-SHA256 signature")] = "",
     ) -> Response:
-        download = await service.open_download(file_id, request.method, request.url.query, combined_headers(request))
+        download = await service.open_download(
+            file_id,
+            request.method,
+            request.url.query,
+            combined_headers(request),
+            raw_path=request.scope.get("raw_path"),
+        )
         return DownloadResponse(download, settings.gzip_level, settings.zstd_level)
 
     return app

@@ -33,7 +33,8 @@ from pydantic import BaseModel, Field
 from transfer.api.caller import caller_of
 from transfer.core import aiflowy
 from transfer.core.auth import Scope
-from transfer.errors import InvalidRequest, NotFound
+from transfer.core.numerals import parse_count
+from transfer.errors import NotFound
 from transfer.service.container import Services
 from transfer.service.progress import Job, ProgressEvent
 
@@ -109,14 +110,13 @@ def add_job_routes(
         conversation_id: Annotated[
             str | None, Query(min_length=1, max_length=128, description="default: a new conv_… id")
         ] = None,
-        last_event_id_query: Annotated[int | None, Query(alias="last_event_id", ge=-1)] = None,
+        last_event_id_query: Annotated[int | None, Query(alias="last_event_id", ge=-1, le=2**53)] = None,
         last_event_id: Annotated[str | None, Header()] = None,
     ) -> StreamingResponse:
         after = -1
         if last_event_id is not None:
-            if not last_event_id.strip().lstrip("-").isdigit():
-                raise InvalidRequest("Last-Event-ID must be an event index this stream sent")
-            after = int(last_event_id.strip())
+            # the ids this stream sends are event indexes; -1 (before the first) is what a client may echo back
+            after = -1 if last_event_id.strip() == "-1" else parse_count(last_event_id, "Last-Event-ID")
         elif last_event_id_query is not None:
             after = last_event_id_query
         job = services.job(job_id, base_url(request))

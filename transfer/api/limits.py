@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from transfer.api.responses import AsciiJSONResponse
+from transfer.core.numerals import decimal
 from transfer.errors import HeadersTooLarge, TooLarge
 
 CONTROL_PREFIXES = ("/v1/bundles", "/v1/imports", "/tp/v1", "/a2a", "/mcp")
@@ -44,7 +45,8 @@ class ControlBodyLimit:
             return
         error = TooLarge(f"request body larger than {self.limit} bytes", limit=self.limit)
         for name, value in scope.get("headers", []):
-            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+            length = decimal(value.decode("latin-1")) if name == b"content-length" else None
+            if length is not None and length > self.limit:
                 await AsciiJSONResponse(error.to_payload(), status_code=413)(scope, receive, send)
                 return
         received = 0

@@ -33,6 +33,15 @@ def multipart_boundary(content_type: str) -> bytes | None:
     return boundary
 
 
+def _header_text(raw: bytes) -> str:
+    """A part header's value: UTF-8, as browsers send file names (RFC 7578 §4.2); latin-1 only for bytes that are
+    not UTF-8 (a legacy client), so that no byte sequence makes the upload fail here."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
+
+
 class _PartState:
     def __init__(self) -> None:
         self.headers: dict[bytes, bytes] = {}
@@ -66,8 +75,9 @@ async def file_part_stream(body: AsyncIterator[bytes], boundary: bytes, request:
 
     def on_headers_finished() -> None:
         nonlocal seen_file
-        disposition = state.headers.get(b"content-disposition", b"").decode("latin-1")
-        _, params = parse_options_header(disposition)
+        raw_disposition = state.headers.get(b"content-disposition", b"")
+        disposition = _header_text(raw_disposition)
+        _, params = parse_options_header(raw_disposition)  # bytes: it maps them 1:1 (latin-1) and back
         field_name = params.get(b"name", b"").decode("utf-8", "replace")
         filename = filename_from_content_disposition(disposition)
         if filename is not None or field_name == "file":
@@ -76,7 +86,7 @@ async def file_part_stream(body: AsyncIterator[bytes], boundary: bytes, request:
             seen_file = state.is_file = True
             if request.name is None and filename:
                 request.name = filename
-            part_type = state.headers.get(b"content-type", b"").decode("latin-1").strip()
+            part_type = _header_text(state.headers.get(b"content-type", b"")).strip()
             if request.content_type is None and part_type and part_type != "application/octet-stream":
                 request.content_type = part_type
         state.field = field_name.encode()

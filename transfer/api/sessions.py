@@ -30,9 +30,12 @@ from transfer.core.content import (
     FileContent,
     FileRole,
     normalize_checksum,
-    validate_media_type,
 )
+from transfer.core.delivery import CONTENT_SAFETY_HEADERS
 from transfer.core.digests import sha256_from_digest_field
+from transfer.core.mime import validate_media_type
+from transfer.core.numerals import decimal
+from transfer.core.signing import require_signed_path
 from transfer.errors import InvalidRequest, SessionIncomplete
 from transfer.service import session_views
 from transfer.service.files import FileService
@@ -73,8 +76,11 @@ def parse_prefer_wait(value: str | None, default: float, maximum: float) -> floa
     if value:
         for pref in value.split(","):
             name, _, arg = pref.strip().partition("=")
-            if name.strip().lower() == "wait" and arg.strip().isdigit():
-                return min(float(arg.strip()), maximum)
+            # delta-seconds is 1*DIGIT (RFC 9111 §1.2.2); a value that is not is ignored, as any preference the
+            # server does not understand (RFC 7240 §2)
+            seconds = decimal(arg.strip().strip('"'), max_digits=9)
+            if name.strip().lower() == "wait" and seconds is not None:
+                return min(float(seconds), maximum)
     return default
 
 
@@ -191,6 +197,7 @@ def add_session_routes(
 
     @app.get("/v1/sessions/{sid}/chunks", tags=["sessions"], summary="Status through a streaming descriptor's URL")
     async def signed_status(request: Request, sid: str) -> dict[str, Any]:
+        require_signed_path(request.scope.get("raw_path"), (chunks_path(sid),))
         files.signer.verify("GET", chunks_path(sid), request.url.query, files.clock())
         return await sessions.status(sid, TRUSTED)  # the signature is the authority
 
@@ -205,6 +212,8 @@ def add_session_routes(
     async def get_chunk(
         request: Request, sid: str, index: int, prefer: Annotated[str | None, Header()] = None
     ) -> Response:
+        # the signature covers the chunks path; a chunk's path is that path and the index, written canonically
+        require_signed_path(request.scope.get("raw_path"), (f"{chunks_path(sid)}/{index}",))
         files.signer.verify(request.method, chunks_path(sid), request.url.query, files.clock())
         wait = parse_prefer_wait(prefer, settings.live_read_timeout, max(settings.live_read_timeout, 300))
         _session, stream, length, xxh3 = await sessions.open_chunk(sid, index, wait)
@@ -212,7 +221,7 @@ def add_session_routes(
             "content-length": str(length),
             "chunk-checksum": f"xxh3-128:{xxh3}",
             "cache-control": "private, max-age=0",
-            "x-content-type-options": "nosniff",
+            **dict(CONTENT_SAFETY_HEADERS),
         }
         if request.method == "HEAD":
             await stream.aclose()  # type: ignore[attr-defined]

@@ -8,7 +8,6 @@ is all a tus client keeps), and the last PATCH answers with ``Upload-File-Id``.
 from __future__ import annotations
 
 import base64
-import binascii
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -20,6 +19,7 @@ from transfer.api.caller import caller_of
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.streaming import request_body
 from transfer.core.auth import Scope as AuthScope
+from transfer.core.numerals import parse_count
 from transfer.errors import InvalidRequest, NotFound, TusVersionUnsupported, UnsupportedMediaType
 from transfer.service.files import FileService
 from transfer.service.tus import CHECKSUM_ALGORITHMS, TusService, encode_metadata, http_date, parse_metadata
@@ -67,19 +67,17 @@ def _parse_checksum(value: str | None) -> tuple[str, bytes] | None:
         return None
     algorithm, _, digest = value.strip().partition(" ")
     if algorithm not in CHECKSUM_ALGORITHMS:
-        raise InvalidRequest(f"unsupported checksum algorithm {algorithm!r}; use one of {sorted(CHECKSUM_ALGORITHMS)}")
+        raise InvalidRequest(
+            f"unsupported checksum algorithm {algorithm[:40]!r}; use one of {sorted(CHECKSUM_ALGORITHMS)}"
+        )
     try:
         return algorithm, base64.b64decode(digest.strip(), validate=True)
-    except binascii.Error as exc:
+    except ValueError as exc:  # binascii.Error, or a non-ASCII character (plain ValueError)
         raise InvalidRequest("Upload-Checksum digest is not base64") from exc
 
 
 def _non_negative(value: str | None, name: str) -> int | None:
-    if value is None:
-        return None
-    if not value.strip().isdigit():
-        raise InvalidRequest(f"{name} must be a non-negative integer")
-    return int(value)
+    return None if value is None else parse_count(value, name)
 
 
 def add_tus_routes(

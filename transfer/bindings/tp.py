@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.websockets import WebSocketDisconnect
 
 from transfer.core.auth import Authenticator, Scope
+from transfer.core.numerals import decimal
 from transfer.core.tp import (
     MEDIA_TYPE,
     MESSAGE_TYPES,
@@ -81,7 +82,7 @@ def outcome_response(outcome: TPOutcome) -> Response:
 
 async def read_capped(request: Request, limit: int) -> bytes:
     length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
+    if length is not None and (decimal(length) or 0) > limit:
         raise TooLarge(f"the body is larger than {limit} bytes", limit=limit)
     parts = bytearray()
     async for piece in request.stream():

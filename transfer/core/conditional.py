@@ -29,11 +29,18 @@ def http_date(value: datetime) -> str:
     return format_datetime(value.astimezone(UTC).replace(microsecond=0), usegmt=True)
 
 
+# The longest HTTP-date form is rfc850-date with a full weekday: 38 characters (RFC 9110 §5.6.7); some slack for OWS
+_MAX_DATE_LENGTH = 64
+
+
 def parse_http_date(value: str) -> datetime | None:
-    """An HTTP-date, or None when the value is not one (a recipient then ignores the field)."""
+    """An HTTP-date, or None when the value is not one (a recipient then ignores the field, RFC 9110 §13.1.3)."""
+    value = value.strip()
+    if len(value) > _MAX_DATE_LENGTH or not value.isascii():
+        return None
     try:
-        parsed = parsedate_to_datetime(value.strip())
-    except (TypeError, ValueError, IndexError):
+        parsed = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):  # huge numerals overflow datetime's C ints
         return None
     if parsed is None:
         return None

@@ -22,6 +22,7 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final, Self
 
+import httpx
 from pydantic import (
     AwareDatetime,
     BaseModel,
@@ -36,6 +37,7 @@ from pydantic import (
     model_validator,
 )
 
+from transfer.core.mime import validate_media_type
 from transfer.errors import InvalidDescriptor
 
 INLINE_THRESHOLD: Final = 1 << 20  # 1 MiB (1,048,576 bytes), seed 000 §1.1
@@ -76,16 +78,6 @@ class DownloadMethod(enum.StrEnum):
     GET = "GET"
     POST = "POST"
     SIGNED_URL = "signed_url"
-
-
-_MEDIA_TYPE_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+/[!#$%&'*+.^_`|~0-9A-Za-z-]+(\s*;.*)?$")
-
-
-def validate_media_type(value: str) -> str:
-    """``type/subtype`` with optional parameters (RFC 9110 §8.3.1), printable ASCII; ValueError otherwise."""
-    if len(value) > 255 or not value.isascii() or not value.isprintable() or not _MEDIA_TYPE_RE.match(value):
-        raise ValueError("content_type must be a MIME type such as 'text/plain'")
-    return value
 
 
 def normalize_checksum(value: str) -> str:
@@ -213,6 +205,15 @@ class FileContent(ContentBase):
     def _absolute_url(cls, v: str | None) -> str | None:
         if v is not None and not re.match(r"^https?://[^\s/?#]+[^\s]*$", v, re.IGNORECASE):
             raise ValueError("must be an absolute http(s) URL")
+        if v is not None:
+            # parsed here by the parser that fetches it, so a URL it cannot parse (an ambiguous IPv4 form such as
+            # http://0177.0.0.1/, a bad port) is an invalid descriptor, not a failure halfway through a fetch
+            try:
+                port = httpx.URL(v).port
+            except httpx.InvalidURL as exc:
+                raise ValueError(f"must be an absolute http(s) URL ({exc})") from None
+            if port is not None and not 0 < port <= 65535:  # httpx parses any digits; sockets take 16 bits
+                raise ValueError(f"must be an absolute http(s) URL (port {port} out of range)")
         return v
 
     @model_validator(mode="after")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Final
+
+from transfer.errors import InvalidRequest
 
 # Text (6)
 MIME_TEXT_PLAIN: Final = "text/plain"
@@ -66,19 +69,85 @@ VIDEO_TYPES: Final = (MIME_VIDEO_MP4, MIME_VIDEO_WEBM, MIME_VIDEO_AVI, MIME_VIDE
 AUDIO_TYPES: Final = (MIME_AUDIO_MP3, MIME_AUDIO_WAV, MIME_AUDIO_AAC, MIME_AUDIO_OGG, MIME_AUDIO_FLAC, MIME_AUDIO_WEBM)
 ALL_TYPES: Final = TEXT_TYPES + APPLICATION_TYPES + IMAGE_TYPES + VIDEO_TYPES + AUDIO_TYPES
 
-# Types a browser would execute or render as a document: served as attachments (issue: safe serving).
-ACTIVE_TYPES: Final = frozenset(
+# Types a browser may execute or render as an active document: served as attachments (issue: safe serving). The
+# WHATWG MIME Sniffing Standard's "scriptable MIME types" (§4.6: HTML, any XML type, PDF), its JavaScript MIME type
+# essences (§4.6), and the other types browsers have run script from: XSLT, HTML components, Flash, mixed-replace.
+JAVASCRIPT_TYPES: Final = frozenset(
+    {
+        "application/ecmascript",
+        "application/javascript",
+        "application/x-ecmascript",
+        "application/x-javascript",
+        "text/ecmascript",
+        "text/javascript",
+        "text/javascript1.0",
+        "text/javascript1.1",
+        "text/javascript1.2",
+        "text/javascript1.3",
+        "text/javascript1.4",
+        "text/javascript1.5",
+        "text/jscript",
+        "text/livescript",
+        "text/x-ecmascript",
+        "text/x-javascript",
+    }
+)
+ACTIVE_TYPES: Final = JAVASCRIPT_TYPES | frozenset(
     {
         MIME_TEXT_HTML,
         MIME_TEXT_XML,
         MIME_XML,
         MIME_IMAGE_SVG,
+        MIME_PDF,
         "application/xhtml+xml",
-        "text/javascript",
-        "application/javascript",
-        "application/ecmascript",
+        "application/xslt+xml",
+        "text/xsl",
+        "text/x-component",
+        "application/x-shockwave-flash",
+        "multipart/x-mixed-replace",
     }
 )
+
+
+def is_active_type(content_type: str) -> bool:
+    """True when a browser could run script from or render as a document content of this type: the types above,
+    every ``+xml`` type (WHATWG: an XML MIME type), and anything that is not a valid media type at all."""
+    if not is_media_type(content_type):
+        return True
+    t = essence(content_type)
+    return t in ACTIVE_TYPES or t.endswith("+xml")
+
+
+MAX_MEDIA_TYPE_LENGTH: Final = 255
+
+# RFC 9110 §8.3.1 media-type = type "/" subtype parameters; parameters = *( OWS ";" OWS [ parameter ] );
+# parameter = parameter-name "=" ( token / quoted-string ) (§5.6.2 token, §5.6.4 quoted-string). A strict subset:
+# OWS is spaces only and quoted strings hold printable ASCII only (no HTAB, no obs-text), so a valid value carries no
+# control character at all and is safe in any header field, JSON document or S3 metadata value.
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_QUOTED = r'"(?:[ !#-\[\]-~]|\\[ -~])*"'
+_MEDIA_TYPE_RE: Final = re.compile(rf"{_TOKEN}/{_TOKEN}(?: *; *(?:{_TOKEN}=(?:{_TOKEN}|{_QUOTED}))?)*")
+
+
+def validate_media_type(value: str) -> str:
+    """``value`` unchanged when it is a media type by RFC 9110 §8.3.1 of at most 255 characters without control
+    characters (e.g. ``text/plain; charset=utf-8``); ValueError otherwise."""
+    if not is_media_type(value):
+        raise ValueError("content_type must be a MIME type such as 'text/plain' (RFC 9110 §8.3.1, at most 255 chars)")
+    return value
+
+
+def is_media_type(value: str) -> bool:
+    """Whether :func:`validate_media_type` accepts ``value``."""
+    return len(value) <= MAX_MEDIA_TYPE_LENGTH and _MEDIA_TYPE_RE.fullmatch(value) is not None
+
+
+def require_media_type(value: str, field: str = "content_type") -> str:
+    """:func:`validate_media_type` for a service operation: InvalidRequest (400) naming ``field``."""
+    try:
+        return validate_media_type(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"{field} {value[:60]!r}: {exc}", field=field) from None
 
 
 def essence(content_type: str) -> str:

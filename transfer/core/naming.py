@@ -16,16 +16,20 @@ import puremagic
 from transfer.core import mime
 
 MAX_NAME_LENGTH = 255
+_BREAKS = frozenset({"Zl", "Zp"})
 
 
 def sanitize_filename(name: str | None, default: str = "file") -> str:
-    """A display-safe file name: last path segment only, no control characters, no leading dots, at most 255
-    characters (NFC). Returns ``default`` when nothing usable remains."""
+    """A display-safe file name: last path segment only, no control characters or line separators, no leading
+    dots, at most 255 characters (NFC). Returns ``default`` when nothing usable remains. Every front door's name
+    passes through this before anything is stored (REST, multipart, tus metadata, sessions from TP and MCP)."""
     if not name:
         return default
     name = unicodedata.normalize("NFC", name)
     name = re.split(r"[/\\]", name)[-1]
-    name = "".join(ch for ch in name if unicodedata.category(ch)[0] != "C")
+    # controls, format characters, surrogates, unassigned; and line/paragraph separators (U+2028/9), which some
+    # consumers treat as line breaks
+    name = "".join(ch for ch in name if unicodedata.category(ch)[0] != "C" and unicodedata.category(ch) not in _BREAKS)
     name = name.strip().lstrip(".").strip()
     if len(name) > MAX_NAME_LENGTH:
         stem, dot, ext = name.rpartition(".")

@@ -19,8 +19,26 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_RANGE_SPEC_RE = re.compile(r"^(\d*)-(\d*)$")
+from transfer.core.numerals import MAX_DIGITS, decimal
+
+# DIGIT is ASCII only (RFC 5234 B.1); \d would also match other scripts' digits, which int() then accepts
+_RANGE_SPEC_RE = re.compile(r"^([0-9]*)-([0-9]*)$")
 _OWS = " \t"
+# Positions of more than MAX_DIGITS significant digits are valid syntax (RFC 9110 §14.1.1 asks recipients to expect
+# large numerals) but lie beyond any representation: they count as this, without ever converting the digits.
+_BEYOND_ANY_LENGTH = 10**MAX_DIGITS
+
+
+def _position(digits: str) -> int:
+    significant = digits.lstrip("0") or "0"
+    value = decimal(significant)
+    return _BEYOND_ANY_LENGTH if value is None else value
+
+
+def _magnitude(digits: str) -> tuple[int, str]:
+    """A sort key that orders decimal numerals of any length exactly, without converting them."""
+    significant = digits.lstrip("0")
+    return len(significant), significant
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +85,7 @@ def parse_range_header(value: str, length: int, *, max_ranges: int = 64) -> Rang
     if not sep:
         return IgnoreRange("no '=' in Range")
     if unit.strip(_OWS).lower() != "bytes":  # range units are case-insensitive (§14.1)
-        return IgnoreRange(f"unsupported range unit {unit.strip(_OWS)!r}")
+        return IgnoreRange(f"unsupported range unit {unit.strip(_OWS)[:60]!r}")
     specs: list[tuple[int | None, int | None]] = []
     for element in rest.split(","):
         element = element.strip(_OWS)
@@ -75,11 +93,12 @@ def parse_range_header(value: str, length: int, *, max_ranges: int = 64) -> Rang
             continue
         m = _RANGE_SPEC_RE.match(element)
         if not m or (not m.group(1) and not m.group(2)):
-            return IgnoreRange(f"malformed range-spec {element!r}")
-        first = int(m.group(1)) if m.group(1) else None
-        last = int(m.group(2)) if m.group(2) else None
-        if first is not None and last is not None and last < first:
-            return IgnoreRange(f"range-spec {element!r} has last-pos < first-pos")  # invalid (§14.1.1)
+            return IgnoreRange(f"malformed range-spec {element[:60]!r}")
+        first_text, last_text = m.group(1), m.group(2)
+        if first_text and last_text and _magnitude(last_text) < _magnitude(first_text):
+            return IgnoreRange(f"range-spec {element[:60]!r} has last-pos < first-pos")  # invalid (§14.1.1)
+        first = _position(first_text) if first_text else None
+        last = _position(last_text) if last_text else None
         specs.append((first, last))
     if not specs:
         return IgnoreRange("no range-spec")

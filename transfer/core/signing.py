@@ -6,6 +6,10 @@ signature invalid. Comparison is constant-time. The signature is checked before 
 reported as ``signature_invalid`` whether or not it has also expired.
 
 HEAD is verified as GET (RFC 9110 §9.3.2: HEAD is GET without content).
+
+The signature covers the path as the client sent it. Servers percent-decode the path before routing, so
+``/v1/files/f_%61…`` and ``/v1%2Ffiles/…`` would reach the object a URL signed for ``/v1/files/f_a…`` names; the front
+door passes the raw request path to :func:`require_signed_path`, and every variant of a signed path is refused.
 """
 
 from __future__ import annotations
@@ -23,6 +27,16 @@ from transfer.errors import SignatureInvalid, UrlExpired
 _PARAMS = ("exp", "kid", "sig")
 _SAFE_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 _EXP_RE = re.compile(r"^[1-9][0-9]{0,11}$")  # canonical: no sign, no leading zero
+
+
+def require_signed_path(raw_path: bytes | str | None, signed_paths: tuple[str, ...]) -> None:
+    """SignatureInvalid unless the request's path, exactly as sent (``scope["raw_path"]``, still percent-encoded),
+    is one of ``signed_paths``. ``None`` (a server that does not report the raw path) checks nothing."""
+    if raw_path is None:
+        return
+    text = raw_path.decode("latin-1") if isinstance(raw_path, bytes) else raw_path
+    if text not in signed_paths:
+        raise SignatureInvalid("the URL's path is not the path that was signed (an encoded variant is another URL)")
 
 
 def _b64url(raw: bytes) -> str:

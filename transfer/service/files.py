@@ -7,6 +7,7 @@ Storage errors are translated here with the one table of ``transfer.errors``.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -22,9 +23,9 @@ from transfer.core.auth import Grant
 from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode
 from transfer.core.delivery import DeliveryPlan, DeliveryPolicy, Representation, plan_delivery
 from transfer.core.encodings import HTTP_CODINGS, DecodeLimits, make_decoder
-from transfer.core.mime import ACTIVE_TYPES, essence, is_compressible
+from transfer.core.mime import is_active_type, is_compressible, is_media_type
 from transfer.core.naming import content_disposition
-from transfer.core.signing import UrlSigner
+from transfer.core.signing import UrlSigner, require_signed_path
 from transfer.errors import (
     InvalidRequest,
     MethodNotAllowed,
@@ -37,6 +38,8 @@ from transfer.service.backends import load_signing_keys
 from transfer.service.ingest import UploadRequest, ingest
 from transfer.service.records import FileRecord, is_file_id, new_file_id, object_key
 from transfer.settings import MAX_URL_TTL, Settings
+
+log = logging.getLogger("transfer.files")
 
 CONTENT_PATH = "/v1/files/{file_id}/content"
 
@@ -136,12 +139,21 @@ class FileService:
             await self.storage.delete(object_key(file_id))
 
     async def list(self, caller: Grant, limit: int = 1000) -> list[FileRecord]:
-        """The files the caller may see (its own; all for admin)."""
+        """Up to ``limit`` stored files the caller may see (its own; all for admin). An object whose record cannot
+        be read or would not make a valid descriptor (written by an older version, or by hand) is skipped with a
+        log line: one bad record must not take the listing down for everyone."""
         out: list[FileRecord] = []
         with storage_errors_translated():
             async for info in self.storage.list("files/"):
-                record = FileRecord.from_metadata(info.metadata)
+                try:
+                    record = FileRecord.from_metadata(info.metadata)
+                except StorageUnavailable:
+                    log.warning("listing skips %s: it has no readable file record", info.key)
+                    continue
                 if not caller.sees(record.owner):
+                    continue
+                if not is_media_type(record.content_type):
+                    log.warning("listing skips %s: its stored media type is not valid", info.key)
                     continue
                 out.append(record)
                 if len(out) >= limit:
@@ -210,7 +222,7 @@ class FileService:
         """A URL the backend serves itself (S3 presigned GET), with our content headers forced onto its response."""
         storage = self.storage
         assert isinstance(storage, SupportsPresign)
-        active = essence(record.content_type) in ACTIVE_TYPES and not self.settings.serve_active_types_inline
+        active = is_active_type(record.content_type) and not self.settings.serve_active_types_inline
         disposition = "attachment" if active else "inline"
         with storage_errors_translated():
             url = await storage.presign_get(
@@ -234,12 +246,22 @@ class FileService:
         parts.extend(decoder.finish())
         return b"".join(parts)
 
-    async def open_download(self, file_id: str, method: str, query_string: str, headers: Mapping[str, str]) -> Download:
-        """Authorise a signed request and plan its response (RFC 9110). Raises AccessDenied subclasses for bad or
+    async def open_download(
+        self,
+        file_id: str,
+        method: str,
+        query_string: str,
+        headers: Mapping[str, str],
+        *,
+        raw_path: bytes | str | None = None,
+    ) -> Download:
+        """Authorise a signed request and plan its response (RFC 9110). ``raw_path`` is the request path as sent
+        (percent-encoded): only the exact signed path is accepted. Raises AccessDenied subclasses for bad or
         expired signatures, NotFound, PreconditionFailed, RangeNotSatisfiable."""
         method = method.upper()
         if method not in ("GET", "HEAD", "POST"):
             raise MethodNotAllowed(f"{method} is not allowed here", headers={"allow": "GET, HEAD, POST"})
+        require_signed_path(raw_path, (content_path(file_id),))
         self.signer.verify(method, content_path(file_id), query_string, self.clock())
         if not is_file_id(file_id):
             raise NotFound(f"no file {file_id!r}")

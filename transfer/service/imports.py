@@ -28,6 +28,7 @@ from transfer.core.content import (
     TransferMode,
     load_descriptor,
 )
+from transfer.core.numerals import decimal
 from transfer.errors import (
     InvalidDescriptor,
     RemoteError,
@@ -129,7 +130,7 @@ class ImportService:
                     await response.aread()
                     raise _upstream_error(response)
                 length = response.headers.get("content-length")
-                if length and length.isdigit() and int(length) > max_size:
+                if length and (decimal(length.strip()) or 0) > max_size:
                     raise TooLarge(f"the resource is {length} bytes; the limit is {max_size}", limit=max_size)
                 if response.headers.get("content-encoding", "identity").lower() not in ("identity", ""):
                     got = response.headers["content-encoding"]
@@ -139,6 +140,8 @@ class ImportService:
                 if job is not None:
                     body = counted(body, job)
                 return await self.files.upload(body, request)
+        except httpx.InvalidURL as exc:  # a redirect, or a URL built without the descriptor's validation
+            raise InvalidDescriptor(f"the resource's URL cannot be fetched: {exc}") from None
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout(f"fetching {descriptor.name!r} timed out ({type(exc).__name__})") from None
         except httpx.TooManyRedirects:

@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from storage.base import ObjectWriter, Storage
-from transfer.core.content import ContentEncoding, FileRole, checksum_hex, validate_media_type
+from transfer.core.content import ContentEncoding, FileRole, checksum_hex
 from transfer.core.encodings import DecodeLimits, make_decoder, make_encoder
+from transfer.core.mime import require_media_type
 from transfer.core.naming import sanitize_filename, sniff_content_type
 from transfer.errors import (
     ChecksumMismatch,
     ContentLengthMismatch,
     DigestMismatch,
-    InvalidRequest,
     SizeMismatch,
     TooLarge,
 )
@@ -124,10 +124,7 @@ async def ingest(
 ) -> FileRecord:
     """Stream ``body`` into storage as file ``file_id`` and publish it only once verified."""
     if request.content_type is not None:
-        try:
-            validate_media_type(request.content_type)
-        except ValueError as exc:
-            raise InvalidRequest(f"content type {request.content_type[:60]!r}: {exc}") from None
+        require_media_type(request.content_type)
     if request.declared_length is not None and request.body_encoding is ContentEncoding.NONE:
         if request.declared_length > max_size:  # reject before reading a byte (RFC 9110 §15.5.14)
             raise TooLarge(
@@ -182,10 +179,7 @@ async def ingest(
         _verify(request, digests, received)
         name = sanitize_filename(request.name, default=file_id)
         content_type = request.content_type or sniff_content_type(bytes(digests.head), request.name)
-        try:  # again: multipart form fields arrive with the body
-            validate_media_type(content_type)
-        except ValueError as exc:
-            raise InvalidRequest(f"content type {content_type[:60]!r}: {exc}") from None
+        require_media_type(content_type)  # again: multipart form fields arrive with the body
         original_hex = digests.original.hexdigest()
         record = FileRecord(
             id=file_id,

@@ -29,6 +29,7 @@ from storage.base import Capability, Storage
 from storage.errors import ObjectExists, StorageError
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding, FileRole, checksum_hex
+from transfer.core.mime import require_media_type
 from transfer.core.naming import sanitize_filename
 from transfer.core.sessions import Session, SessionState, compact_ranges, plan_chunk_size
 from transfer.errors import (
@@ -171,6 +172,12 @@ class SessionService:
     ) -> Session:
         """Open a session; ``owner`` (an API key name) counts it against that key's open-session limit."""
         s = self.settings
+        if content_type is not None:
+            require_media_type(content_type)  # every front door: REST, TP, MCP
+        try:
+            declared = None if checksum is None else "sha256:" + checksum_hex(checksum)
+        except ValueError as exc:  # TP passes the envelope's string as it came
+            raise InvalidRequest(f"checksum: {exc}", field="checksum") from None
         if size is not None and size > s.max_upload_size:
             raise TooLarge(f"size exceeds the limit of {s.max_upload_size} bytes", limit=s.max_upload_size)
         cs = plan_chunk_size(
@@ -188,7 +195,7 @@ class SessionService:
             chunk_size=cs,
             created_at=now,
             expires_at=now + min(ttl or s.session_ttl, s.session_max_ttl),
-            checksum=None if checksum is None else "sha256:" + checksum_hex(checksum),
+            checksum=declared,
             role=role.value if role else None,
             description=description,
             owner=owner,

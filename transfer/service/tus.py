@@ -27,6 +27,7 @@ from storage.base import Storage
 from storage.errors import ObjectExists, StorageError
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding
+from transfer.core.mime import is_media_type, require_media_type
 from transfer.core.naming import sanitize_filename, sniff_content_type
 from transfer.errors import (
     ClientDisconnected,
@@ -78,6 +79,11 @@ def parse_metadata(value: str | None) -> dict[str, str]:
         except (ValueError, UnicodeDecodeError) as exc:
             raise InvalidRequest(f"Upload-Metadata value of {key!r} is not base64 of UTF-8") from exc
     return out
+
+
+def _declared_type(metadata: dict[str, str]) -> str | None:
+    """The media type an upload's metadata declares (``filetype``, as tus-js-client sends it), if any."""
+    return metadata.get("filetype") or metadata.get("content_type") or None
 
 
 def encode_metadata(metadata: dict[str, str]) -> str:
@@ -177,6 +183,9 @@ class TusService:
         owner = caller.owner
         if length is not None and length > self.settings.max_upload_size:
             raise TooLarge(f"Upload-Length exceeds Tus-Max-Size {self.settings.max_upload_size}")
+        content_type = _declared_type(metadata)
+        if content_type is not None:  # refused now, not when the finished upload is published
+            require_media_type(content_type, "Upload-Metadata filetype")
         now = self.clock()
         upload = Upload(
             id=new_upload_id(),
@@ -228,15 +237,20 @@ class TusService:
         upload = await self.load(uid, caller)
         if upload.concat == "final":
             raise UploadForbidden("a final upload cannot be patched")
+        current = await self.offset(uid)
         if declare_length is not None:
             if upload.length is not None and upload.length != declare_length:
                 raise InvalidRequest("Upload-Length cannot change once set")
             if declare_length > self.settings.max_upload_size:
                 raise TooLarge(f"Upload-Length exceeds Tus-Max-Size {self.settings.max_upload_size}")
+            if declare_length < current:  # it could never be reached: every later PATCH would be refused as too long
+                raise InvalidRequest(
+                    f"Upload-Length {declare_length} is smaller than the {current} bytes already received",
+                    offset=current,
+                )
             if upload.length is None:
                 upload = replace(upload, length=declare_length)
                 await self._save(upload)
-        current = await self.offset(uid)
         if offset != current:
             raise Conflict(f"Upload-Offset {offset} does not match the upload's offset {current}", offset=current)
         limit = None if upload.length is None else upload.length - current
@@ -306,7 +320,9 @@ class TusService:
             if not head:
                 _, head = await self._hash_sources(sources[:1], limit=4096)
             name = upload.metadata.get("filename") or upload.metadata.get("name")
-            content_type = upload.metadata.get("filetype") or upload.metadata.get("content_type")
+            content_type = _declared_type(upload.metadata)
+            if content_type is not None and not is_media_type(content_type):
+                content_type = None  # an upload created before create() checked it: sniff instead
             file_id = "f_" + upload.id[2:]
             record = FileRecord(
                 id=file_id,

@@ -1,0 +1,42 @@
+"""Integers in header fields and URLs, parsed one way everywhere. Pure: no I/O.
+
+RFC 9110's numeric fields (``Content-Length`` §8.6, range positions §14.1.1, and the tus ``Upload-Length`` /
+``Upload-Offset`` that copy them) are ``1*DIGIT``, and ABNF's DIGIT is ASCII ``0``-``9`` only (RFC 5234 B.1).
+Python's own parsers are wider on both counts: ``str.isdigit`` and ``int`` accept other scripts' digits (``'²'``,
+``'٣'``), ``int`` accepts a sign, ``_`` and spaces, and Python 3.11 raises ``ValueError`` above 4,300 digits. So no
+field value reaches ``int`` unless it is a short run of ASCII digits.
+
+    decimal(text, max_digits)    -> int, or None when text is not 1..max_digits ASCII digits (no sign, no OWS)
+    parse_count(value, field)    -> int (OWS trimmed), or InvalidRequest 400 naming the field
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from transfer.errors import InvalidRequest
+
+# 18 digits always fit in a signed 64-bit integer (< 9.2e18) and exceed any byte count we handle (EiB).
+MAX_DIGITS: Final = 18
+_DIGITS: Final = frozenset("0123456789")
+_OWS: Final = " \t"
+
+
+def decimal(text: str, max_digits: int = MAX_DIGITS) -> int | None:
+    """The value of ``text`` when it is 1 to ``max_digits`` ASCII digits, else None."""
+    if not 0 < len(text) <= max_digits or not _DIGITS.issuperset(text):
+        return None
+    return int(text)
+
+
+def parse_count(value: str, field: str, *, max_digits: int = MAX_DIGITS) -> int:
+    """A non-negative integer header field (``1*DIGIT``, surrounding OWS allowed: RFC 9110 §5.5); raises
+    InvalidRequest (400) for anything else, including more than ``max_digits`` digits."""
+    number = decimal(value.strip(_OWS), max_digits)
+    if number is None:
+        shown = value[:40] + ("…" if len(value) > 40 else "")
+        raise InvalidRequest(
+            f"{field} must be a non-negative integer of at most {max_digits} ASCII digits, not {shown!r}",
+            field=field,
+        )
+    return number

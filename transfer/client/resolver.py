@@ -76,7 +76,9 @@ def inline_bytes(descriptor: FileContent | TextContent | JSONContent | CodeConte
         except ValueError as exc:
             raise InvalidDescriptor("inline data is not valid base64") from exc
         if descriptor.encoding not in (None, ContentEncoding.NONE, ContentEncoding.BASE64):
-            decoder = make_decoder(descriptor.encoding, DecodeLimits(16 << 20))
+            # inline content is small: never more than 16 MiB, nor more than it declares
+            limit = 16 << 20 if descriptor.size is None else min(16 << 20, descriptor.size)
+            decoder = make_decoder(descriptor.encoding, DecodeLimits(limit))
             raw = b"".join([*decoder.feed(raw), *decoder.finish()])
         return raw
     if isinstance(descriptor, TextContent):

@@ -123,11 +123,10 @@ class Session:
     def check_index(self, index: int) -> None:
         limit = self.max_chunks
         if index < 0 or (limit is not None and index >= limit):
-            raise ChunkOutOfRange(
-                f"chunk {index} is outside 0..{(limit or 0) - 1}" if limit is not None else f"chunk {index} < 0",
-                total_chunks=self.total_chunks,
-                **({"max_chunks": limit} if self.size is None and limit is not None else {}),
-            )
+            message = f"chunk {index} is outside 0..{(limit or 0) - 1}" if limit is not None else f"chunk {index} < 0"
+            if self.size is None and limit is not None:
+                message += f" (an unknown size still ends at the limit of {self.max_size} bytes)"
+            raise ChunkOutOfRange(message, total_chunks=self.total_chunks)
 
     def expected_length(self, index: int) -> int | None:
         """The exact length of chunk ``index``; None when the size is unknown (then: at most chunk_size)."""

@@ -7,9 +7,10 @@
 Memory per upload is a few ``buffer_size`` batches whatever the file size and whatever its coding expands to: the
 worker returns at most about ``buffer_size`` bytes of output per step, so a batch that decodes to gigabytes takes
 many steps, each written before the next is taken. Declared lengths and sizes are cut-offs: the body is read no
-further than the first byte past them, and the decoded-size limit is checked as the bytes come out. Nothing is visible until the sizes and
-every digest the client declared have been checked; any failure (bad digest, client gone, disk full, too large,
-corrupt coding) aborts the writer, so no temp file or partial object stays behind.
+further than the first byte past them, and the decoded-size limit is checked as the bytes come out.
+
+Nothing is visible until the sizes and every digest the client declared have been checked; any failure (bad digest,
+client gone, disk full, too large, corrupt coding) aborts the writer, so no temp file or partial object stays behind.
 """
 
 from __future__ import annotations
@@ -124,9 +125,7 @@ class _Digests:
         return out, True
 
 
-async def _batches(
-    body: AsyncIterator[bytes], size: int, max_raw: int, declared: int | None
-) -> AsyncIterator[bytes]:
+async def _batches(body: AsyncIterator[bytes], size: int, max_raw: int, declared: int | None) -> AsyncIterator[bytes]:
     """Coalesce body pieces into batches of about ``size`` bytes (fewer thread hops, fewer write calls); stop at
     the first piece past ``max_raw`` or past the ``declared`` length."""
     pending: list[bytes] = []

@@ -254,6 +254,20 @@ def test_unknown_size_session_is_capped_by_the_size_limit(limited: LiveServer) -
         assert http.put(f"/v1/sessions/{sid}/chunks/7", content=chunk, headers=headers).status_code == 201
 
 
+def test_deferred_length_tus_upload_is_capped_by_the_size_limit(limited: LiveServer) -> None:
+    """tus creation-defer-length: no length yet, but never past Tus-Max-Size, in one PATCH or in several."""
+    tus = {"tus-resumable": "1.0.0", "content-type": "application/offset+octet-stream"}
+    with httpx.Client(base_url=limited.url) as http:
+        url = http.post("/tus/files", headers={**tus, "upload-defer-length": "1"}).headers["location"]
+        r = http.patch(url, content=bytes(3 * MiB), headers={**tus, "upload-offset": "0"})
+        assert_error(r, 413, "payload_too_large")
+        url = http.post("/tus/files", headers={**tus, "upload-defer-length": "1"}).headers["location"]
+        r = http.patch(url, content=bytes(2 * MiB - 1), headers={**tus, "upload-offset": "0"})
+        assert r.status_code == 204
+        r = http.patch(url, content=b"ab", headers={**tus, "upload-offset": str(2 * MiB - 1)})
+        assert_error(r, 413, "payload_too_large")
+
+
 def test_session_limits_in_the_core() -> None:
     open_ended = Session(
         id="s_x", name="n", content_type=None, size=None, chunk_size=100, created_at=0, expires_at=9, max_size=1000

@@ -28,6 +28,7 @@ from storage.local import LocalStorage
 from tests.conftest import LiveServer, running
 from tests.test_api_upload import assert_error
 from transfer.client import AsyncTransferClient
+from transfer.client.resolver import Resolver
 from transfer.core.content import ContentEncoding
 from transfer.core.encodings import DecodeLimits, make_decoder
 from transfer.core.sessions import Session
@@ -298,3 +299,16 @@ async def test_import_stops_at_the_declared_encoded_size(tmp_path: Path) -> None
             with pytest.raises(ContentLengthMismatch):
                 [e async for e in client.follow_job(job_id)]
             assert len((await client.http.get(f"{live.url}/v1/files")).json()["files"]) == 1
+
+
+@pytest.mark.anyio
+async def test_resolving_into_memory_stops_at_max_size_when_no_size_is_declared(live_server: LiveServer) -> None:
+    data = bytes(3 * MiB)
+    async with AsyncTransferClient(live_server.url) as client:
+        stored = await client.upload(data, encoding="gzip", inline=False)
+        unsized = stored.model_copy(update={"size": None})
+        async with httpx.AsyncClient() as http:
+            resolver = Resolver(http)
+            with pytest.raises(TooLarge):
+                await resolver.to_bytes(unsized, max_size=MiB)
+            assert await resolver.to_bytes(unsized, max_size=3 * MiB) == data

@@ -35,7 +35,7 @@ else:
 _ISAL_ERROR: type[Exception] = isal_zlib.error  # type: ignore[assignment]
 ZSTD_MAX_WINDOW_LOG = 23  # 8 MiB, RFC 9659 §3
 DEFAULT_PIECE = 1 << 20
-_INPUT_WINDOW = 64 << 10  # compressed bytes handed to zlib/isal per call (see _ZlibFamilyDecoder._run)
+_INPUT_WINDOW = 256 << 10  # compressed bytes handed to zlib/isal per call (see _ZlibFamilyDecoder._run)
 
 # HTTP content-coding names (RFC 9110 §8.4.1) for our encodings
 HTTP_CODINGS = {ContentEncoding.GZIP: "gzip", ContentEncoding.DEFLATE: "deflate", ContentEncoding.ZSTD: "zstd"}

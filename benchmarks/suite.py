@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "latest.json").write_text(json.dumps(report, indent=2))
     markdown = "\n\n".join(sections) + "\n"
     (out / "latest.md").write_text(markdown)
-    write_chart(chart_rows, out / "latest.png", f"transfer service vs baselines, same run — {report['machine']}")
+    if chart_rows:  # e.g. only the memory sections were run: nothing to chart
+        write_chart(chart_rows, out / "latest.png", f"transfer service vs baselines, same run — {report['machine']}")
     print(markdown)
     return 0

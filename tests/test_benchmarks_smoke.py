@@ -62,3 +62,13 @@ def test_network_cases_run(tmp_path: Path) -> None:
     small = run_small_objects(50, 8, tmp_path)
     assert wan["runs"] == 1 and small["service"]["rps"] > 0 and small["baseline"]["rps"] > 0
     assert "Small objects" in network_table(wan, small)
+
+
+def test_bomb_memory_benchmark_runs(tmp_path: Path) -> None:
+    from benchmarks.bombs import bombs_table, run_bombs
+
+    rows = run_bombs(32 << 20, tmp_path)  # 32 MiB: past the ratio guard's 16 MiB grace, so pure zeros are refused
+    assert [r["case"] for r in rows] == ["gzip x3", "zstd x1", "gzip->zstd x1", "zstd pure zeros x1"]
+    assert [r["refused"] for r in rows] == [None, None, None, "decoded_size_limit"]
+    assert all(r["peak_rss"] >= r["idle_rss"] > 0 for r in rows)
+    assert "| bomb upload |" in bombs_table(rows)

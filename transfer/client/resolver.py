@@ -45,6 +45,7 @@ from transfer.errors import (
     InvalidDescriptor,
     RemoteError,
     SizeMismatch,
+    TooLarge,
     TransferError,
     error_from_payload,
 )
@@ -76,7 +77,9 @@ def inline_bytes(descriptor: FileContent | TextContent | JSONContent | CodeConte
         except ValueError as exc:
             raise InvalidDescriptor("inline data is not valid base64") from exc
         if descriptor.encoding not in (None, ContentEncoding.NONE, ContentEncoding.BASE64):
-            decoder = make_decoder(descriptor.encoding, DecodeLimits(16 << 20))
+            # inline content is small: never more than 16 MiB, nor more than it declares
+            limit = 16 << 20 if descriptor.size is None else min(16 << 20, descriptor.size)
+            decoder = make_decoder(descriptor.encoding, DecodeLimits(limit))
             raw = b"".join([*decoder.feed(raw), *decoder.finish()])
         return raw
     if isinstance(descriptor, TextContent):
@@ -184,7 +187,13 @@ class Resolver:
         if isinstance(descriptor, FileContent) and descriptor.type in (TransferMode.URL, TransferMode.STREAMING):
             if descriptor.size is not None and descriptor.size > max_size:
                 raise InvalidDescriptor(f"content of {descriptor.size} bytes is larger than max_size; use to_path")
-            chunks = [c async for c in self.stream(descriptor)]
+            chunks: list[bytes] = []
+            held = 0
+            async for chunk in self.stream(descriptor):  # no size declared: the cut-off is max_size itself
+                held += len(chunk)
+                if held > max_size:
+                    raise TooLarge(f"content is larger than max_size ({max_size} bytes); use to_path", limit=max_size)
+                chunks.append(chunk)
             return b"".join(chunks)
         if isinstance(descriptor, ContentBundle):
             raise InvalidDescriptor("a bundle is not one byte string")

@@ -35,6 +35,7 @@ else:
 _ISAL_ERROR: type[Exception] = isal_zlib.error  # type: ignore[assignment]
 ZSTD_MAX_WINDOW_LOG = 23  # 8 MiB, RFC 9659 §3
 DEFAULT_PIECE = 1 << 20
+_INPUT_WINDOW = 256 << 10  # compressed bytes handed to zlib/isal per call (see _ZlibFamilyDecoder._run)
 
 # HTTP content-coding names (RFC 9110 §8.4.1) for our encodings
 HTTP_CODINGS = {ContentEncoding.GZIP: "gzip", ContentEncoding.DEFLATE: "deflate", ContentEncoding.ZSTD: "zstd"}
@@ -118,9 +119,25 @@ class _ZlibFamilyDecoder:
             self._obj = isal_zlib.decompressobj(wbits=15 if zlib_wrapped else -15)
 
     def _run(self, data: bytes) -> Iterator[bytes]:
-        while data:
+        # the input goes in windows: each call that stops at max_length copies the rest of its input into
+        # unconsumed_tail, so a large input batch would be copied over and over while a bomb expands
+        view = memoryview(data)
+        for start in range(0, len(view), _INPUT_WINDOW):
+            yield from self._run_window(view[start : start + _INPUT_WINDOW])
+
+    def _run_window(self, data: bytes | memoryview) -> Iterator[bytes]:
+        """Decode ``data`` in pieces of at most ``piece_size``; also drains output the decompressor held back
+        (it can hold some with all its input consumed; ``data`` empty then)."""
+        while True:
             if self._obj is None:
-                self._new(data)
+                if not data:
+                    return
+                if self._ended and not self._gzip:
+                    if bytes(data).strip(b"\0"):
+                        raise MalformedBody("trailing bytes after the deflate stream")
+                    return
+                self._new(bytes(data[:2]))
+                self._ended = False
             assert self._obj is not None
             try:
                 out = self._obj.decompress(data, self._piece)
@@ -131,20 +148,13 @@ class _ZlibFamilyDecoder:
                 self._limits.check(self.decoded_out, self.encoded_in)
                 yield out
             if self._obj.eof:
-                rest = self._obj.unused_data
+                data = self._obj.unused_data  # gzip: the next member, if any (RFC 1952 §2.2)
                 self._obj = None
                 self._ended = True
-                if not self._gzip:
-                    if rest.strip(b"\0"):
-                        raise MalformedBody("trailing bytes after the deflate stream")
-                    return
-                data = rest  # the next gzip member, if any
-                if data:
-                    self._ended = False
-            else:
-                data = self._obj.unconsumed_tail
-                if not data and not out:
-                    return
+                continue
+            data = self._obj.unconsumed_tail
+            if not data and len(out) < self._piece:  # input used up and nothing held back
+                return
 
     def feed(self, data: bytes | memoryview) -> Iterator[bytes]:
         chunk = bytes(data)
@@ -161,19 +171,10 @@ class _ZlibFamilyDecoder:
             yield from self._run(self._head)
             self._head = b""
         if self._obj is not None:
-            while True:
-                try:
-                    out = self._obj.flush()
-                except _ISAL_ERROR as exc:
-                    raise MalformedBody(f"corrupt compressed data: {exc}") from exc
-                if not out:
-                    break
-                self.decoded_out += len(out)
-                self._limits.check(self.decoded_out, self.encoded_in)
-                yield out
-            if not self._obj.eof:
-                raise MalformedBody("compressed stream is truncated")
-        elif not self._ended:
+            yield from self._run_window(b"")  # what the decompressor still holds, in bounded pieces
+        if self._obj is not None:
+            raise MalformedBody("compressed stream is truncated")
+        if not self._ended:
             raise MalformedBody("compressed stream is empty")
 
 

@@ -11,7 +11,8 @@ States and transitions (anything not listed is refused with the error named):
     EXPIRED    --anything-->   session_expired (410)
 
 Chunk ``i`` covers bytes ``[i * chunk_size, min((i + 1) * chunk_size, size))``. When the size is not declared at
-creation, every chunk but the last must be exactly ``chunk_size`` and the size is declared at completion.
+creation, every chunk but the last must be exactly ``chunk_size``, the size is declared at completion, and the
+chunk indices stop where ``max_size`` (the service's size limit) would end.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from transfer.errors import (
     SessionCompleted,
     SessionExpired,
     SessionIncomplete,
+    TooLarge,
 )
 
 
@@ -83,10 +85,19 @@ class Session:
     file_id: str | None = None  # once completed
     chunk_digests: list[str] = field(default_factory=list)  # xxh3-128 hex per chunk, once completed
     owner: str | None = None  # the API key that opened it (open-session quota)
+    max_size: int | None = None  # the largest file it may make (the service's limit when it was opened)
 
     @property
     def total_chunks(self) -> int | None:
         return None if self.size is None else total_chunks(self.size, self.chunk_size)
+
+    @property
+    def max_chunks(self) -> int | None:
+        """How many chunks may be stored: all of them when the size is known, else as many as the size limit
+        allows (so an unknown size cannot be a way around the limit)."""
+        if self.size is not None:
+            return total_chunks(self.size, self.chunk_size)
+        return None if self.max_size is None else total_chunks(self.max_size, self.chunk_size)
 
     def state_at(self, now: float) -> SessionState:
         if self.state is SessionState.OPEN and now >= self.expires_at:
@@ -110,12 +121,12 @@ class Session:
             raise SessionExpired(f"session {self.id} expired")
 
     def check_index(self, index: int) -> None:
-        total = self.total_chunks
-        if index < 0 or (total is not None and index >= total):
-            raise ChunkOutOfRange(
-                f"chunk {index} is outside 0..{(total or 0) - 1}" if total is not None else f"chunk {index} < 0",
-                total_chunks=total,
-            )
+        limit = self.max_chunks
+        if index < 0 or (limit is not None and index >= limit):
+            message = f"chunk {index} is outside 0..{(limit or 0) - 1}" if limit is not None else f"chunk {index} < 0"
+            if self.size is None and limit is not None:
+                message += f" (an unknown size still ends at the limit of {self.max_size} bytes)"
+            raise ChunkOutOfRange(message, total_chunks=self.total_chunks)
 
     def expected_length(self, index: int) -> int | None:
         """The exact length of chunk ``index``; None when the size is unknown (then: at most chunk_size)."""
@@ -139,6 +150,8 @@ class Session:
             raise InvalidRequest("this session has no declared size: complete it with 'size'")
         if self.size is not None and declared_size is not None and declared_size != self.size:
             raise InvalidRequest(f"size {declared_size} differs from the session's {self.size}")
+        if self.max_size is not None and size > self.max_size:
+            raise TooLarge(f"size exceeds the limit of {self.max_size} bytes", limit=self.max_size)
         total = total_chunks(size, self.chunk_size)
         missing = [i for i in range(total) if i not in stored]
         extra = [i for i in stored if i >= total]
@@ -173,6 +186,7 @@ class Session:
             "description": self.description,
             "file_id": self.file_id,
             "chunk_digests": self.chunk_digests,
+            "max_size": self.max_size,
         }
 
     @classmethod

@@ -7,6 +7,7 @@ Storage errors are translated here with the one table of ``transfer.errors``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -236,15 +237,21 @@ class FileService:
         return url, datetime.fromtimestamp(int(self.clock()) + int(expires), UTC)
 
     async def _read_original(self, record: FileRecord) -> bytes:
-        """The original bytes of a small file (inline descriptors only: bounded by the inline threshold)."""
-        decoder = make_decoder(record.encoding, DecodeLimits(max(record.size, 1)))
-        parts: list[bytes] = []
+        """The original bytes of a small file (inline descriptors only): no more than the record's
+        ``encoded_size`` stored bytes are read and no more than its ``size`` decoded, in a worker thread."""
+        raw = bytearray()
         with storage_errors_translated():
             async with await self.storage.open(object_key(record.id)) as reader:
-                async for chunk in reader.read():
-                    parts.extend(decoder.feed(chunk))
-        parts.extend(decoder.finish())
-        return b"".join(parts)
+                async for chunk in reader.read(0, min(record.encoded_size, reader.info.size)):
+                    raw += chunk
+        if record.encoding is ContentEncoding.NONE:
+            return bytes(raw)
+
+        def decode() -> bytes:
+            decoder = make_decoder(record.encoding, DecodeLimits(max(record.size, 1)))
+            return b"".join([*decoder.feed(memoryview(raw)), *decoder.finish()])
+
+        return await asyncio.to_thread(decode)
 
     async def open_download(
         self,

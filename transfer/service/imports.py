@@ -2,7 +2,8 @@
 
 Used by ``POST /v1/imports``, TP ``resource_mount`` of a foreign url-mode resource and the MCP tools. The fetch is
 SSRF-guarded (:mod:`transfer.service.fetch`), capped at ``max_upload_size``, and goes through the same ingest
-pipeline as an upload: the descriptor's ``checksum`` and ``size`` are verified before anything is published.
+pipeline as an upload: the descriptor's ``checksum``, ``size`` and ``encoded_size`` are verified (and the sizes are
+cut-offs: nothing is read past them) before anything is published.
 Progress is reported to the job (``GET /v1/jobs/{id}/events``).
 """
 
@@ -121,6 +122,8 @@ class ImportService:
         if encoding is ContentEncoding.BASE64:
             raise InvalidDescriptor("base64 encoding is for inline data only")
         request.body_encoding = request.store_encoding = encoding
+        if encoding is not ContentEncoding.NONE:
+            request.declared_length = descriptor.encoded_size  # a cut-off too: no reading past it
         assert descriptor.url is not None
         method = "POST" if descriptor.download_method is DownloadMethod.POST else "GET"
         max_size = self.files.settings.max_upload_size

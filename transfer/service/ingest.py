@@ -2,18 +2,22 @@
 
     body pieces --(coalesce to buffer_size)--> queue(2) --> [worker thread: digest of the body as sent,
     decode Content-Encoding (bomb-guarded), SHA-256 + size of the original, sniff head, encode for storage,
-    SHA-256 of the stored bytes] --> storage writer (the write of batch N overlaps the hashing of batch N+1)
+    SHA-256 of the stored bytes] --> storage writer (the write of step N overlaps the work of step N+1)
 
-Memory per upload is a few ``buffer_size`` batches whatever the file size. Nothing is visible until the sizes and
-every digest the client declared have been checked; any failure (bad digest, client gone, disk full, too large,
-corrupt coding) aborts the writer, so no temp file or partial object stays behind.
+Memory per upload is a few ``buffer_size`` batches whatever the file size and whatever its coding expands to: the
+worker returns at most about ``buffer_size`` bytes of output per step, so a batch that decodes to gigabytes takes
+many steps, each written before the next is taken. Declared lengths and sizes are cut-offs: the body is read no
+further than the first byte past them, and the decoded-size limit is checked as the bytes come out.
+
+Nothing is visible until the sizes and every digest the client declared have been checked; any failure (bad digest,
+client gone, disk full, too large, corrupt coding) aborts the writer, so no temp file or partial object stays behind.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -42,7 +46,7 @@ class UploadRequest:
     content_type: str | None = None
     role: FileRole | None = None
     description: str | None = None
-    declared_length: int | None = None  # Content-Length of the body as sent
+    declared_length: int | None = None  # length of the body as sent (Content-Length; an import's encoded_size)
     body_encoding: ContentEncoding = ContentEncoding.NONE  # Content-Encoding of the body as sent
     body_sha256: bytes | None = None  # RFC 9530 Content-Digest / Repr-Digest: sha-256 of the body as sent
     checksum: str | None = None  # descriptor format: SHA-256 of the original bytes
@@ -52,20 +56,36 @@ class UploadRequest:
 
 
 class _Digests:
-    """The CPU side of the pipeline; runs in a worker thread one batch at a time."""
+    """The CPU side of the pipeline; runs in a worker thread one step at a time.
 
-    def __init__(self, request: UploadRequest, limits: DecodeLimits, gzip_level: int, zstd_level: int) -> None:
+    A batch of received bytes may decode to far more than its own size (1 MiB of gzip can hold 1 GiB of zeros), so
+    a batch is not processed whole: :meth:`step` returns at most about ``budget`` bytes of output and keeps the
+    decoder's place, and the caller writes them before asking for more."""
+
+    def __init__(
+        self, request: UploadRequest, limits: DecodeLimits, gzip_level: int, zstd_level: int, piece_size: int
+    ) -> None:
         self.body = hashlib.sha256() if request.body_sha256 is not None else None
         self.original = hashlib.sha256()
         self.stored = hashlib.sha256() if request.store_encoding is not ContentEncoding.NONE else None
-        self.decoder = make_decoder(request.body_encoding, limits)
+        self.decoder = make_decoder(request.body_encoding, limits, piece_size=piece_size)
         self.encoder = make_encoder(request.store_encoding, gzip_level=gzip_level, zstd_level=zstd_level)
+        self.expected_size = request.expected_size
         self.head = bytearray()
         self.size = 0
+        self.budget = piece_size
+        self._pieces: Iterator[bytes] = iter(())
+        self._finishing = False
 
     def _original(self, piece: bytes) -> bytes:
-        self.original.update(piece)
         self.size += len(piece)
+        if self.expected_size is not None and self.size > self.expected_size:
+            # a declared size is a cut-off: stop at the first piece past it rather than read the rest
+            raise SizeMismatch(
+                f"the content is longer than the declared size of {self.expected_size} bytes",
+                declared=self.expected_size,
+            )
+        self.original.update(piece)
         if len(self.head) < SNIFF_BYTES:
             self.head += piece[: SNIFF_BYTES - len(self.head)]
         if self.stored is None:
@@ -74,23 +94,41 @@ class _Digests:
         self.stored.update(out)
         return out
 
-    def process(self, batch: bytes) -> list[bytes]:
-        """Bytes as received -> bytes to store."""
+    def begin(self, batch: bytes) -> None:
+        """Take the next batch of bytes as received (call once :meth:`step` has reported it done). Lazy: the
+        hashing and decoding happen in the steps, in the worker thread."""
+        self._pieces = self._decoded(batch)
+
+    def _decoded(self, batch: bytes) -> Iterator[bytes]:
         if self.body is not None:
             self.body.update(batch)
-        return [o for piece in self.decoder.feed(batch) if (o := self._original(piece))]
+        yield from self.decoder.feed(batch)
 
-    def finish(self) -> list[bytes]:
-        out = [o for piece in self.decoder.finish() if (o := self._original(piece))]
-        if self.stored is not None:
-            tail = self.encoder.finish()
-            self.stored.update(tail)
-            out.append(tail)
-        return [o for o in out if o]
+    def begin_finish(self) -> None:
+        """The body has ended: the next steps return what the decoder and the encoder still hold."""
+        self._pieces = self.decoder.finish()
+        self._finishing = True
+
+    def step(self) -> tuple[list[bytes], bool]:
+        """Up to about ``budget`` bytes to store, and whether the current batch (or the finish) is done."""
+        out: list[bytes] = []
+        produced = 0
+        for piece in self._pieces:
+            if o := self._original(piece):
+                out.append(o)
+                produced += len(o)
+            if produced >= self.budget:
+                return out, False
+        if self._finishing and self.stored is not None:
+            if tail := self.encoder.finish():
+                self.stored.update(tail)
+                out.append(tail)
+        return out, True
 
 
-async def _batches(body: AsyncIterator[bytes], size: int, max_raw: int) -> AsyncIterator[bytes]:
-    """Coalesce body pieces into batches of about ``size`` bytes (fewer thread hops, fewer write calls)."""
+async def _batches(body: AsyncIterator[bytes], size: int, max_raw: int, declared: int | None) -> AsyncIterator[bytes]:
+    """Coalesce body pieces into batches of about ``size`` bytes (fewer thread hops, fewer write calls); stop at
+    the first piece past ``max_raw`` or past the ``declared`` length."""
     pending: list[bytes] = []
     pending_len = 0
     total = 0
@@ -100,6 +138,10 @@ async def _batches(body: AsyncIterator[bytes], size: int, max_raw: int) -> Async
         total += len(piece)
         if total > max_raw:
             raise TooLarge(f"upload exceeds the limit of {max_raw} bytes", limit=max_raw)
+        if declared is not None and total > declared:
+            raise ContentLengthMismatch(
+                f"the body is longer than the {declared} bytes declared", received=total, declared=declared
+            )
         pending.append(piece)
         pending_len += len(piece)
         if pending_len >= size:
@@ -125,21 +167,21 @@ async def ingest(
     """Stream ``body`` into storage as file ``file_id`` and publish it only once verified."""
     if request.content_type is not None:
         require_media_type(request.content_type)
-    if request.declared_length is not None and request.body_encoding is ContentEncoding.NONE:
-        if request.declared_length > max_size:  # reject before reading a byte (RFC 9110 §15.5.14)
-            raise TooLarge(
-                f"Content-Length {request.declared_length} exceeds the limit of {max_size} bytes", limit=max_size
-            )
+    # reject before reading a byte (RFC 9110 §15.5.14); the body as sent is held to the limit in any coding
+    if request.declared_length is not None and request.declared_length > max_size:
+        raise TooLarge(
+            f"Content-Length {request.declared_length} exceeds the limit of {max_size} bytes", limit=max_size
+        )
     if request.expected_size is not None and request.expected_size > max_size:
         raise TooLarge(f"declared size exceeds the limit of {max_size} bytes", limit=max_size)
 
-    digests = _Digests(request, DecodeLimits(max_size, max_decode_ratio), gzip_level, zstd_level)
+    digests = _Digests(request, DecodeLimits(max_size, max_decode_ratio), gzip_level, zstd_level, buffer_size)
     queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=2)
     received = 0
 
     async def produce() -> None:
         nonlocal received
-        async for batch in _batches(body, buffer_size, max_size):
+        async for batch in _batches(body, buffer_size, max_size, request.declared_length):
             received += len(batch)
             await queue.put(batch)
         await queue.put(None)
@@ -151,16 +193,26 @@ async def ingest(
             for piece in pieces:
                 await writer.write(piece)
 
-        try:
-            while (batch := await queue.get()) is not None:
-                pieces = await asyncio.to_thread(digests.process, batch)
+        async def drain() -> None:
+            # one step decodes while the previous step's output is written: at most two steps' output in memory
+            nonlocal pending_write
+            done = False
+            while not done:
+                pieces, done = await asyncio.to_thread(digests.step)
                 if pending_write is not None:
                     await pending_write
-                pending_write = asyncio.create_task(write_all(pieces))
-            tail = await asyncio.to_thread(digests.finish)
+                    pending_write = None
+                if pieces:
+                    pending_write = asyncio.create_task(write_all(pieces))
+
+        try:
+            while (batch := await queue.get()) is not None:
+                digests.begin(batch)
+                await drain()
+            digests.begin_finish()
+            await drain()
             if pending_write is not None:
                 await pending_write
-            await write_all(tail)
         finally:
             # never abandon a write in flight: its worker thread would outlive the abort of the writer
             if pending_write is not None and not pending_write.done():
@@ -208,7 +260,7 @@ def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
 def _verify(request: UploadRequest, digests: _Digests, received: int) -> None:
     if request.declared_length is not None and received != request.declared_length:
         raise ContentLengthMismatch(
-            f"received {received} bytes but Content-Length declared {request.declared_length}",
+            f"received {received} bytes but {request.declared_length} were declared",
             received=received,
             declared=request.declared_length,
         )

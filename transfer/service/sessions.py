@@ -199,6 +199,7 @@ class SessionService:
             role=role.value if role else None,
             description=description,
             owner=owner,
+            max_size=s.max_upload_size,
         )
         async with self.quota.claim(owner, session.id):
             await self._save(session, new=True)

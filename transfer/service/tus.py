@@ -253,7 +253,8 @@ class TusService:
                 await self._save(upload)
         if offset != current:
             raise Conflict(f"Upload-Offset {offset} does not match the upload's offset {current}", offset=current)
-        limit = None if upload.length is None else upload.length - current
+        # a deferred length is still bounded by Tus-Max-Size (tus 1.0.0 §creation-defer-length)
+        limit = (self.settings.max_upload_size if upload.length is None else upload.length) - current
         # the running SHA-256 follows the bytes of this process's PATCHes when they arrive in order
         hasher = self._hashers.get(uid)
         if hasher is None and current == 0:
@@ -264,12 +265,17 @@ class TusService:
         kept = False
         cut = False
         try:
-            async with self.storage.create(_segment_key(uid, current), size_hint=limit, if_absent=True) as writer:
+            hint = None if upload.length is None else limit  # not the size limit: backends plan (and S3 parts) by it
+            async with self.storage.create(_segment_key(uid, current), size_hint=hint, if_absent=True) as writer:
                 try:
                     async for piece in body:
                         received += len(piece)
-                        if limit is not None and received > limit:
-                            raise TooLarge(f"PATCH goes beyond Upload-Length {upload.length}")
+                        if received > limit:
+                            raise TooLarge(
+                                f"PATCH goes beyond Upload-Length {upload.length}"
+                                if upload.length is not None
+                                else f"PATCH goes beyond Tus-Max-Size {self.settings.max_upload_size}"
+                            )
                         if check is not None:
                             check.update(piece)
                         if feed is not None:

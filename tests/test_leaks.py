@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import xxhash
 from websockets.asyncio.client import connect
 
 from tests.conftest import LiveServer, running
@@ -82,3 +83,32 @@ async def test_websocket_subscriptions_are_removed_when_the_socket_closes(live: 
                 await http.get(f"{live.url}/healthz")
     assert tp._topics == {}
     assert [r.getMessage() for r in errors] == []
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))  # the server runs in this process (a thread)
+
+
+def test_head_on_a_chunk_url_leaks_no_descriptor(live: LiveServer) -> None:
+    """HEAD opens the chunk to learn its length and checksum; the descriptor is closed even though no byte is
+    read (the chunk used to be owned by an async generator that never started, so its ``finally`` never ran)."""
+    data = os.urandom(100_000)
+    chunk = {"chunk-checksum": "xxh3-128:" + xxhash.xxh3_128_hexdigest(data)}
+    with httpx.Client(base_url=live.url, timeout=30) as http:
+        doc = http.post("/v1/sessions", json={"size": 2 * len(data), "chunk_size": len(data)}).json()
+        sid = doc["streaming_session_id"]
+        base, query = doc["descriptor"]["url"].split("?")
+        assert http.put(f"/v1/sessions/{sid}/chunks/0", content=data, headers=chunk).status_code == 201
+        url = f"{base}/0?{query}"
+        assert http.head(url).status_code == 200  # warm up: lazily opened files, pools, caches
+        before = open_fds()
+        for _ in range(50):  # a chunk of a session still uploading
+            response = http.head(url)
+            assert response.status_code == 200 and response.headers["content-length"] == str(len(data))
+            assert response.content == b""
+        assert http.put(f"/v1/sessions/{sid}/chunks/1", content=data, headers=chunk).status_code == 201
+        assert http.post(f"/v1/sessions/{sid}/complete", json={}).status_code == 200
+        for _ in range(50):  # a chunk of the completed file
+            assert http.head(url).status_code == 200
+        assert http.get(url).content == data
+        assert open_fds() - before <= 2  # not +1 per HEAD (noise: the client's own connection pool)

@@ -18,11 +18,11 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Header, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from pydantic import BaseModel, Field, field_validator
 
 from transfer.api.responses import AsciiJSONResponse
-from transfer.api.streaming import request_body
+from transfer.api.streaming import OwningStreamResponse, request_body
 from transfer.core.auth import Scope
 from transfer.core.content import (
     DownloadMethod,
@@ -211,7 +211,4 @@ def add_session_routes(
             "cache-control": "private, max-age=0",
             "x-content-type-options": "nosniff",
         }
-        if request.method == "HEAD":
-            await stream.aclose()  # type: ignore[attr-defined]
-            return Response(status_code=200, headers=headers, media_type="application/octet-stream")
-        return StreamingResponse(stream, headers=headers, media_type="application/octet-stream")
+        return OwningStreamResponse(stream, headers=headers, media_type="application/octet-stream")

@@ -3,6 +3,7 @@ jobs that ids from nowhere would create. Each test drives a real server on loopb
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -15,9 +16,11 @@ from typing import Any
 import httpx
 import pytest
 import xxhash
+from httpx_sse import aconnect_sse
 from websockets.asyncio.client import connect
 
 from tests.conftest import LiveServer, running
+from transfer.errors import NotFound
 from transfer.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -112,3 +115,70 @@ def test_head_on_a_chunk_url_leaks_no_descriptor(live: LiveServer) -> None:
             assert http.head(url).status_code == 200
         assert http.get(url).content == data
         assert open_fds() - before <= 2  # not +1 per HEAD (noise: the client's own connection pool)
+
+
+async def test_job_lookups_of_unknown_ids_create_nothing_and_waiting_streams_are_bounded(tmp_path: Path) -> None:
+    """``GET /v1/jobs/<random id>`` used to create a pending job that never expired (10,050 of them made every
+    lookup slow). A look creates nothing; a stream opened before its upload waits, but at most
+    ``max_waiting_jobs`` at once (then 429), and each ends with not_found after ``job_wait_ttl``."""
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        signing_keys={"t": "0123456789abcdef0123"},
+        max_waiting_jobs=5,
+        job_wait_ttl=1.0,
+        sse_heartbeat=30,  # the hub's own expiry ends the streams, not the SSE keep-alive check
+    )
+    with running(settings) as live:
+        hub = live.app.state.services.hub
+        async with httpx.AsyncClient(base_url=live.url, timeout=30) as http:
+            for _ in range(500):
+                response = await http.get(f"/v1/jobs/{uuid.uuid4().hex}")
+                assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
+            assert len(hub) == 0
+
+            async def follow(job_id: str) -> list[tuple[str, dict[str, Any]]]:
+                async with aconnect_sse(http, "GET", f"/v1/jobs/{job_id}/events") as source:
+                    return [(sse.event, json.loads(sse.data)) for sse in [s async for s in source.aiter_sse()]]
+
+            ids = [f"waiting-{i:04d}" for i in range(5)]
+            streams = [asyncio.create_task(follow(job_id)) for job_id in ids]
+            while hub.waiting < 5:
+                await asyncio.sleep(0.02)
+            refused = await http.get("/v1/jobs/one-too-many/events")
+            assert refused.status_code == 429 and refused.json()["error"]["code"] == "too_many_jobs"
+            assert int(refused.headers["retry-after"]) >= 1
+            for events in await asyncio.wait_for(asyncio.gather(*streams), 30):
+                assert [name for name, _ in events] == ["error"]
+                assert events[0][1]["payload"]["code"] == "not_found"
+            assert hub.waiting == 0 and len(hub) == 0
+
+            # the feature stays: a stream opened for one's own upload id before the upload sees it finish
+            reader = asyncio.create_task(follow("my-upload-0002"))
+            while hub.waiting < 1:
+                await asyncio.sleep(0.02)
+            stored = await http.post("/v1/files", params={"job_id": "my-upload-0002"}, content=b"x" * 5000)
+            assert stored.status_code == 201
+            events = await asyncio.wait_for(reader, 30)
+            assert [name for name, _ in events][-1] == "done" and hub.waiting == 0
+
+
+def test_the_hub_forgets_finished_jobs_and_evicts_them_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finished jobs go after ``retention``; over ``max_jobs`` the oldest finished go first; running jobs stay."""
+    from transfer.service import progress
+
+    now = [1000.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    hub = progress.ProgressHub(max_jobs=3, retention=10.0)
+    running_job = hub.open("running-0001", "upload")
+    running_job.start()
+    for i in range(5):
+        job = hub.open(f"finished-{i:04d}", "upload")
+        job.succeed({})
+        now[0] += 1
+    assert len(hub) == 3  # running + the two newest finished
+    assert hub.find("running-0001") is running_job and hub.find("finished-0004").finished
+    with pytest.raises(NotFound):
+        hub.find("finished-0000")
+    now[0] += 10
+    hub.open("new-job-0001", "upload")
+    assert len(hub) == 2 and hub.find("running-0001") is running_job

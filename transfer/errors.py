@@ -42,6 +42,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── TusChecksumMismatch            460 tus_checksum_mismatch (tus checksum extension)
     ├── RangeNotSatisfiable            416 range_not_satisfiable
     ├── TooManySessions                429 too_many_sessions     (open sessions per API key)
+    ├── TooManyJobs                    429 too_many_jobs         (job streams waiting for their upload to start)
     ├── Conflict                       409 conflict
     │   ├── ChunkConflict              409 chunk_conflict        (other bytes already stored for that chunk)
     │   ├── SessionCompleted           409 session_completed
@@ -263,6 +264,11 @@ class RangeNotSatisfiable(TransferError):
 
 class TooManySessions(TransferError):
     code = "too_many_sessions"
+    status = 429
+
+
+class TooManyJobs(TransferError):
+    code = "too_many_jobs"
     status = 429
 
 

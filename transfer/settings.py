@@ -99,7 +99,13 @@ class Settings(BaseSettings):
     fetch_max_redirects: int = Field(default=5, ge=0, le=20)
     # progress jobs and the AIFlowy SSE stream
     job_retention: float = Field(default=600.0, gt=0, description="seconds a finished job stays readable")
-    max_jobs: int = Field(default=10_000, ge=1)
+    max_jobs: int = Field(default=10_000, ge=1, description="jobs kept (running jobs are never evicted)")
+    job_wait_ttl: float = Field(
+        default=60.0, gt=0, description="seconds a job stream opened before its upload waits for the upload to start"
+    )
+    max_waiting_jobs: int = Field(
+        default=1000, ge=1, description="job streams waiting for their upload to start at once (more: 429)"
+    )
     sse_heartbeat: float = Field(default=15.0, gt=0, description="seconds between SSE keep-alive comments")
     # TP bindings
     tp_identity: str = Field(default="transfer-service", description="this service's sender in TP envelopes")

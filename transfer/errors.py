@@ -55,6 +55,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── InsufficientStorage            507 insufficient_storage
     ├── StorageUnavailable             503 storage_unavailable
     ├── HeartbeatTimeout               408 TP-TRA010             (WebSocket: two pongs missed)
+    ├── RequestTimeout                 408 request_timeout       (header fields or body sent too slowly)
     ├── UpstreamTimeout                504 TP-TRA011             (server-side fetch timed out)
     ├── BridgeFailed                   502 TP-TRA002
     └── RemoteError                    502 remote_error          (client side: server answered something unusable;
@@ -324,6 +325,11 @@ class StorageUnavailable(TransferError):
 
 class HeartbeatTimeout(TransferError):
     code = "TP-TRA010"
+    status = 408
+
+
+class RequestTimeout(TransferError):
+    code = "request_timeout"
     status = 408
 
 

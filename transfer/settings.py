@@ -42,6 +42,18 @@ class Settings(BaseSettings):
         description="seconds after which an unfinished multipart upload is aborted as abandoned",
     )
     http_keep_alive: int = Field(default=75, gt=0, description="seconds an idle keep-alive connection stays open")
+    http_header_timeout: float = Field(
+        default=30.0, gt=0, description="seconds to send a request's header fields; then 408 and the connection closes"
+    )
+    http_body_grace: float = Field(
+        default=30.0, ge=0, description="seconds a request body may take before http_body_min_rate applies"
+    )
+    http_body_min_rate: float = Field(
+        default=8192,
+        ge=0,
+        description="bytes/s a request body must average (over time spent waiting for it, after the grace); "
+        "slower: 408 and the connection closes. 0: no minimum",
+    )
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     public_url: str | None = Field(

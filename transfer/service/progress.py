@@ -184,6 +184,7 @@ class ProgressHub:
         self._waiting_q: deque[tuple[float, Job]] = deque()
         self._retired_q: deque[tuple[float, Job]] = deque()
         self._sources: dict[str, asyncio.Task[None]] = {}
+        self._timer: asyncio.TimerHandle | None = None
 
     @staticmethod
     def new_id(prefix: str) -> str:
@@ -237,6 +238,18 @@ class ProgressHub:
             if job.expires == deadline:
                 self._forget(job)
 
+    def _arm_timer(self) -> None:
+        """Expire waiting jobs on time even if no other lookup comes (their followers get not_found then). One
+        timer per hub, re-armed until the head of the queue is due: the loop's clock is not time.monotonic."""
+        if self._timer is None and self._waiting_q:
+            delay = max(0.0, self._waiting_q[0][0] - time.monotonic()) + 0.01
+            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._expire()
+        self._arm_timer()
+
     def _make_room(self) -> None:
         """Forget retired jobs early, oldest first, while ``max_jobs`` are kept."""
         while len(self._jobs) >= self.max_jobs and self._retired_q:
@@ -281,8 +294,7 @@ class ProgressHub:
         job.expires = time.monotonic() + self.wait_ttl
         self._waiting[job_id] = job
         self._waiting_q.append((job.expires, job))
-        # on time even if no other lookup comes: its followers get the not_found event then
-        asyncio.get_running_loop().call_later(self.wait_ttl, self._expire)
+        self._arm_timer()
         return job
 
     def derived(self, job_id: str, kind: str, source: Callable[[Job], Awaitable[None]]) -> Job:
@@ -313,6 +325,9 @@ class ProgressHub:
                 self._retire(job)  # stopped for lack of readers: forgotten later unless one comes back
 
     async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         tasks = list(self._sources.values())
         for task in tasks:
             task.cancel()

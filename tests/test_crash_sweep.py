@@ -42,6 +42,7 @@ def _wait_for(condition: object, what: str, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_temp_files_of_a_killed_server_are_swept_at_start_up(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     url = f"http://127.0.0.1:{free_port()}"
@@ -64,6 +65,7 @@ def test_temp_files_of_a_killed_server_are_swept_at_start_up(tmp_path: Path) -> 
         second.wait()
 
 
+@pytest.mark.slow
 def test_a_second_server_on_the_same_directory_keeps_a_live_upload(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     first_url, second_url = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"

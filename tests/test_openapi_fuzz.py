@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import running
 from transfer.core.auth import new_token, token_hash
 from transfer.settings import Settings
 
 
+@pytest.mark.slow
 def test_no_server_errors_for_generated_requests(tmp_path: Path) -> None:
     key = new_token()
     settings = Settings(

@@ -1,6 +1,6 @@
 """schemathesis against the service's own OpenAPI schema, authenticated with an admin key: thousands of generated
 requests, never a 5xx. Two operations wait by design and are tested on their own: the SSE stream of a job that
-has not started yet never ends, and the TP long poll waits up to a minute."""
+has not started yet waits for it (job_wait_ttl, a minute), and so does the TP long poll."""
 
 from __future__ import annotations
 

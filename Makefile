@@ -1,10 +1,12 @@
-# The two commands of README.md. Both create ./.venv and install the project into it first.
+# The two commands of README.md (serve, test). All targets create ./.venv and install the project into it first.
+# test        lint + every test (the README's command)
+# test-quick  lint + the tests not marked slow or s3: the inner loop while editing; run `make test` before pushing
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint bench bench-quick clean
+.PHONY: serve test test-quick lint bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +24,9 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/pytest
+
+test-quick: lint
+	$(BIN)/pytest -q -m "not slow and not s3"
 
 bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks --quick

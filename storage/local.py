@@ -7,14 +7,23 @@ Layout under ``root``::
     tmp/                 objects being written: ``<random>.part`` and ``<random>.meta``
 
 Publishing is temp file + fsync + rename (+ fsync of the directory), so a reader sees either nothing or the whole
-object with its metadata; a crash leaves only files under ``tmp/``, which :meth:`LocalStorage.start` sweeps once they
-are older than ``stale_after`` seconds (younger ones may belong to another process sharing the directory).
+object with its metadata; a crash leaves only files under ``tmp/``, which :meth:`LocalStorage.start` sweeps.
+
+Several processes may share one data directory, so the sweep must tell a dead writer's temp file from a live one's:
+each writer holds an exclusive ``flock`` on its ``.part`` file from creation until it is published or removed (the
+kernel drops it when the process dies, kill -9 included), and a sweep deletes only the ``.part`` files it can lock
+itself without waiting. A ``<token>.meta`` exists only while its ``<token>.part`` does, so one without its part is
+an orphan. Creating and locking a part is not one system call: writers do both under a shared ``flock`` of ``tmp/``
+and the sweep holds it exclusively, so it never sees a part created but not yet locked. (``flock`` is per open file
+description: this holds between processes on one host and between storages in one process alike; on NFS it needs
+working lock support.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import json
 import os
 import secrets
@@ -42,6 +51,24 @@ def _translate(exc: OSError, what: str) -> StorageError:
     if exc.errno == errno.ENOENT:
         return ObjectNotFound(what)
     return BackendUnavailable(f"filesystem error while {what}: {exc.strerror or exc}")
+
+
+def _create_locked(path: Path, tmp_dir: Path) -> int:
+    """Create ``path`` (it must not exist) for writing, holding an exclusive flock on it: the mark of a live
+    writer that the temp-file sweep respects. Returns the descriptor; the lock lasts until it is closed."""
+    dfd = os.open(tmp_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(dfd, fcntl.LOCK_SH)  # no sweep between our create and our lock
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else can hold it
+        except BaseException:
+            os.close(fd)
+            os.remove(path)
+            raise
+        return fd
+    finally:
+        os.close(dfd)  # releases the shared lock
 
 
 def _fsync_dir(path: Path) -> None:
@@ -78,7 +105,7 @@ class LocalWriter(WriterContext):
 
     async def _open(self) -> AsyncFileIO:
         if self._file is None:
-            opening = asyncio.ensure_future(aiofiles.open(self._tmp, "xb", buffering=0))
+            opening = asyncio.ensure_future(aiofiles.open(self._tmp, "xb", buffering=0, opener=self._create))
             try:
                 f = await asyncio.shield(opening)
             except asyncio.CancelledError:
@@ -88,22 +115,25 @@ class LocalWriter(WriterContext):
             except OSError as exc:
                 raise _translate(exc, "creating a temp file") from exc
             if self._done:  # aborted while the open was in flight
-                await f.close()
                 await aiofiles.os.remove(self._tmp)
+                await f.close()
                 raise BackendUnavailable("writer was aborted")
             self._file = f
         return self._file
+
+    def _create(self, path: str, flags: int) -> int:
+        return _create_locked(Path(path), self._storage.tmp_dir)
 
     def _discard_opened(self, opening: asyncio.Future[AsyncFileIO]) -> None:
         if opening.cancelled() or opening.exception() is not None:
             return
 
         async def discard(f: AsyncFileIO) -> None:
-            await f.close()
             try:
                 await aiofiles.os.remove(self._tmp)
             except FileNotFoundError:
                 pass
+            await f.close()
 
         task = asyncio.ensure_future(discard(opening.result()))
         _cleanups.add(task)
@@ -137,8 +167,9 @@ class LocalWriter(WriterContext):
         try:
             if self._durable:
                 await asyncio.to_thread(os.fsync, f.fileno())
-            await f.close()
+            # published while still open: our lock keeps a sweep off the temp file until it has its final name
             await asyncio.to_thread(self._publish, record, final, final_meta)
+            await f.close()
         except FileExistsError as exc:
             await self.abort()
             raise ObjectExists(self._key) from exc
@@ -155,15 +186,15 @@ class LocalWriter(WriterContext):
 
     async def abort(self) -> None:
         self._done = True
+        for path in (self._tmp_meta, self._tmp):  # the meta first: it never outlives its part
+            try:
+                await aiofiles.os.remove(path)
+            except FileNotFoundError:
+                pass
         if self._file is not None:
             try:
                 await self._file.close()
             except OSError:
-                pass
-        for path in (self._tmp, self._tmp_meta):
-            try:
-                await aiofiles.os.remove(path)
-            except FileNotFoundError:
                 pass
 
 
@@ -242,13 +273,7 @@ class LocalStorage:
         def prepare() -> None:
             for d in (self.objects_dir, self.meta_dir, self.tmp_dir):
                 d.mkdir(parents=True, exist_ok=True)
-            cutoff = time.time() - self.stale_after
-            for entry in os.scandir(self.tmp_dir):
-                try:
-                    if entry.stat().st_mtime < cutoff:
-                        os.remove(entry.path)
-                except FileNotFoundError:
-                    pass
+            self.sweep_tmp()
             if not os.access(self.tmp_dir, os.W_OK):
                 raise BackendUnavailable(f"data directory {self.root} is not writable")
 
@@ -256,6 +281,53 @@ class LocalStorage:
             await asyncio.to_thread(prepare)
         except OSError as exc:
             raise BackendUnavailable(f"cannot use data directory {self.root}: {exc.strerror or exc}") from exc
+
+    def sweep_tmp(self) -> list[str]:
+        """Remove the temp files no live writer holds (of this process or any other sharing the directory), and
+        other files under ``tmp/`` older than ``stale_after``. Returns the names removed. Blocking: run it in a
+        thread."""
+        removed: list[str] = []
+
+        def remove(name: str) -> None:
+            try:
+                os.remove(self.tmp_dir / name)
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+
+        dfd = os.open(self.tmp_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(dfd, fcntl.LOCK_EX)  # no part is created meanwhile (writers hold it shared for microseconds)
+            names = os.listdir(self.tmp_dir)
+            parts = {name.removesuffix(".part") for name in names if name.endswith(".part")}
+            cutoff = time.time() - self.stale_after
+            for name in names:
+                if name.endswith(".part"):
+                    try:
+                        fd = os.open(self.tmp_dir / name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                    except FileNotFoundError:
+                        continue
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        continue  # a live writer holds it
+                    else:
+                        remove(name.removesuffix(".part") + ".meta")
+                        remove(name)
+                    finally:
+                        os.close(fd)
+                elif name.endswith(".meta"):
+                    if name.removesuffix(".meta") not in parts:
+                        remove(name)  # its part is gone: a publish or abort cut short
+                else:
+                    try:
+                        if os.lstat(self.tmp_dir / name).st_mtime < cutoff:
+                            remove(name)
+                    except FileNotFoundError:
+                        pass
+        finally:
+            os.close(dfd)
+        return removed
 
     async def close(self) -> None:
         return None
@@ -290,8 +362,8 @@ class LocalStorage:
         final_meta.parent.mkdir(parents=True, exist_ok=True)
         if if_absent:
             os.link(tmp, final)  # FileExistsError: another writer published first
-            os.remove(tmp)
             os.replace(tmp_meta, final_meta)
+            os.remove(tmp)  # last: a temp meta never outlives its part (see the sweep)
         else:
             os.replace(tmp_meta, final_meta)
             os.replace(tmp, final)
@@ -306,7 +378,7 @@ class LocalStorage:
 
         def run() -> None:
             try:
-                with open(tmp, "xb") as out:
+                with os.fdopen(_create_locked(tmp, self.tmp_dir), "wb") as out:
                     for source in sources:
                         with open(self.object_path(source), "rb") as src:
                             left = os.fstat(src.fileno()).st_size
@@ -317,17 +389,16 @@ class LocalStorage:
                                 left -= n
                     out.flush()
                     os.fsync(out.fileno())
-                    size = out.tell()
-                self.publish(
-                    tmp,
-                    tmp_meta,
-                    {"metadata": dict(metadata), "size": size},
-                    self.object_path(key),
-                    self.meta_path(key),
-                    if_absent=False,
-                )
+                    self.publish(  # while the part is open and locked
+                        tmp,
+                        tmp_meta,
+                        {"metadata": dict(metadata), "size": out.tell()},
+                        self.object_path(key),
+                        self.meta_path(key),
+                        if_absent=False,
+                    )
             finally:
-                for leftover in (tmp, tmp_meta):
+                for leftover in (tmp_meta, tmp):
                     try:
                         os.remove(leftover)
                     except FileNotFoundError:

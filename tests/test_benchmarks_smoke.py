@@ -10,6 +10,7 @@ import pytest
 from benchmarks.e2e import run, table
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("curl"), reason="curl is needed by the benchmark")
 def test_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     report = run(2 << 20, reps=1, workdir=tmp_path, use_baselines=True)
@@ -20,6 +21,7 @@ def test_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     assert "| case |" in table(report)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("curl"), reason="curl is needed by the benchmark")
 def test_memory_profile_runs(tmp_path: Path) -> None:
     from benchmarks.e2e import memory_profile
@@ -29,6 +31,7 @@ def test_memory_profile_runs(tmp_path: Path) -> None:
     assert rows[0]["peak_rss_after_import"] >= rows[0]["peak_rss_after_download"]
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 @pytest.mark.skipif(not shutil.which("curl"), reason="curl is needed by the benchmark")
 def test_s3_benchmark_runs(tmp_path: Path, s3_endpoint: object) -> None:
@@ -51,6 +54,7 @@ def test_kernels_and_chart(tmp_path: Path) -> None:
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("curl"), reason="curl is needed by the benchmark")
 def test_network_cases_run(tmp_path: Path) -> None:
     from benchmarks.e2e import make_file

@@ -41,6 +41,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
+@pytest.mark.slow
 def test_upload_then_resolve_in_another_directory(server: str, tmp_path: Path) -> None:
     src = tmp_path / "big.bin"
     src.write_bytes(os.urandom(5 * MiB + 3))
@@ -112,6 +113,7 @@ def test_bad_descriptors_get_one_error_line(tmp_path: Path, content: str, code: 
         assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_errors_are_one_line(tmp_path: Path, server: str) -> None:
     missing = run("upload", "--server", server, str(tmp_path / "nope.bin"))
     assert missing.returncode == 1 and missing.stderr.startswith("transfer: invalid_request:")
@@ -131,6 +133,7 @@ def test_errors_are_one_line(tmp_path: Path, server: str) -> None:
     assert usage.returncode == 2
 
 
+@pytest.mark.slow
 def test_serve_refuses_bad_settings_in_one_line(tmp_path: Path) -> None:
     bad_port = run("serve", env={**os.environ, "TRANSFER_PORT": "abc"}, cwd=tmp_path)
     assert bad_port.returncode == 1 and bad_port.stderr.startswith("transfer: invalid_settings: TRANSFER_PORT")

@@ -1,6 +1,6 @@
 """schemathesis against the service's own OpenAPI schema, authenticated with an admin key: thousands of generated
 requests, never a 5xx. Two operations wait by design and are tested on their own: the SSE stream of a job that
-has not started yet never ends, and the TP long poll waits up to a minute."""
+has not started yet waits for it (job_wait_ttl, a minute), and so does the TP long poll."""
 
 from __future__ import annotations
 
@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import running
 from transfer.core.auth import new_token, token_hash
 from transfer.settings import Settings
 
 
+@pytest.mark.slow
 def test_no_server_errors_for_generated_requests(tmp_path: Path) -> None:
     key = new_token()
     settings = Settings(

@@ -258,7 +258,7 @@ async def test_redirect_to_a_refused_address_is_refused(tmp_path: Path) -> None:
 
 
 async def test_a_job_that_never_starts_ends_with_an_error(tmp_path: Path) -> None:
-    with running(make_settings(tmp_path, sse_heartbeat=0.1, job_retention=0.3)) as live:
+    with running(make_settings(tmp_path, sse_heartbeat=0.1, job_wait_ttl=0.3)) as live:
         async with httpx.AsyncClient(timeout=10) as http:
             events = await read_stream(http, f"{live.url}/v1/jobs/never-started-1/events")
     assert [e[0] for e in events] == ["error"]

@@ -96,6 +96,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     )
 
 
+@pytest.mark.slow
 def test_cli_resumes_after_the_client_is_killed(server: LiveServer, tmp_path: Path) -> None:
     live_server = server
     src = tmp_path / "resume.bin"
@@ -185,6 +186,7 @@ def start_server(url: str, data_dir: Path) -> subprocess.Popen[bytes]:
     raise RuntimeError("server did not start")
 
 
+@pytest.mark.slow
 def test_resume_after_the_server_is_killed(killable_server: tuple[list[subprocess.Popen[bytes]], str, Path]) -> None:
     procs, url, data_dir = killable_server
     chunk = 5 * MiB  # S3 composes parts of at least 5 MiB

@@ -36,6 +36,7 @@ def soak_server(tmp_path: Path) -> Iterator[tuple[str, int, Path]]:
         yield url, pid, tmp_path / "data"
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_soak(soak_server: tuple[str, int, Path]) -> None:
     url, pid, data_dir = soak_server

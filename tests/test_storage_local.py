@@ -40,17 +40,33 @@ async def test_open_reader_keeps_its_version(storage: LocalStorage) -> None:
         assert b"".join([c async for c in r.read()]) == b"first version"
 
 
-async def test_start_sweeps_only_stale_temp_files(tmp_path: Path) -> None:
-    backend = LocalStorage(tmp_path / "s", stale_after=3600)
-    await backend.start()
-    stale = backend.tmp_dir / "old.part"
-    fresh = backend.tmp_dir / "new.part"
-    stale.write_bytes(b"x")
-    fresh.write_bytes(b"y")
+async def test_start_sweeps_temp_files_no_live_writer_holds(tmp_path: Path) -> None:
+    """A dead writer's temp files go at start-up whatever their age; a live writer's (here: another storage on the
+    same directory, as another process would be) stay and still publish; other files go by age."""
+    live = LocalStorage(tmp_path / "s", stale_after=3600)
+    await live.start()
+    writer = live.create("files/in-flight")
+    await writer.write(b"first half ")
+    dead_part, dead_meta = live.tmp_dir / "dead.part", live.tmp_dir / "dead.meta"
+    dead_part.write_bytes(b"x")  # what kill -9 leaves: nobody holds a lock on it
+    dead_meta.write_text("{}")
+    orphan_meta = live.tmp_dir / "gone.meta"  # its part went already
+    orphan_meta.write_text("{}")
+    stray_old, stray_new = live.tmp_dir / "stray-old", live.tmp_dir / "stray-new"
+    stray_old.write_bytes(b"o")
+    stray_new.write_bytes(b"n")
     old = time.time() - 7200
-    os.utime(stale, (old, old))
-    await backend.start()
-    assert not stale.exists() and fresh.exists()
+    os.utime(stray_old, (old, old))
+
+    other = LocalStorage(tmp_path / "s", stale_after=3600)
+    await other.start()
+
+    left = sorted(p.name for p in live.tmp_dir.iterdir())
+    assert len(left) == 2 and left[1] == "stray-new" and left[0].endswith(".part")  # the live writer's part
+    await writer.write(b"second half")
+    await writer.commit({})
+    assert await read_all(other, "files/in-flight") == b"first half second half"
+    assert sorted(p.name for p in live.tmp_dir.iterdir()) == ["stray-new"]
 
 
 async def test_unwritable_directory_is_a_clear_error(tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── TusChecksumMismatch            460 tus_checksum_mismatch (tus checksum extension)
     ├── RangeNotSatisfiable            416 range_not_satisfiable
     ├── TooManySessions                429 too_many_sessions     (open sessions per API key)
+    ├── TooManyJobs                    429 too_many_jobs         (job streams waiting for their upload to start)
     ├── Conflict                       409 conflict
     │   ├── ChunkConflict              409 chunk_conflict        (other bytes already stored for that chunk)
     │   ├── SessionCompleted           409 session_completed
@@ -56,6 +57,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── InsufficientStorage            507 insufficient_storage
     ├── StorageUnavailable             503 storage_unavailable
     ├── HeartbeatTimeout               408 TP-TRA010             (WebSocket: two pongs missed)
+    ├── RequestTimeout                 408 request_timeout       (header fields or body sent too slowly)
     ├── UpstreamTimeout                504 TP-TRA011             (server-side fetch timed out)
     ├── BridgeFailed                   502 TP-TRA002
     └── RemoteError                    502 remote_error          (client side: server answered something unusable;
@@ -276,6 +278,11 @@ class TooManySessions(TransferError):
     status = 429
 
 
+class TooManyJobs(TransferError):
+    code = "too_many_jobs"
+    status = 429
+
+
 class Conflict(TransferError):
     code = "conflict"
     status = 409
@@ -328,6 +335,11 @@ class StorageUnavailable(TransferError):
 
 class HeartbeatTimeout(TransferError):
     code = "TP-TRA010"
+    status = 408
+
+
+class RequestTimeout(TransferError):
+    code = "request_timeout"
     status = 408
 
 

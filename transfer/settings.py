@@ -42,6 +42,18 @@ class Settings(BaseSettings):
         description="seconds after which an unfinished multipart upload is aborted as abandoned",
     )
     http_keep_alive: int = Field(default=75, gt=0, description="seconds an idle keep-alive connection stays open")
+    http_header_timeout: float = Field(
+        default=30.0, gt=0, description="seconds to send a request's header fields; then 408 and the connection closes"
+    )
+    http_body_grace: float = Field(
+        default=30.0, ge=0, description="seconds a request body may take before http_body_min_rate applies"
+    )
+    http_body_min_rate: float = Field(
+        default=8192,
+        ge=0,
+        description="bytes/s a request body must average (over time spent waiting for it, after the grace); "
+        "slower: 408 and the connection closes. 0: no minimum",
+    )
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     public_url: str | None = Field(
@@ -105,7 +117,13 @@ class Settings(BaseSettings):
     fetch_max_redirects: int = Field(default=5, ge=0, le=20)
     # progress jobs and the AIFlowy SSE stream
     job_retention: float = Field(default=600.0, gt=0, description="seconds a finished job stays readable")
-    max_jobs: int = Field(default=10_000, ge=1)
+    max_jobs: int = Field(default=10_000, ge=1, description="jobs kept (running jobs are never evicted)")
+    job_wait_ttl: float = Field(
+        default=60.0, gt=0, description="seconds a job stream opened before its upload waits for the upload to start"
+    )
+    max_waiting_jobs: int = Field(
+        default=1000, ge=1, description="job streams waiting for their upload to start at once (more: 429)"
+    )
     sse_heartbeat: float = Field(default=15.0, gt=0, description="seconds between SSE keep-alive comments")
     # TP bindings
     tp_identity: str = Field(default="transfer-service", description="this service's sender in TP envelopes")

@@ -93,7 +93,7 @@ def add_job_routes(
 
     @app.get("/v1/jobs/{job_id}", dependencies=[needs(Scope.READ)], tags=["jobs"], summary="A job's state")
     async def job_state(request: Request, job_id: str) -> dict[str, Any]:
-        job = services.job(job_id, base_url(request))
+        job = services.job(job_id, base_url(request), wait=False)  # a look creates nothing
         return job_document(job)
 
     @app.get(
@@ -127,9 +127,9 @@ def add_job_routes(
             opened = time.monotonic()
             async for event in job.follow(after, heartbeat=settings.sse_heartbeat):
                 if event is None:
-                    if job.state == "pending" and time.monotonic() - opened > settings.job_retention:
+                    if job.state == "pending" and time.monotonic() - opened > settings.job_wait_ttl:
                         # a job that never started (a mistyped id, an upload that never came): say so and end
-                        gone = NotFound(f"job {job.id!r} did not start within {settings.job_retention:.0f} s")
+                        gone = NotFound(f"job {job.id!r} did not start within {settings.job_wait_ttl:g} s")
                         payload = {"code": gone.code, "message": gone.message, "retryable": False}
                         doc = aiflowy.envelope(
                             "system", "error", payload, conversation_id=conversation, message_id=job.id

@@ -4,16 +4,31 @@ WebSocket keep-alive follows TP §9.2.2: a ping every ``tp_ping_interval`` (30 s
 ``tp_pong_timeout`` (10 s), and after two consecutive missed pongs the connection is closed with 1008 and a TPError
 (TP-TRA010) as the close reason. ASGI gives applications no access to ping/pong frames, so this lives in a small
 subclass of uvicorn's sans-I/O websockets protocol (uvicorn's own rule is one miss -> 1011).
+
+Slow clients are shed in two places (a connection must not be held open at a byte per second):
+
+- the request head: uvicorn has no header timeout, so :class:`HeadTimeoutProtocol` (uvicorn's httptools protocol
+  plus one timer) gives each request ``http_header_timeout`` seconds from its first byte (from the connection, for
+  the first request) to its last header field; then 408 ``request_timeout`` and the connection is closed. It has to
+  be in the protocol: the ASGI application only exists once the head is complete.
+- the body: :class:`BodyRateGuard` (ASGI) lets a body take ``http_body_grace`` seconds plus one second per
+  ``http_body_min_rate`` bytes received, counting only the time spent waiting for the client (not time the
+  application spent writing to storage); then 408 and the application sees the client as gone, so an upload aborts
+  and removes its temp file exactly as for a client that disconnected.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+from transfer.errors import RequestTimeout
 from transfer.settings import Settings
 
 HEARTBEAT_CLOSE_REASON = json.dumps(
@@ -46,13 +61,141 @@ class TPWebSocketProtocol(WebSocketsSansIOProtocol):
         self.transport.close()
 
 
+def _timeout_body(message: str) -> bytes:
+    return json.dumps(RequestTimeout(message).to_payload(), separators=(",", ":")).encode("ascii")
+
+
+class HeadTimeoutProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a deadline for each request head (set ``header_timeout`` in a subclass:
+    :func:`head_timeout_protocol`)."""
+
+    header_timeout: float = 30.0
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()  # a connection that sends nothing at all is shed too
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._head_timer is None:  # the first request's clock started with the connection
+            self._arm_head_timer()
+
+    def on_headers_complete(self) -> None:
+        self._disarm_head_timer()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)
+
+    def _arm_head_timer(self) -> None:
+        self._head_timer = self.loop.call_later(self.header_timeout, self._head_timed_out)
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is None or self.cycle.response_complete:  # not while a pipelined response is being written
+            body = _timeout_body(f"request header fields not received within {self.header_timeout:g} s")
+            # RFC 9110 §15.5.9: 408, and the server closes the connection
+            self.transport.write(
+                b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                + b"content-length: "
+                + str(len(body)).encode("ascii")
+                + b"\r\n\r\n"
+                + body
+            )
+        self.transport.close()
+
+
+def head_timeout_protocol(header_timeout: float) -> type[HeadTimeoutProtocol]:
+    return type("HeadTimeoutProtocol", (HeadTimeoutProtocol,), {"header_timeout": header_timeout})
+
+
+class BodyRateGuard:
+    """Sheds a request whose body arrives too slowly: the time spent waiting for body bytes may not exceed
+    ``grace + received / min_rate`` seconds (Apache mod_reqtimeout's ``MinRate`` rule, measured on waiting time
+    only). A shed request gets 408 with ``connection: close`` (when no response has started) and the application
+    sees ``http.disconnect``; whatever it sends afterwards is dropped."""
+
+    def __init__(self, app: ASGIApp, *, grace: float, min_rate: float) -> None:
+        self.app = app
+        self.grace = grace
+        self.min_rate = min_rate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.min_rate <= 0:
+            await self.app(scope, receive, send)
+            return
+        loop = asyncio.get_running_loop()
+        waited = 0.0
+        received = 0
+        body_done = False
+        shed = False
+        started = False
+
+        async def guarded_receive() -> Message:
+            nonlocal waited, received, body_done, shed
+            if shed:
+                return {"type": "http.disconnect"}
+            if body_done:  # later calls wait for the disconnect only (streaming responses): no deadline
+                return await receive()
+            began = loop.time()
+            try:
+                async with asyncio.timeout(max(0.0, self.grace + received / self.min_rate - waited)):
+                    message = await receive()
+            except TimeoutError:
+                shed = True
+                if not started:
+                    body = _timeout_body(
+                        f"request body slower than {self.min_rate:g} bytes/s (after {self.grace:g} s): "
+                        f"{received} bytes in {loop.time() - began + waited:.1f} s"
+                    )
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": 408,
+                            "headers": [
+                                (b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode("ascii")),
+                                (b"connection", b"close"),
+                            ],
+                        }
+                    )
+                    await send({"type": "http.response.body", "body": body, "more_body": False})
+                return {"type": "http.disconnect"}
+            waited += loop.time() - began
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                body_done = not message.get("more_body", False)
+            else:
+                body_done = True
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if shed:
+                return  # we answered already
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        await self.app(scope, guarded_receive, guarded_send)
+
+
 def uvicorn_config(app: Any, settings: Settings, *, host: str, port: int, **kwargs: Any) -> uvicorn.Config:
     return uvicorn.Config(
-        app,
+        BodyRateGuard(app, grace=settings.http_body_grace, min_rate=settings.http_body_min_rate),
         host=host,
         port=port,
         loop="uvloop",
-        http="httptools",
+        http=head_timeout_protocol(settings.http_header_timeout),
         ws=TPWebSocketProtocol,
         ws_ping_interval=settings.tp_ping_interval,
         ws_ping_timeout=settings.tp_pong_timeout,

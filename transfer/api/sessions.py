@@ -18,12 +18,12 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Header, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from pydantic import BaseModel, Field, field_validator
 
 from transfer.api.caller import caller_of
 from transfer.api.responses import AsciiJSONResponse
-from transfer.api.streaming import request_body
+from transfer.api.streaming import OwningStreamResponse, request_body
 from transfer.core.auth import TRUSTED, Scope
 from transfer.core.content import (
     DownloadMethod,
@@ -223,7 +223,4 @@ def add_session_routes(
             "cache-control": "private, max-age=0",
             **dict(CONTENT_SAFETY_HEADERS),
         }
-        if request.method == "HEAD":
-            await stream.aclose()  # type: ignore[attr-defined]
-            return Response(status_code=200, headers=headers, media_type="application/octet-stream")
-        return StreamingResponse(stream, headers=headers, media_type="application/octet-stream")
+        return OwningStreamResponse(stream, headers=headers, media_type="application/octet-stream")

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol
 
 import anyio
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from transfer.core.content import ContentEncoding
@@ -89,3 +90,30 @@ class DownloadResponse(Response):
                 tg.start_soon(stream)
         finally:
             await self.download.close()
+
+
+class ClosableStream(Protocol):
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class OwningStreamResponse(StreamingResponse):
+    """Streams ``stream`` (HEAD: headers only) and closes it whatever happens: sent, HEAD, client gone, error.
+
+    The stream must own its resource as an object (``aclose()`` releases it even if iteration never started);
+    starlette does not close a body iterator it did not finish."""
+
+    def __init__(self, stream: ClosableStream, headers: Mapping[str, str], media_type: str) -> None:
+        super().__init__(stream, headers=headers, media_type=media_type)
+        self.stream = stream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            if scope["method"] == "HEAD":  # RFC 9110 §9.3.2: the GET headers, no content
+                await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.stream.aclose()

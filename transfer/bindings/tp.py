@@ -419,13 +419,15 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
         except WebSocketDisconnect:
             pass
         finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            # Subscriptions go first and cannot be skipped: they are what publishers hold on to. Then the tasks, from
+            # a snapshot: each finished task removes itself from ``tasks`` (done callback) while we wait for it.
             for topic, queue in topics.items():
                 tp.unsubscribe(topic, queue)
+            topics.clear()
+            running = list(tasks)
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
 
 
 def _matches(pattern: str, path: str) -> bool:

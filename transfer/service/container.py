@@ -44,7 +44,12 @@ class Services:
         files = FileService(storage or make_storage(settings), settings, clock=clock)
         quota = SessionQuota(files.storage, settings.max_open_sessions_per_key)
         sessions = SessionService(files.storage, settings, clock=clock, quota=quota)
-        hub = ProgressHub(max_jobs=settings.max_jobs, retention=settings.job_retention)
+        hub = ProgressHub(
+            max_jobs=settings.max_jobs,
+            retention=settings.job_retention,
+            max_waiting=settings.max_waiting_jobs,
+            wait_ttl=settings.job_wait_ttl,
+        )
         imports = ImportService(files, hub)
         return cls(
             settings=settings,
@@ -66,15 +71,16 @@ class Services:
         await self.hub.close()
         await self.files.close()
 
-    def job(self, job_id: str, base_url: str) -> Job:
+    def job(self, job_id: str, base_url: str, *, wait: bool = True) -> Job:
         """The job to follow: a session (from its record, on any replica) or an upload/import of this process.
-        An unknown id that could be a client-chosen upload id is opened pending, so a reader can subscribe first."""
+        With ``wait``, an unknown id that could be a client-chosen upload id is opened waiting (bounded in number,
+        expiring: see ProgressHub.find), so a reader can subscribe before its upload starts; without, NotFound."""
         if is_session_id(job_id):
             return self.hub.derived(job_id, "session", lambda job: self._follow_session(job, base_url))
         try:
             return self.hub.find(job_id)
         except NotFound:
-            if job_id.startswith(("j_", "f_", "b_")):
+            if not wait or job_id.startswith(("j_", "f_", "b_")):
                 raise  # server-made ids: it is not (or no longer) in this process
             return self.hub.find(ProgressHub.check_id(job_id), wait_for="upload")
 

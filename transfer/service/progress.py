@@ -12,8 +12,13 @@ follow it and resume after the last index they saw. Events are protocol-neutral;
 
 Upload and import jobs live in the process that runs them (a reader on another replica sees not_found).
 Session jobs are derived from the session record in the storage backend, so any replica can follow any session.
-Memory is bounded: at most ``MAX_EVENTS`` events per job (older progress events are dropped first) and ``max_jobs``
-jobs; finished jobs are forgotten ``retention`` seconds after they end.
+
+Memory and time are bounded whatever ids readers send: at most ``MAX_EVENTS`` events per job (older progress events
+are dropped first); a job a reader opened before its upload started ("waiting") is one of at most ``max_waiting``
+and fails with not_found ``wait_ttl`` seconds later if no writer took it; finished jobs (and session followers nobody
+reads) are forgotten ``retention`` seconds later, sooner when more than ``max_jobs`` are kept. Every lookup is a dict
+lookup plus popping the expired heads of two queues (each queue has one delay, so it is in deadline order): O(1)
+amortised, never a scan of all jobs.
 """
 
 from __future__ import annotations
@@ -22,12 +27,12 @@ import asyncio
 import re
 import secrets
 import time
-from collections import OrderedDict
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from transfer.errors import Conflict, InvalidRequest, NotFound, TransferError
+from transfer.errors import Conflict, InvalidRequest, NotFound, TooManyJobs, TransferError
 
 EventKind = Literal["start", "progress", "result", "error", "end", "done"]
 JOB_ID = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
@@ -58,6 +63,8 @@ class Job:
     _published_bytes: int = -1
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     watchers: int = 0
+    expires: float | None = None  # monotonic time the hub forgets it (None: running, kept)
+    _on_end: Callable[[Job], None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -127,6 +134,8 @@ class Job:
 
     def _end(self) -> None:
         self.ended = time.monotonic()
+        if self._on_end is not None:
+            self._on_end(self)
         self._publish("end", {"state": self.state})
         duration = max(self.ended - self.started, 1e-6)
         self._publish(
@@ -160,13 +169,22 @@ class Job:
 
 
 class ProgressHub:
-    """The jobs of this process, bounded in number and lifetime."""
+    """The jobs of this process, bounded in number and lifetime (see the module docstring)."""
 
-    def __init__(self, *, max_jobs: int = 10_000, retention: float = 600.0) -> None:
-        self._jobs: OrderedDict[str, Job] = OrderedDict()
+    def __init__(
+        self, *, max_jobs: int = 10_000, retention: float = 600.0, max_waiting: int = 1000, wait_ttl: float = 60.0
+    ) -> None:
+        self._jobs: dict[str, Job] = {}
         self.max_jobs = max_jobs
         self.retention = retention
+        self.max_waiting = max_waiting
+        self.wait_ttl = wait_ttl
+        self._waiting: dict[str, Job] = {}  # opened by a reader, no writer yet
+        # (deadline, job), appended in deadline order; an entry whose deadline is no longer the job's is stale
+        self._waiting_q: deque[tuple[float, Job]] = deque()
+        self._retired_q: deque[tuple[float, Job]] = deque()
         self._sources: dict[str, asyncio.Task[None]] = {}
+        self._timer: asyncio.TimerHandle | None = None
 
     @staticmethod
     def new_id(prefix: str) -> str:
@@ -178,59 +196,138 @@ class ProgressHub:
             raise InvalidRequest("job_id must be 8-64 characters of A-Z a-z 0-9 _ -")
         return job_id
 
-    def _prune(self) -> None:
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def _add(self, job: Job) -> Job:
+        job._on_end = self._ended
+        self._jobs[job.id] = job
+        return job
+
+    def _forget(self, job: Job) -> None:
+        job.expires = None
+        if self._jobs.get(job.id) is job:
+            del self._jobs[job.id]
+        if self._waiting.get(job.id) is job:
+            del self._waiting[job.id]
+
+    def _retire(self, job: Job) -> None:
+        """Forget ``job`` after ``retention`` seconds unless it runs again meanwhile."""
+        job.expires = time.monotonic() + self.retention
+        self._retired_q.append((job.expires, job))
+
+    def _ended(self, job: Job) -> None:
+        if self._waiting.get(job.id) is job:
+            del self._waiting[job.id]
+        if self._jobs.get(job.id) is job:
+            self._retire(job)
+
+    def _expire(self) -> None:
         now = time.monotonic()
-        for job_id, job in list(self._jobs.items()):
-            if job.ended is not None and now - job.ended > self.retention:
-                del self._jobs[job_id]
-        while len(self._jobs) > self.max_jobs:
-            victim = next((k for k, j in self._jobs.items() if j.finished), None) or next(iter(self._jobs))
-            del self._jobs[victim]
+        while self._waiting_q and self._waiting_q[0][0] <= now:
+            deadline, job = self._waiting_q.popleft()
+            if job.expires == deadline and self._waiting.get(job.id) is job:
+                self._forget(job)  # before failing it: a failed job would be kept for `retention`
+                job.fail(NotFound(f"job {job.id!r} did not start within {self.wait_ttl:g} s"))
+        while self._retired_q and self._retired_q[0][0] <= now:
+            deadline, job = self._retired_q.popleft()
+            if job.expires == deadline:
+                self._forget(job)
+
+    def _arm_timer(self) -> None:
+        """Expire waiting jobs on time even if no other lookup comes (their followers get not_found then). One
+        timer per hub, re-armed until the head of the queue is due: the loop's clock is not time.monotonic."""
+        if self._timer is None and self._waiting_q:
+            delay = max(0.0, self._waiting_q[0][0] - time.monotonic()) + 0.01
+            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._expire()
+        self._arm_timer()
+
+    def _make_room(self) -> None:
+        """Forget retired jobs early, oldest first, while ``max_jobs`` are kept."""
+        while len(self._jobs) >= self.max_jobs and self._retired_q:
+            deadline, job = self._retired_q.popleft()
+            if job.expires == deadline:
+                self._forget(job)
 
     def open(self, job_id: str, kind: str) -> Job:
-        """The job a writer reports to. A reader may have opened it first (pending); a job already running or
-        finished under this id is a Conflict."""
-        self._prune()
+        """The job a writer reports to. A reader may have opened it first (waiting): the writer takes it over; a
+        job already running or finished under this id is a Conflict. Running jobs are never evicted (each is
+        bounded by the upload or import it reports on)."""
+        self._expire()
         job = self._jobs.get(job_id)
         if job is not None and (job.state != "pending" or job.kind != kind):
             raise Conflict(f"job {job_id!r} already exists")
         if job is None:
-            job = self._jobs[job_id] = Job(job_id, kind)
+            self._make_room()
+            return self._add(Job(job_id, kind))
+        if self._waiting.get(job_id) is job:
+            del self._waiting[job_id]
+        job.expires = None
         return job
 
     def find(self, job_id: str, *, wait_for: str | None = None) -> Job:
-        """A job to read; ``wait_for`` (a kind) opens a pending one so a reader can subscribe before the upload
-        it names has started."""
-        self._prune()
+        """A job to read; ``wait_for`` (a kind) opens a waiting one so a reader can subscribe before the upload
+        it names has started: at most ``max_waiting`` at once (else TooManyJobs), each failing with not_found
+        after ``wait_ttl`` seconds unless a writer opened it."""
+        self._expire()
         job = self._jobs.get(job_id)
-        if job is None:
-            if wait_for is None:
-                raise NotFound(f"no job {job_id!r} in this process")
-            job = self._jobs[job_id] = Job(job_id, wait_for)
+        if job is not None:
+            return job
+        if wait_for is None:
+            raise NotFound(f"no job {job_id!r} in this process")
+        self._make_room()
+        if len(self._waiting) >= self.max_waiting or len(self._jobs) >= self.max_jobs:
+            retry = max(1, round(self._waiting_q[0][0] - time.monotonic())) if self._waiting_q else 1
+            raise TooManyJobs(
+                f"{len(self._waiting)} jobs are already waiting for their upload to start",
+                headers={"retry-after": str(retry)},
+            )
+        job = self._add(Job(job_id, wait_for))
+        job.expires = time.monotonic() + self.wait_ttl
+        self._waiting[job_id] = job
+        self._waiting_q.append((job.expires, job))
+        self._arm_timer()
         return job
 
     def derived(self, job_id: str, kind: str, source: Callable[[Job], Awaitable[None]]) -> Job:
         """A job whose events come from ``source`` (e.g. polling a session record), run while it is unfinished;
         the source may return early when nobody watches (``job.watchers``); the next reader starts it again."""
-        self._prune()
+        self._expire()
         job = self._jobs.get(job_id)
         if job is None:
-            job = self._jobs[job_id] = Job(job_id, kind)
+            self._make_room()
+            job = self._add(Job(job_id, kind))
         if job_id not in self._sources and not job.finished:
+            job.expires = None
             task = asyncio.create_task(self._run_source(job, source))
             self._sources[job_id] = task
-        self._jobs.move_to_end(job_id)
         return job
 
     async def _run_source(self, job: Job, source: Callable[[Job], Awaitable[None]]) -> None:
         try:
             await source(job)
         except TransferError as exc:
-            job.fail(exc)
+            never_started = job.state == "pending"
+            job.fail(exc)  # its followers learn why
+            if never_started:  # e.g. an id that names no session: nothing worth keeping
+                self._forget(job)
         finally:
             self._sources.pop(job.id, None)
+            if not job.finished and self._jobs.get(job.id) is job:
+                self._retire(job)  # stopped for lack of readers: forgotten later unless one comes back
 
     async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         tasks = list(self._sources.values())
         for task in tasks:
             task.cancel()

@@ -25,7 +25,7 @@ from typing import Any
 
 import xxhash
 
-from storage.base import Capability, Storage
+from storage.base import Capability, ObjectReader, Storage
 from storage.errors import ObjectExists, StorageError
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding, FileRole, checksum_hex
@@ -457,9 +457,10 @@ class SessionService:
                 forgotten += 1
         return {"expired": expired, "forgotten": forgotten}
 
-    async def open_chunk(self, sid: str, index: int, wait: float) -> tuple[Session, AsyncIterator[bytes], int, str]:
+    async def open_chunk(self, sid: str, index: int, wait: float) -> tuple[Session, ReaderStream, int, str]:
         """The bytes of chunk ``index`` with its length and xxh3-128; for a session still uploading, waits up to
-        ``wait`` seconds for the chunk to arrive (a live read)."""
+        ``wait`` seconds for the chunk to arrive (a live read). The caller owns the stream: ``aclose()`` it (or
+        use ``async with``) whether or not it iterates it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         while True:
@@ -472,11 +473,11 @@ class SessionService:
                 end = min(start + session.chunk_size, session.size)
                 with storage_errors_translated():
                     reader = await self.storage.open(object_key(session.file_id))
-                return session, _closing(reader, start, end), end - start, session.chunk_digests[index]
+                return session, ReaderStream(reader, start, end), end - start, session.chunk_digests[index]
             try:
                 with storage_errors_translated():
                     reader = await self.storage.open(chunk_key(sid, index))
-                return session, _closing(reader, 0, None), reader.info.size, reader.info.metadata.get("xxh3", "")
+                return session, ReaderStream(reader, 0, None), reader.info.size, reader.info.metadata.get("xxh3", "")
             except NotFound:
                 pass
             remaining = deadline - loop.time()
@@ -489,12 +490,31 @@ class SessionService:
                 pass
 
 
-async def _closing(reader: Any, start: int, end: int | None) -> AsyncIterator[bytes]:
-    try:
-        async for piece in reader.read(start, end):
-            yield piece
-    finally:
-        await reader.close()
+class ReaderStream:
+    """Bytes ``[start, end)`` of an open storage reader, owning it: ``aclose()`` closes the reader whether or not
+    iteration ever started. (An async generator wrapping the reader would not: closing a generator that never
+    ran does not run its ``finally``, so a HEAD, or a client gone before the first byte, leaked the descriptor.)"""
+
+    def __init__(self, reader: ObjectReader, start: int, end: int | None) -> None:
+        self._reader: ObjectReader | None = reader
+        self._start = start
+        self._end = end
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        if self._reader is None:
+            raise RuntimeError("the stream is closed")
+        return self._reader.read(self._start, self._end)
+
+    async def aclose(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            await reader.close()
+
+    async def __aenter__(self) -> ReaderStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 def _timestamp(seconds: float) -> str:

@@ -4,6 +4,7 @@ files, and signed URLs stay bearer capabilities for exactly what they sign."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -242,3 +243,38 @@ async def test_mcp_resolve_writes_only_with_upload_scope_and_never_replaces(
             bob = await http.post(f"{tenants.url}/v1/files", content=b"bob", headers=key("bob"))
         hidden = tool_error(await client.call_tool("describe", {"file_id": bob.json()["metadata"]["file_id"]}))
         assert hidden["code"] == "not_found"
+
+
+async def test_jobs_belong_to_their_key_and_cannot_be_squatted(tenants: LiveServer) -> None:
+    from tests.test_progress_sse import read_stream
+
+    async with httpx.AsyncClient(base_url=tenants.url, timeout=30) as http:
+        done = await http.post(
+            "/v1/files", params={"name": "a.bin", "job_id": "alice-job-1"}, content=b"a" * 5000, headers=key("alice")
+        )
+        assert done.status_code == 201
+        assert (await http.get("/v1/jobs/alice-job-1", headers=key("alice"))).json()["state"] == "completed"
+        assert_not_found(await http.get("/v1/jobs/alice-job-1", headers=key("bob")))
+        assert (await http.get("/v1/jobs/alice-job-1", headers=key("admin"))).status_code == 200
+        # a session's job is its session's: bob cannot follow alice's session either
+        doc = (await http.post("/v1/sessions", json={"name": "s", "size": 10}, headers=key("alice"))).json()
+        sid = doc["streaming_session_id"]
+        assert_not_found(await http.get(f"/v1/jobs/{sid}", headers=key("bob")))
+        assert (await http.get(f"/v1/jobs/{sid}", headers=key("alice"))).status_code == 200
+
+        # bob guesses the id of alice's next upload and opens its stream first: he is dropped when she starts,
+        # never sees her events, and her upload goes through
+        squatter = asyncio.create_task(read_stream(http, "/v1/jobs/alice-job-2/events", headers=key("bob")))
+        for _ in range(100):
+            if (await http.get("/v1/jobs/alice-job-2", headers=key("bob"))).status_code == 200:
+                break
+            await asyncio.sleep(0.05)
+        upload = await http.post(
+            "/v1/files", params={"name": "b.bin", "job_id": "alice-job-2"}, content=b"b" * 5000, headers=key("alice")
+        )
+        assert upload.status_code == 201
+        events = await asyncio.wait_for(squatter, 20)
+        assert [e[0] for e in events] == ["error"]
+        assert events[0][2]["payload"]["code"] == "not_found"
+        assert (await http.get("/v1/jobs/alice-job-2", headers=key("alice"))).json()["state"] == "completed"
+        assert_not_found(await http.get("/v1/jobs/alice-job-2", headers=key("bob")))

@@ -341,7 +341,7 @@ def create_app(
                 req.name = filename_from_content_disposition(disposition)
         job = None
         if job_id is not None:
-            job = services.hub.open(job_id, "upload")
+            job = services.hub.open(job_id, "upload", owner=req.owner)
             job.start(req.name, size if size is not None else req.declared_length)
             stream = counted(stream, job)
         try:

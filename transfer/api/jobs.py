@@ -93,7 +93,7 @@ def add_job_routes(
 
     @app.get("/v1/jobs/{job_id}", dependencies=[needs(Scope.READ)], tags=["jobs"], summary="A job's state")
     async def job_state(request: Request, job_id: str) -> dict[str, Any]:
-        job = services.job(job_id, base_url(request), wait=False)  # a look creates nothing
+        job = await services.job(job_id, base_url(request), caller_of(request), wait=False)  # a look creates nothing
         return job_document(job)
 
     @app.get(
@@ -119,7 +119,7 @@ def add_job_routes(
             after = -1 if last_event_id.strip() == "-1" else parse_count(last_event_id, "Last-Event-ID")
         elif last_event_id_query is not None:
             after = last_event_id_query
-        job = services.job(job_id, base_url(request))
+        job = await services.job(job_id, base_url(request), caller_of(request))
         conversation = conversation_id or aiflowy.new_conversation_id()
 
         async def frames() -> AsyncIterator[bytes]:

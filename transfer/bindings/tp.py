@@ -346,7 +346,7 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
 
         async def follow(rid: str, receiver: Any) -> None:
             try:
-                job = services.job(rid, base)
+                job = await services.job(rid, base, authorize)
             except TransferError:
                 return  # not a job here (a stored file, say): relayed notifies only
             async for event in job.follow(heartbeat=None):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from storage.base import Storage
-from transfer.core.auth import TRUSTED
+from transfer.core.auth import TRUSTED, Grant
 from transfer.core.sessions import SessionState
 from transfer.errors import NotFound, SessionAborted, SessionExpired
 from transfer.service.backends import make_storage
@@ -71,18 +71,24 @@ class Services:
         await self.hub.close()
         await self.files.close()
 
-    def job(self, job_id: str, base_url: str, *, wait: bool = True) -> Job:
-        """The job to follow: a session (from its record, on any replica) or an upload/import of this process.
-        With ``wait``, an unknown id that could be a client-chosen upload id is opened waiting (bounded in number,
-        expiring: see ProgressHub.find), so a reader can subscribe before its upload starts; without, NotFound."""
+    async def job(self, job_id: str, base_url: str, caller: Grant, *, wait: bool = True) -> Job:
+        """The job to follow, if the caller may see it (its key's; any for admin; NotFound otherwise, as for an
+        unknown id): a session (from its record, on any replica) or an upload/import of this process. With
+        ``wait``, an unknown id that could be a client-chosen upload id is opened waiting for the caller's key
+        (bounded in number, expiring: see ProgressHub.find), so a reader can subscribe before its upload starts;
+        without, NotFound."""
         if is_session_id(job_id):
+            await self.sessions.load(job_id, caller)  # NotFound unless the caller may see the session
             return self.hub.derived(job_id, "session", lambda job: self._follow_session(job, base_url))
         try:
-            return self.hub.find(job_id)
+            job = self.hub.find(job_id)
         except NotFound:
             if not wait or job_id.startswith(("j_", "f_", "b_")):
                 raise  # server-made ids: it is not (or no longer) in this process
-            return self.hub.find(ProgressHub.check_id(job_id), wait_for="upload")
+            return self.hub.find(ProgressHub.check_id(job_id), wait_for="upload", owner=caller.owner)
+        if not caller.sees(job.owner):
+            raise NotFound(f"no job {job_id!r} in this process")
+        return job
 
     async def _follow_session(self, job: Job, base_url: str) -> None:
         """Turn the session record into job events: progress as chunks arrive, the descriptor on completion."""

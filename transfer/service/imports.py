@@ -84,7 +84,7 @@ class ImportService:
     def start(self, descriptor: FileContent, base_url: str, caller: Grant, *, job_id: str | None = None) -> Job:
         """Begin importing in the background for the caller's key (the job and the file are its own); the job
         reports progress and the new descriptor."""
-        job = self.hub.open(job_id or self.hub.new_id("j"), "import")
+        job = self.hub.open(job_id or self.hub.new_id("j"), "import", owner=caller.owner)
         job.start(descriptor.name, descriptor.size)
         task = asyncio.create_task(self._run(job, descriptor, base_url, caller))
         self._tasks.add(task)

@@ -64,6 +64,7 @@ class Job:
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     watchers: int = 0
     expires: float | None = None  # monotonic time the hub forgets it (None: running, kept)
+    owner: str | None = None  # the API key whose upload/import it reports on, or whose reader opened it waiting
     _on_end: Callable[[Job], None] | None = None
 
     @property
@@ -257,23 +258,29 @@ class ProgressHub:
             if job.expires == deadline:
                 self._forget(job)
 
-    def open(self, job_id: str, kind: str) -> Job:
-        """The job a writer reports to. A reader may have opened it first (waiting): the writer takes it over; a
-        job already running or finished under this id is a Conflict. Running jobs are never evicted (each is
-        bounded by the upload or import it reports on)."""
+    def open(self, job_id: str, kind: str, owner: str | None = None) -> Job:
+        """The job a writer (of ``owner``'s key) reports to. A reader of the same key may have opened it first
+        (waiting): the writer takes it over. One that another key opened waiting is dropped (its reader gets
+        not_found), so nobody can watch or block another key's upload by guessing its id. A job already running
+        or finished under this id is a Conflict. Running jobs are never evicted (each is bounded by the upload or
+        import it reports on)."""
         self._expire()
         job = self._jobs.get(job_id)
         if job is not None and (job.state != "pending" or job.kind != kind):
             raise Conflict(f"job {job_id!r} already exists")
+        if job is not None and job.owner != owner:
+            self._forget(job)
+            job.fail(NotFound(f"no job {job_id!r} in this process"))
+            job = None
         if job is None:
             self._make_room()
-            return self._add(Job(job_id, kind))
+            return self._add(Job(job_id, kind, owner=owner))
         if self._waiting.get(job_id) is job:
             del self._waiting[job_id]
         job.expires = None
         return job
 
-    def find(self, job_id: str, *, wait_for: str | None = None) -> Job:
+    def find(self, job_id: str, *, wait_for: str | None = None, owner: str | None = None) -> Job:
         """A job to read; ``wait_for`` (a kind) opens a waiting one so a reader can subscribe before the upload
         it names has started: at most ``max_waiting`` at once (else TooManyJobs), each failing with not_found
         after ``wait_ttl`` seconds unless a writer opened it."""
@@ -290,7 +297,7 @@ class ProgressHub:
                 f"{len(self._waiting)} jobs are already waiting for their upload to start",
                 headers={"retry-after": str(retry)},
             )
-        job = self._add(Job(job_id, wait_for))
+        job = self._add(Job(job_id, wait_for, owner=owner))
         job.expires = time.monotonic() + self.wait_ttl
         self._waiting[job_id] = job
         self._waiting_q.append((job.expires, job))

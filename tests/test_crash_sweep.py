@@ -22,7 +22,7 @@ def _start_upload(url: str, declared: int, sent: bytes) -> socket.socket:
     host, port = url.removeprefix("http://").split(":")
     s = socket.create_connection((host, int(port)))
     s.sendall(
-        f"POST /v1/files?name=big.bin HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+        f"POST /v1/files?name=big.bin HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/octet-stream\r\n"
         f"Content-Length: {declared}\r\n\r\n".encode()
         + sent
     )

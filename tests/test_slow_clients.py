@@ -62,17 +62,19 @@ async def _answer(reader: asyncio.StreamReader) -> bytes:
 
 async def test_connections_dripping_header_fields_are_closed_and_others_are_served(live: LiveServer) -> None:
     host, port = _address(live)
-    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 10_000 + b"\r\n\r\n"
+    head = f"GET /healthz HTTP/1.1\r\nHost: {host}:{port}\r\nX-Slow: ".encode() + b"a" * 10_000 + b"\r\n\r\n"
     conns = [await asyncio.open_connection(host, port) for _ in range(100)]
     drips = [asyncio.create_task(_drip(w, head, 0.2)) for _, w in conns[:90]]  # the rest send nothing at all
-    async with httpx.AsyncClient(base_url=live.url, timeout=GENEROUS) as http:
-        assert (await http.get("/healthz")).status_code == 200  # while they drip
-        answers = await asyncio.wait_for(asyncio.gather(*(_answer(r) for r, _ in conns)), GENEROUS)
-        assert (await http.get("/healthz")).status_code == 200
-    for task in drips:
-        task.cancel()
-    for _, w in conns:
-        w.close()
+    try:
+        async with httpx.AsyncClient(base_url=live.url, timeout=GENEROUS) as http:
+            assert (await http.get("/healthz")).status_code == 200  # while they drip
+            answers = await asyncio.wait_for(asyncio.gather(*(_answer(r) for r, _ in conns)), GENEROUS)
+            assert (await http.get("/healthz")).status_code == 200
+    finally:  # closed on every path: a socket left to the garbage collector fails a later test under -W error
+        for task in drips:
+            task.cancel()
+        for _, w in conns:
+            w.close()
     for answer in answers:  # each was closed, with a 408 when the answer made it through
         if answer:
             assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
@@ -84,8 +86,8 @@ async def test_a_dripping_upload_is_shed_and_leaves_no_temp_file(live: LiveServe
     host, port = _address(live)
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(
-        b"POST /v1/files?name=slow.bin HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
-        b"Content-Length: 10485760\r\n\r\n"
+        f"POST /v1/files?name=slow.bin HTTP/1.1\r\nHost: {host}:{port}\r\n".encode()
+        + b"Content-Type: application/octet-stream\r\nContent-Length: 10485760\r\n\r\n"
     )
     body = os.urandom(1 << 20)
 
@@ -99,12 +101,14 @@ async def test_a_dripping_upload_is_shed_and_leaves_no_temp_file(live: LiveServe
             pass
 
     dripping = asyncio.create_task(drip_body())
-    async with httpx.AsyncClient(base_url=live.url, timeout=GENEROUS) as http:
-        normal = await http.post("/v1/files", params={"name": "ok.bin"}, content=os.urandom(3 << 20))
-        assert normal.status_code == 201, normal.text
-        answer = await asyncio.wait_for(_answer(reader), GENEROUS)
-    dripping.cancel()
-    writer.close()
+    try:
+        async with httpx.AsyncClient(base_url=live.url, timeout=GENEROUS) as http:
+            normal = await http.post("/v1/files", params={"name": "ok.bin"}, content=os.urandom(3 << 20))
+            assert normal.status_code == 201, normal.text
+            answer = await asyncio.wait_for(_answer(reader), GENEROUS)
+    finally:  # closed on every path: a socket left to the garbage collector fails a later test under -W error
+        dripping.cancel()
+        writer.close()
     if answer:  # a reset may beat the answer while the client is still sending
         assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
         doc: dict[str, Any] = json.loads(answer.split(b"\r\n\r\n", 1)[1])

@@ -278,3 +278,26 @@ async def test_jobs_belong_to_their_key_and_cannot_be_squatted(tenants: LiveServ
         assert events[0][2]["payload"]["code"] == "not_found"
         assert (await http.get("/v1/jobs/alice-job-2", headers=key("alice"))).json()["state"] == "completed"
         assert_not_found(await http.get("/v1/jobs/alice-job-2", headers=key("bob")))
+
+
+async def test_websocket_subscriptions_to_another_keys_resources_are_refused(tenants: LiveServer) -> None:
+    from websockets.asyncio.client import connect
+
+    async with httpx.AsyncClient(base_url=tenants.url, timeout=30) as http:
+        a = (await http.post("/v1/files?name=a.bin", content=b"a" * 3000, headers=key("alice"))).json()
+        doc = (await http.post("/v1/sessions", json={"name": "s", "size": 10}, headers=key("alice"))).json()
+    a_id, sid = a["metadata"]["file_id"], doc["streaming_session_id"]
+    ws_url = f"{tenants.url.replace('http', 'ws')}/tp/v1"
+    message = envelope("resource_notify", {"subscribe": [a_id, sid, "peer-channel-7"]}, sender="fay:bob")
+    async with connect(ws_url, subprotocols=["tp.v1"], additional_headers=key("bob")) as ws:  # type: ignore[list-item]
+        await ws.send(json.dumps(message))
+        frames = [json.loads(await asyncio.wait_for(ws.recv(), 10)) for _ in range(3)]
+    errors = [f for f in frames if f["message_type"] == "error"]
+    assert [f["payload"]["error"]["code"] for f in errors] == ["not_found", "not_found"]
+    (ack,) = [f for f in frames if f["message_type"] == "resource_notify"]
+    assert ack["payload"]["subscribe"] == ["peer-channel-7"]  # a relay channel: anyone may listen
+    message = envelope("resource_notify", {"subscribe": [a_id, sid]}, sender="fay:alice")
+    async with connect(ws_url, subprotocols=["tp.v1"], additional_headers=key("alice")) as ws:  # type: ignore[list-item]
+        await ws.send(json.dumps(message))
+        ack = json.loads(await asyncio.wait_for(ws.recv(), 10))
+    assert ack["payload"]["subscribe"] == [a_id, sid]

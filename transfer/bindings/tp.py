@@ -393,13 +393,20 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
                         authorize(Scope.READ)
                         if not isinstance(subscribe, list) or not all(isinstance(s, str) for s in subscribe):
                             raise InvalidEnvelope("payload.subscribe must be a list of resource ids")
+                        subscribed = []
                         for rid in subscribe[:100]:
-                            listen(f"resource:{rid}")
-                            listen(f"job:{rid}")
+                            try:
+                                topics_of_rid = await tp.resource_topics(rid, authorize)
+                            except TransferError as exc:  # not the caller's to follow: said per id, others go on
+                                await outbox.put(error_frame(exc, envelope.message_id, envelope.sender))
+                                continue
+                            for topic in topics_of_rid:
+                                listen(topic)
+                            subscribed.append(rid)
                             spawn(follow(rid, envelope.sender))
                         ack = make_envelope(
                             "resource_notify",
-                            {"status": "subscribed", "subscribe": subscribe[:100]},
+                            {"status": "subscribed", "subscribe": subscribed},
                             sender=settings.tp_identity,
                             receiver=envelope.sender,
                             binding=Binding.NATIVE_TP,

@@ -314,6 +314,24 @@ class TPService:
                 out.append(validate_envelope(json.loads(raw), raw).doc)
         return out
 
+    async def resource_topics(self, rid: str, caller: Grant) -> list[str]:
+        """The topics a subscriber to resource ``rid`` hears: notifies relayed about it and, for an import, its
+        outcome. Ids this service made (files, sessions, import jobs) only for a caller who may see them (NotFound
+        otherwise, as for an unknown file or session: their notifies carry signed URLs); any other id is a relay
+        channel that peers name as they like."""
+        if is_file_id(rid):
+            await self.files.record(rid, caller)
+        elif is_session_id(rid):
+            await self.sessions.load(rid, caller)
+        elif rid.startswith("j_"):
+            try:
+                job = self.imports.hub.find(rid)
+            except NotFound:  # ended, or at another replica: its 128-bit id is not guessable ahead of time
+                job = None
+            if job is not None and not caller.sees(job.owner):
+                raise NotFound(f"no job {rid!r} in this process")
+        return [f"resource:{rid}", f"job:{rid}"]
+
     def subscribe(self, topic: str) -> asyncio.Queue[bytes]:
         queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=1000)
         self._topics.setdefault(topic, set()).add(queue)

@@ -152,7 +152,7 @@ async def test_argument_errors_are_our_json_error(mcp_server: tuple[LiveServer, 
             result = await client.call_tool(name, args)
             body = tool_error(result)
             assert body["code"] == code and body["status"] in (400, 404), (name, body)
-            assert result.structured_content == {"error": {**body}}
+            assert result.structured_content is None  # an error body is no result of the tool's output schema
             assert fields <= {e["field"] for e in body.get("detail", {}).get("errors", [])}, (name, body)
         bad = tool_error(await client.call_tool("resolve", {"descriptor": {"type": "url", "name": "x"}}))
         assert bad["code"] == "invalid_descriptor"
@@ -377,3 +377,28 @@ async def test_stdio_server_with_its_own_http(tmp_path: Path) -> None:
         out = structured(await client.call_tool("resolve", {"descriptor": descriptor, "path": "out/copy.bin"}))
         assert out["size"] == len(data)
     assert (work / "out" / "copy.bin").read_bytes() == data
+
+
+@pytest.mark.parametrize("port_flag", [False, True])
+async def test_plain_stdio_never_hands_out_a_url_nothing_serves(tmp_path: Path, port_flag: bool) -> None:
+    """`transfer mcp` as an agent's config usually runs it: no flags, no public URL. The URLs it hands out are
+    served by the process itself (a free port, or --port when given), for as long as the agent keeps it."""
+    from tests.conftest import free_port
+
+    work = tmp_path / "work"
+    work.mkdir()
+    data = os.urandom((1 << 20) + 10)  # above the inline threshold: url mode
+    (work / "in.bin").write_bytes(data)
+    env = {k: v for k, v in os.environ.items() if k not in ("TRANSFER_PORT", "TRANSFER_PUBLIC_URL")}
+    env["TRANSFER_DATA_DIR"] = str(tmp_path / "data")
+    port = free_port()
+    args = ["-m", "transfer", "mcp", *(["--port", str(port)] if port_flag else [])]
+    params = StdioServerParameters(command=sys.executable, args=args, env=env, cwd=str(work))
+    async with Client(params) as client:
+        descriptor = structured(await client.call_tool("upload_file", {"path": "in.bin"}))
+        assert descriptor["type"] == "url"
+        if port_flag:
+            assert descriptor["url"].startswith(f"http://127.0.0.1:{port}/")
+        async with httpx.AsyncClient() as http:
+            got = await http.get(descriptor["url"])
+        assert got.status_code == 200 and got.content == data

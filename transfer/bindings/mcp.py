@@ -123,11 +123,13 @@ def _as_result(
 
 
 def error_result(exc: TransferError) -> CallToolResult:
-    """The MCP form of an error: ``isError`` with our JSON error body (plus ``retryable``) as text and structure."""
+    """The MCP form of an error: ``isError`` with our JSON error body (plus ``retryable``) as its text. No
+    structured content: clients check structured content against the tool's output schema, which describes
+    results, and reject the whole answer when an error body does not fit it (the Inspector does)."""
     body = exc.to_payload()
     body["error"]["retryable"] = exc.retryable
     text = json.dumps(body, ensure_ascii=False)
-    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=body, is_error=True)
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
 
 
 class TransferMcpServer(MCPServer):

@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# the MCP Inspector CLI (tests/test_mcp_inspector.py drives it), pinned, from the npm registry, into .cache/node
+INSPECTOR_VERSION := 2.12.0
+INSPECTOR := .cache/node/node_modules/.bin/mcp-inspector
 
 .PHONY: serve test test-quick lint bench bench-quick clean
 
@@ -14,6 +17,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+$(INSPECTOR):
+	npm install --prefix .cache/node --no-audit --no-fund --silent @modelcontextprotocol/inspector@$(INSPECTOR_VERSION)
+
 serve: $(STAMP)
 	$(BIN)/transfer serve
 
@@ -22,10 +28,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check transfer storage tests benchmarks
 	$(BIN)/mypy
 
-test: lint
+test: lint $(INSPECTOR)
 	$(BIN)/pytest
 
-test-quick: lint
+test-quick: lint $(INSPECTOR)
 	$(BIN)/pytest -q -m "not slow and not s3"
 
 bench-quick: $(STAMP)

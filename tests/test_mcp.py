@@ -7,9 +7,10 @@ import base64
 import hashlib
 import json
 import os
+import re
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -81,10 +82,98 @@ async def test_tools_are_listed_with_precise_schemas(mcp_server: tuple[LiveServe
     assert upload["properties"]["encoding"]["enum"] == ["none", "gzip", "deflate", "zstd"]
     assert tools["tp_resource_mount"].input_schema["required"] == ["tp_envelope"]
     assert "ctx" not in tools["resolve"].input_schema["properties"]
-    resolve = tools["resolve"].input_schema
-    assert {"FileContent", "ContentBundle"} <= set(resolve["$defs"])  # the descriptor schema, from the models
-    assert resolve["$defs"]["BundleItemRole"]["enum"] == ["main", "reference", "attachment", "thumbnail"]
-    assert tools["create_bundle"].input_schema["$defs"]["BundleItemInput"]["required"] == ["role"]
+    # the descriptor is a JSON object with a short schema naming its required fields (our loader validates it)
+    descriptor = tools["resolve"].input_schema["properties"]["descriptor"]
+    assert descriptor["type"] == "object"
+    assert {"required": ["type", "content_type"]} in descriptor["anyOf"]
+    assert len(json.dumps(tools["resolve"].input_schema)) < 2000  # was 7.8 KB: the expanded union of the models
+    bundle_defs = tools["create_bundle"].input_schema["$defs"]
+    assert bundle_defs["BundleItemInput"]["required"] == ["role"]
+    assert bundle_defs["BundleItemRole"]["enum"] == ["main", "reference", "attachment", "thumbnail"]
+
+
+# code-comment leftovers: runs of spaces, line breaks, reST or Markdown code markup, a setting's name
+LEFTOVERS = re.compile(
+    r"  |`|\n|:func:|:class:|\b(?:" + "|".join(f for f in Settings.model_fields if "_" in f) + r")\b"
+)
+
+
+def _descriptions(schema: Any) -> Iterator[str]:
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            if key == "description" and isinstance(value, str):
+                yield value
+            else:
+                yield from _descriptions(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            yield from _descriptions(value)
+
+
+async def test_tools_read_well_and_say_what_they_do(mcp_server: tuple[LiveServer, Path]) -> None:
+    """What an LLM reads: plain sentences (no code-comment leftovers, sizes in words), annotations per the MCP
+    ToolAnnotations, and an output schema that names the fields of each result."""
+    live, _ = mcp_server
+    async with Client(f"{live.url}/mcp") as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    for tool in tools.values():
+        texts = [tool.description or "", *_descriptions(tool.input_schema), *_descriptions(tool.output_schema)]
+        for text in texts:
+            assert not LEFTOVERS.search(text), (tool.name, text)
+        assert tool.annotations is not None, tool.name
+        hints = tool.annotations
+        assert None not in (hints.read_only_hint, hints.destructive_hint, hints.idempotent_hint), tool.name
+        assert hints.open_world_hint is not None, tool.name
+        out = tool.output_schema
+        assert out is not None and out["type"] == "object" and out.get("additionalProperties") is False, tool.name
+    assert "256 KiB" in (tools["upload_content"].description or "")  # this server's message limit, in words
+    assert tools["tp_resource_unmount"].annotations.destructive_hint is True  # type: ignore[union-attr]
+    assert tools["resolve"].annotations.open_world_hint is True  # type: ignore[union-attr]
+    for name in ("describe", "session_status"):
+        assert tools[name].annotations.read_only_hint is True  # type: ignore[union-attr]
+    for name in ("upload_file", "upload_content", "create_bundle", "tp_resource_notify"):
+        assert tools[name].annotations.destructive_hint is False, name  # type: ignore[union-attr]
+    assert {"url", "checksum", "size"} <= set(tools["describe"].output_schema["properties"])  # type: ignore[index]
+
+
+async def test_argument_errors_are_our_json_error(mcp_server: tuple[LiveServer, Path]) -> None:
+    """Arguments that do not fit a tool's schema come back like every other tool error: isError, our JSON body,
+    code invalid_request, naming the fields; an unknown tool is not_found; a bad descriptor invalid_descriptor."""
+    live, _ = mcp_server
+    async with Client(f"{live.url}/mcp") as client:
+        cases: list[tuple[str, dict[str, Any], str, set[str]]] = [
+            ("send_chunk", {"session_id": "s", "index": -1}, "invalid_request", {"index", "data"}),
+            ("upload_content", {"data": 5, "name": ""}, "invalid_request", {"data", "name"}),
+            ("create_bundle", {"items": [{"role": "boss"}]}, "invalid_request", {"items.0.role"}),
+            ("describe", {}, "invalid_request", {"file_id"}),
+            ("no_such_tool", {}, "not_found", set()),
+        ]
+        for name, args, code, fields in cases:
+            result = await client.call_tool(name, args)
+            body = tool_error(result)
+            assert body["code"] == code and body["status"] in (400, 404), (name, body)
+            assert result.structured_content is None  # an error body is no result of the tool's output schema
+            assert fields <= {e["field"] for e in body.get("detail", {}).get("errors", [])}, (name, body)
+        bad = tool_error(await client.call_tool("resolve", {"descriptor": {"type": "url", "name": "x"}}))
+        assert bad["code"] == "invalid_descriptor"
+
+
+async def test_http_lists_only_tools_that_work_there(tmp_path: Path) -> None:
+    """Over HTTP without TRANSFER_MCP_ROOT, tools may not touch the server's files: no upload_file, and resolve
+    takes no path (both could only answer 403); resolve still returns small content."""
+    settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"})
+    with running(settings) as live:
+        async with Client(f"{live.url}/mcp") as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            assert "upload_file" not in tools and TOOLS - {"upload_file"} <= set(tools)
+            resolve = tools["resolve"]
+            assert set(resolve.input_schema["properties"]) == {"descriptor"}
+            assert resolve.annotations is not None and resolve.annotations.read_only_hint is True
+            small = structured(await client.call_tool("upload_content", {"data": "hi", "name": "h.txt"}))
+            back = structured(await client.call_tool("resolve", {"descriptor": small}))
+            assert back["content"] == "hi"
+            refused = tool_error(await client.call_tool("resolve", {"descriptor": small, "path": "x"}))
+            assert refused["code"] == "invalid_request"
 
 
 async def test_upload_file_then_resolve_to_a_path_over_http(mcp_server: tuple[LiveServer, Path]) -> None:
@@ -103,8 +192,8 @@ async def test_upload_file_then_resolve_to_a_path_over_http(mcp_server: tuple[Li
         # outside the root: refused, nothing written
         escape = tool_error(await client.call_tool("upload_file", {"path": "../data/x"}))
         assert escape["code"] == "forbidden"
-        bad = await client.call_tool("resolve", {"descriptor": {"type": "url", "name": "x"}})
-        assert bad.is_error  # rejected by the input schema, before any fetch
+        bad = tool_error(await client.call_tool("resolve", {"descriptor": {"type": "url", "name": "x"}}))
+        assert bad["code"] == "invalid_descriptor"  # rejected by our loader, before any fetch
         missing = tool_error(await client.call_tool("describe", {"file_id": "f_" + "0" * 32}))
         assert missing["code"] == "not_found" and missing["status"] == 404
 
@@ -288,3 +377,28 @@ async def test_stdio_server_with_its_own_http(tmp_path: Path) -> None:
         out = structured(await client.call_tool("resolve", {"descriptor": descriptor, "path": "out/copy.bin"}))
         assert out["size"] == len(data)
     assert (work / "out" / "copy.bin").read_bytes() == data
+
+
+@pytest.mark.parametrize("port_flag", [False, True])
+async def test_plain_stdio_never_hands_out_a_url_nothing_serves(tmp_path: Path, port_flag: bool) -> None:
+    """`transfer mcp` as an agent's config usually runs it: no flags, no public URL. The URLs it hands out are
+    served by the process itself (a free port, or --port when given), for as long as the agent keeps it."""
+    from tests.conftest import free_port
+
+    work = tmp_path / "work"
+    work.mkdir()
+    data = os.urandom((1 << 20) + 10)  # above the inline threshold: url mode
+    (work / "in.bin").write_bytes(data)
+    env = {k: v for k, v in os.environ.items() if k not in ("TRANSFER_PORT", "TRANSFER_PUBLIC_URL")}
+    env["TRANSFER_DATA_DIR"] = str(tmp_path / "data")
+    port = free_port()
+    args = ["-m", "transfer", "mcp", *(["--port", str(port)] if port_flag else [])]
+    params = StdioServerParameters(command=sys.executable, args=args, env=env, cwd=str(work))
+    async with Client(params) as client:
+        descriptor = structured(await client.call_tool("upload_file", {"path": "in.bin"}))
+        assert descriptor["type"] == "url"
+        if port_flag:
+            assert descriptor["url"].startswith(f"http://127.0.0.1:{port}/")
+        async with httpx.AsyncClient() as http:
+            got = await http.get(descriptor["url"])
+        assert got.status_code == 200 and got.content == data

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import os
+import socket
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 
@@ -30,6 +32,14 @@ from transfer.errors import TransferError
 MAX_DESCRIPTOR_BYTES = 16 << 20  # a descriptor (bundles included) is metadata, never content
 
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "4194304", "MALLOC_TRIM_THRESHOLD_": "268435456"}
+
+
+class CliParser(argparse.ArgumentParser):
+    """argparse, but a usage error is the one line every failure prints (exit code 2), not the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"transfer: invalid_usage: {message} (see: {self.prog} --help)\n")
+        sys.exit(2)
 
 
 class CliError(Exception):
@@ -77,17 +87,36 @@ def _read_descriptor(source: str) -> Any:
     return load_descriptor(text)
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (0: a free port), bound here so that a taken port is one clear error
+    line before anything starts, not a server that dies after its clients connected."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise CliError(
+                "address_in_use", f"cannot listen on {host}:{port}: it is taken; choose another port (--port)"
+            ) from None
+        raise CliError("invalid_settings", f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def _http_base(host: str, port: int) -> str:
+    """The URL of a server bound to ``host:port``: a wildcard address is reached through loopback."""
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     env = dict(os.environ)
-    for flag, var in (
-        ("host", "TRANSFER_HOST"),
-        ("port", "TRANSFER_PORT"),
-        ("data_dir", "TRANSFER_DATA_DIR"),
-        ("public_url", "TRANSFER_PUBLIC_URL"),
-        ("storage", "TRANSFER_STORAGE"),
-        ("s3_bucket", "TRANSFER_S3_BUCKET"),
-        ("s3_endpoint_url", "TRANSFER_S3_ENDPOINT_URL"),
-    ):
+    for flag, var in _SERVICE_FLAGS:
         value = getattr(args, flag)
         if value is not None:
             env[var] = str(value)
@@ -121,19 +150,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     where = {"s3": f"s3://{settings.s3_bucket}", "null": "nothing (null storage: benchmarks only)"}.get(
         settings.storage, str(settings.data_dir.resolve())
     )
+    sock = _listen(settings.host, settings.port)
+    port = sock.getsockname()[1]
     print(
-        f"transfer {__version__}: serving {where} on http://{settings.host}:{settings.port} (OpenAPI docs at /docs)",
+        f"transfer {__version__}: serving {where} on {_http_base(settings.host, port)} (OpenAPI docs at /docs)",
         file=sys.stderr,
     )
     config = uvicorn_config(
-        app, settings, host=settings.host, port=settings.port, log_level=args.log_level, timeout_graceful_shutdown=5
+        app, settings, host=settings.host, port=port, log_level=args.log_level, timeout_graceful_shutdown=5
     )
-    uvicorn.Server(config).run()
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
-    """The MCP server: stdio (for an agent that starts it) or streamable HTTP (the service with /mcp)."""
+    """The MCP server: stdio (for an agent that starts it) or streamable HTTP (the service with /mcp).
+
+    On stdio, the URLs in descriptors must reach something: unless a public URL is configured (another server of
+    the same storage answers there), this process also serves the HTTP API, on ``--port`` / ``TRANSFER_PORT`` when
+    given (a taken port is an error, before the MCP session starts) and on a free loopback port otherwise."""
     if args.transport == "streamable-http":
         return cmd_serve(args)
     # stdio: stdout belongs to the MCP protocol; everything else goes to stderr
@@ -146,8 +181,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     from transfer.settings import Settings
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    for flag, var in (("data_dir", "TRANSFER_DATA_DIR"), ("public_url", "TRANSFER_PUBLIC_URL")):
-        if getattr(args, flag) is not None:
+    for flag, var in _SERVICE_FLAGS:
+        if getattr(args, flag, None) is not None:
             os.environ[var] = str(getattr(args, flag))
     try:
         settings = Settings()
@@ -155,30 +190,50 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         problems = "; ".join(f"TRANSFER_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
         raise CliError("invalid_settings", problems) from exc
     root = Path(args.root or settings.mcp_root or Path.cwd())
+    sock = None
+    base_url = settings.public_url
+    if args.serve_http or not settings.public_url:
+        sock = _listen(settings.host, settings.port if "port" in settings.model_fields_set else 0)
+        base_url = settings.public_url or _http_base(settings.host, sock.getsockname()[1])
+        print(f"transfer mcp: descriptors' URLs are served by this process at {base_url}", file=sys.stderr)
 
     async def run() -> int:
         services = Services.build(settings)
         await services.start()
-        server = build_mcp(services, None, http=False, root=root)
-        http_task = None
-        if args.serve_http:
+        server = build_mcp(services, None, http=False, root=root, base_url=base_url)
+        http_server = http_task = None
+        if sock is not None:
             import uvicorn
 
             from transfer.api.app import create_app
             from transfer.api.server import uvicorn_config
 
             app = create_app(settings, services=services)
-            config = uvicorn_config(app, settings, host=settings.host, port=settings.port, log_level="warning")
-            http_task = asyncio.create_task(uvicorn.Server(config).serve())
+            port = sock.getsockname()[1]
+            config = uvicorn_config(app, settings, host=settings.host, port=port, log_level="warning")
+            http_server = uvicorn.Server(config)
+            http_task = asyncio.create_task(http_server.serve(sockets=[sock]))
         try:
             await server.run_stdio_async()
         finally:
-            if http_task is not None:
-                http_task.cancel()
+            if http_server is not None and http_task is not None:
+                http_server.should_exit = True  # a clean shutdown: lifespan ends, open responses finish
+                await asyncio.wait([http_task], timeout=5)
             await services.close()
         return 0
 
     return asyncio.run(run())
+
+
+_SERVICE_FLAGS = (
+    ("host", "TRANSFER_HOST"),
+    ("port", "TRANSFER_PORT"),
+    ("data_dir", "TRANSFER_DATA_DIR"),
+    ("public_url", "TRANSFER_PUBLIC_URL"),
+    ("storage", "TRANSFER_STORAGE"),
+    ("s3_bucket", "TRANSFER_S3_BUCKET"),
+    ("s3_endpoint_url", "TRANSFER_S3_ENDPOINT_URL"),
+)
 
 
 async def cmd_upload(args: argparse.Namespace) -> int:
@@ -193,6 +248,10 @@ async def cmd_upload(args: argparse.Namespace) -> int:
             progress, close = _progress_bar(show, path.name)
             try:
                 if args.chunked:
+
+                    def announce(session: dict[str, Any], server: str = args.server) -> None:
+                        _announce_session(session, server)
+
                     descriptor = await client.upload_chunked(
                         path,
                         chunk_size=args.chunk_size,
@@ -202,6 +261,7 @@ async def cmd_upload(args: argparse.Namespace) -> int:
                         description=args.description,
                         progress=progress,
                         remember=Path(args.state_dir) if args.state_dir else state_dir(),
+                        on_session=announce,
                     )
                     results.append(descriptor.to_json())
                     continue
@@ -225,8 +285,32 @@ async def cmd_upload(args: argparse.Namespace) -> int:
     return 0
 
 
+def _announce_session(session: dict[str, Any], server: str) -> None:
+    """Tell the person (stderr; stdout carries the final descriptor) which session the upload uses and how a
+    reader follows it live."""
+    sid = session["streaming_session_id"]
+    total = session.get("total_chunks")
+    print(
+        f"session {sid}: {session.get('name')}, {total} chunks of {session.get('chunk_size')} bytes; "
+        f"a reader can follow it now: transfer session descriptor {sid} --server {server} "
+        "| transfer resolve - --follow -o OUTPUT",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+async def cmd_session_descriptor(args: argparse.Namespace) -> int:
+    """Print a session's live streaming descriptor (JSON), for `transfer resolve --follow`."""
+    async with AsyncTransferClient(args.server, api_key=_api_key(args)) as client:
+        descriptor = await client.session_descriptor(args.session, ttl=args.ttl)
+    print(json.dumps(descriptor.to_json(), ensure_ascii=False, indent=2))
+    return 0
+
+
 async def cmd_resolve(args: argparse.Namespace) -> int:
     descriptor = _read_descriptor(args.descriptor)
+    if args.output == "-" and not args.follow:
+        return await _resolve_to_stdout(descriptor, args)
     if isinstance(descriptor, ContentBundle):
         directory = Path(args.output or descriptor.id)
         async with AsyncTransferClient(DEFAULT_SERVER, options=ResolveOptions(connections=args.connections)) as c:
@@ -249,6 +333,23 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
         finally:
             close()
     print(f"{dest}: verified {descriptor.checksum or '(no checksum declared)'}", file=sys.stderr)
+    return 0
+
+
+async def _resolve_to_stdout(descriptor: Any, args: argparse.Namespace) -> int:
+    """``-o -``: the content on stdout as it arrives; size and SHA-256 are checked at the end, and a mismatch is
+    an error line and exit code 1 (as with ``curl | sha256sum``, a reader acts on the bytes only after a zero
+    exit)."""
+    if isinstance(descriptor, ContentBundle):
+        raise CliError("invalid_request", "a bundle resolves into a directory, not to stdout: give -o DIRECTORY")
+    out = sys.stdout.buffer
+    async with AsyncTransferClient(DEFAULT_SERVER, options=ResolveOptions(connections=args.connections)) as client:
+        if isinstance(descriptor, FileContent) and descriptor.type is not TransferMode.INLINE:
+            async for piece in client.resolver.stream(descriptor):
+                out.write(piece)
+        else:
+            out.write(await client.resolver.to_bytes(descriptor))
+    out.flush()
     return 0
 
 
@@ -384,7 +485,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="transfer", description="Large-content transfer service for AI agents")
+    parser = CliParser(prog="transfer", description="Large-content transfer service for AI agents")
     parser.add_argument("--version", action="version", version=f"transfer {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -405,12 +506,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--serve-http",
         action="store_true",
-        help="stdio: also serve the HTTP API in this process, so the URLs in descriptors resolve",
+        help="stdio: serve the HTTP API in this process even with a public URL set (without one it always does, "
+        "on --port or a free port, so that the URLs in descriptors resolve)",
     )
     p.add_argument("--data-dir", help="local storage directory (TRANSFER_DATA_DIR)")
     p.add_argument("--public-url", help="base URL for descriptors (TRANSFER_PUBLIC_URL)")
     for flag in ("--host", "--port", "--storage", "--s3-bucket", "--s3-endpoint-url"):
-        p.add_argument(flag, type=int if flag == "--port" else str, help="as for serve (streamable-http)")
+        p.add_argument(flag, type=int if flag == "--port" else str, help="as for serve")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=cmd_mcp)
 
@@ -460,9 +562,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", help="API key (default: TRANSFER_API_KEY)")
     p.set_defaults(func=cmd_status)
 
+    p = sub.add_parser("session", help="chunked upload sessions")
+    sessions = p.add_subparsers(dest="session_command", required=True)
+    s = sessions.add_parser("descriptor", help="print a session's live streaming descriptor (for resolve --follow)")
+    s.add_argument("session", metavar="SESSION")
+    s.add_argument("--ttl", type=int, help="seconds its signed URL lives (default: the server's)")
+    s.add_argument("--server", default=server_default, help=f"service URL (default {DEFAULT_SERVER})")
+    s.add_argument("--api-key", help="API key (default: TRANSFER_API_KEY)")
+    s.set_defaults(func=cmd_session_descriptor)
+    s = sessions.add_parser("status", help="a session's state: stored and missing chunks")
+    s.add_argument("session", metavar="SESSION")
+    s.add_argument("--server", default=server_default, help=f"service URL (default {DEFAULT_SERVER})")
+    s.add_argument("--api-key", help="API key (default: TRANSFER_API_KEY)")
+    s.set_defaults(func=cmd_status)
+
     p = sub.add_parser("resolve", help="download, decode and verify a descriptor")
     p.add_argument("descriptor", help="descriptor JSON file, or - for stdin")
-    p.add_argument("-o", "--output", help="destination path (default: the descriptor's name; a bundle: a directory)")
+    p.add_argument(
+        "-o", "--output", help="destination path, - for stdout (default: the descriptor's name; a bundle: a directory)"
+    )
     p.add_argument("--force", action="store_true", help="replace an existing destination")
     p.add_argument("--connections", type=int, default=4, help="parallel ranged requests (default 4)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)

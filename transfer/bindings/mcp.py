@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import inspect
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -23,22 +25,35 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from functools import wraps
 from pathlib import Path
-from typing import Annotated, Any, Literal, ParamSpec, TypeVar, cast
+from typing import Annotated, Any, Literal, ParamSpec
 
 import httpx
 import xxhash
 from fastapi import FastAPI
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
-from mcp_types import CallToolResult, TextContent
-from pydantic import BaseModel, ConfigDict, Field
+from mcp_types import CallToolResult, InputRequiredResult, TextContent
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from transfer import __version__
+from transfer.bindings.mcp_schemas import (
+    DESCRIPTOR_INPUT_SCHEMA,
+    Bundle,
+    ChunkReceipt,
+    Descriptor,
+    Messages,
+    OpenedSession,
+    Resolved,
+    SessionStatus,
+    TpAnswer,
+    tool_texts,
+)
 from transfer.client.resolver import ResolveOptions, Resolver
 from transfer.core.auth import Authenticator, Grant
 from transfer.core.auth import Scope as KeyScope
@@ -57,7 +72,7 @@ from transfer.core.content import (
 )
 from transfer.core.encodings import storage_encoding
 from transfer.core.mime import is_textual
-from transfer.core.tp import MESSAGE_TYPES, Binding, validate_envelope
+from transfer.core.tp import Binding, validate_envelope
 from transfer.errors import (
     Conflict,
     InvalidRequest,
@@ -72,7 +87,10 @@ from transfer.service.session_views import session_document
 from transfer.service.sessions import ChunkDigest
 
 P = ParamSpec("P")
-R = TypeVar("R")
+logger = logging.getLogger(__name__)
+
+# a JSON object checked by load_descriptor, published with a short schema (not the expanded union of the models)
+DescriptorArgument = Annotated[dict[str, Any], WithJsonSchema(DESCRIPTOR_INPUT_SCHEMA)]
 
 INSTRUCTIONS = (
     "Moves content too large for a chat message. Upload a file (upload_file) or a chunked stream (open_session, "
@@ -81,27 +99,74 @@ INSTRUCTIONS = (
 )
 
 
-def _tool_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    """Our errors as MCP tool errors (``isError``) whose text and structured content are the JSON error body."""
+def _as_result(
+    fn: Callable[P, Awaitable[dict[str, Any]]], result: type[BaseModel]
+) -> Callable[P, Awaitable[CallToolResult]]:
+    """A tool's answer as an MCP result: its JSON both as text and as structured content, published and checked
+    (by the SDK, on every call) as the model ``result``; our errors as ``isError`` results whose text is the JSON
+    error body."""
 
     @wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> CallToolResult:
         try:
-            return await fn(*args, **kwargs)
+            body = await fn(*args, **kwargs)
         except TransferError as exc:
-            body = exc.to_payload()
-            body["error"]["retryable"] = exc.retryable
-            text = json.dumps(body, ensure_ascii=False)
-            result = CallToolResult(
-                content=[TextContent(type="text", text=text)], structured_content=body, is_error=True
-            )
-            return cast(R, result)  # passed through unchanged by the SDK (no output validation for errors)
+            return error_result(exc)
+        text = json.dumps(body, ensure_ascii=False)
+        return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=body)
 
+    # the SDK derives the output schema from the return annotation: the result model, not CallToolResult
+    wrapper.__signature__ = inspect.signature(fn, eval_str=True).replace(  # type: ignore[attr-defined]
+        return_annotation=result
+    )
     return wrapper
 
 
+def error_result(exc: TransferError) -> CallToolResult:
+    """The MCP form of an error: ``isError`` with our JSON error body (plus ``retryable``) as its text. No
+    structured content: clients check structured content against the tool's output schema, which describes
+    results, and reject the whole answer when an error body does not fit it (the Inspector does)."""
+    body = exc.to_payload()
+    body["error"]["retryable"] = exc.retryable
+    text = json.dumps(body, ensure_ascii=False)
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+
+class TransferMcpServer(MCPServer):
+    """The SDK's server, with every failure of a call as our JSON error: arguments that do not fit the tool's input
+    schema are ``invalid_request`` (naming each field and what is wrong, never echoing the value), an unknown tool
+    is ``not_found``, and anything unforeseen is ``internal_error`` without a stack trace."""
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        tool = self._tool_manager.get_tool(name)
+        if tool is None:
+            return error_result(NotFound(f"no tool {name!r}; tools/list names the tools of this server"))
+        # the SDK drops arguments its model does not know; a caller who misspells one must hear so
+        unknown = sorted(set(arguments) - set(tool.parameters.get("properties", {})))
+        if unknown:
+            problems = [{"field": field, "problem": "not an argument of this tool"} for field in unknown[:20]]
+            return error_result(
+                InvalidRequest(f"{name}: unknown arguments: {', '.join(unknown)[:200]}", errors=problems)
+            )
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ValidationError) and not isinstance(exc, UnexpectedToolError):
+                problems = [
+                    {"field": ".".join(str(p) for p in e["loc"]) or "arguments", "problem": e["msg"]}
+                    for e in cause.errors(include_url=False, include_input=False)
+                ]
+                summary = "; ".join(f"{p['field']}: {p['problem']}" for p in problems[:5])
+                return error_result(InvalidRequest(f"{name}: invalid arguments: {summary}", errors=problems[:20]))
+            logger.exception("tool %r failed", name)
+            return error_result(TransferError(f"{name} failed unexpectedly"))
+
+
 class BundleItemInput(BaseModel):
-    """One bundle item: a stored file (``file_id``) or inline text/JSON/code (``content``)."""
+    """One bundle item: a stored file (file_id) or inline text, JSON or code (content)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -114,12 +179,21 @@ class BundleItemInput(BaseModel):
 class McpBinding:
     """The tools, bound to one Services; ``http`` says whether calls come over HTTP (remote callers)."""
 
-    def __init__(self, services: Services, auth: Authenticator | None, *, http: bool, root: Path | None) -> None:
+    def __init__(
+        self,
+        services: Services,
+        auth: Authenticator | None,
+        *,
+        http: bool,
+        root: Path | None,
+        base_url: str | None = None,
+    ) -> None:
         self.services = services
         self.settings = services.settings
         self.auth = auth
         self.http = http
         self.root = root.resolve() if root is not None else None
+        self.served_at = base_url
 
     # -- context: who calls, where URLs point, which paths are allowed ------------------------------------------
 
@@ -143,12 +217,16 @@ class McpBinding:
         self.grant(ctx)(scope)
 
     def base_url(self, ctx: Context | None) -> str:
+        """Where the URLs in descriptors point: the public URL, else the address this call came to (HTTP), else the
+        HTTP server the stdio host runs beside it (which always exists: see ``transfer mcp``)."""
         if self.settings.public_url:
             return self.settings.public_url
         request = self._request(ctx)
         if request is not None:
             return str(request.base_url).rstrip("/")
-        return f"http://{self.settings.host}:{self.settings.port}"
+        if self.served_at is None:
+            raise TransferError("this MCP server has no HTTP address for the URLs it would hand out")
+        return self.served_at
 
     def path(self, value: str, *, must_exist: bool) -> Path:
         if self.root is None:
@@ -211,10 +289,10 @@ class McpBinding:
         role: FileRole | None = None,
         description: Annotated[str | None, Field(max_length=1024)] = None,
         checksum: Annotated[str | None, Field(description="sha256:<hex> of the bytes, verified")] = None,
-        ttl: Annotated[int | None, Field(gt=0)] = None,
+        ttl: Annotated[int | None, Field(gt=0, description="seconds the signed URL lives")] = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
-        """Store given bytes (at most mcp_max_inline_bytes); returns the FileContent descriptor."""
+        """Store bytes given in the call (at most ``mcp_max_inline_bytes``); returns the FileContent descriptor."""
         grant = self.grant(ctx)
         grant(KeyScope.UPLOAD)
         raw = _decode(data, data_encoding)
@@ -277,7 +355,8 @@ class McpBinding:
         self._limit(len(raw), "a chunk")
         digest = ChunkDigest.parse(checksum) if checksum else ChunkDigest("xxh3-128", xxhash.xxh3_128_hexdigest(raw))
         receipt = await self.services.sessions.put_chunk(session_id, index, _one(raw), digest, len(raw), grant)
-        return {"index": receipt.index, "size": receipt.size, "xxh3": receipt.xxh3, "duplicate": receipt.duplicate}
+        doc = {"index": receipt.index, "size": receipt.size, "xxh3": receipt.xxh3, "duplicate": receipt.duplicate}
+        return doc
 
     async def complete_session(
         self,
@@ -289,7 +368,8 @@ class McpBinding:
         grant = self.grant(ctx)
         grant(KeyScope.UPLOAD)
         _session, record = await self.services.sessions.complete(session_id, grant, size)
-        return (await self.services.files.describe(record, self.base_url(ctx), inline=False)).to_json()
+        described = await self.services.files.describe(record, self.base_url(ctx), inline=False)
+        return described.to_json()
 
     async def session_status(self, session_id: str, ctx: Context | None = None) -> dict[str, Any]:
         """Which chunks are stored and which are missing, bytes received, state and expiry."""
@@ -299,8 +379,8 @@ class McpBinding:
 
     async def describe(
         self,
-        file_id: Annotated[str, Field(description="f_… id of a stored file")],
-        ttl: Annotated[int | None, Field(gt=0)] = None,
+        file_id: Annotated[str, Field(description="the f_ id of a stored file")],
+        ttl: Annotated[int | None, Field(gt=0, description="seconds the signed URL lives")] = None,
         download_method: DownloadMethod | None = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
@@ -309,15 +389,16 @@ class McpBinding:
         grant(KeyScope.READ)
         files = self.services.files
         record = await files.record(file_id, grant)
-        return (await files.describe(record, self.base_url(ctx), ttl=ttl, download_method=download_method)).to_json()
+        described = await files.describe(record, self.base_url(ctx), ttl=ttl, download_method=download_method)
+        return described.to_json()
 
     async def resolve(
         self,
-        descriptor: Annotated[FileContent | ContentBundle, Field(description="a Synapse FileContent or ContentBundle")],
+        descriptor: DescriptorArgument,
         path: Annotated[
-            str | None, Field(description="where to write (a directory for bundles); omit for small content")
+            str | None, Field(description="where to write (a directory for a bundle); omit for small content")
         ] = None,
-        overwrite: bool = False,
+        overwrite: Annotated[bool, Field(description="replace existing files at path")] = False,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Download, verify (SHA-256, size) and decode content to a local path. Without a path, content within the
@@ -327,7 +408,7 @@ class McpBinding:
         grant(KeyScope.READ)
         if path is not None:
             grant(KeyScope.UPLOAD)  # it writes to the server's disk
-        parsed = load_descriptor(descriptor.to_json(), inline_threshold=self.settings.inline_threshold)
+        parsed = load_descriptor(descriptor, inline_threshold=self.settings.inline_threshold)
         async with self._http() as http:
             resolver = Resolver(http, ResolveOptions(max_decoded_size=self.settings.max_upload_size))
             if isinstance(parsed, ContentBundle):
@@ -371,6 +452,11 @@ class McpBinding:
                 out["checksum"] = parsed.checksum
             return out
 
+    async def resolve_inline(self, descriptor: DescriptorArgument, ctx: Context | None = None) -> dict[str, Any]:
+        """``resolve`` where tools may not touch local paths (HTTP without an allowed directory): small content
+        only, returned in the result."""
+        return await self.resolve(descriptor, None, False, ctx)
+
     async def create_bundle(
         self,
         items: Annotated[list[BundleItemInput], Field(min_length=1)],
@@ -410,31 +496,42 @@ class McpBinding:
         return httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0), follow_redirects=True)
 
 
-def build_mcp(services: Services, auth: Authenticator | None, *, http: bool, root: Path | None) -> MCPServer:
-    binding = McpBinding(services, auth, http=http, root=root)
-    server: MCPServer = MCPServer(
+def build_mcp(
+    services: Services, auth: Authenticator | None, *, http: bool, root: Path | None, base_url: str | None = None
+) -> MCPServer:
+    """The MCP server with the tools that work on this host: over HTTP without an allowed directory there is no
+    upload_file and resolve takes no path (they could only be refused). ``base_url``: where a stdio host serves
+    the URLs it hands out (HTTP callers get the address they called)."""
+    binding = McpBinding(services, auth, http=http, root=root, base_url=base_url)
+    server = TransferMcpServer(
         "transfer", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING", warn_on_duplicate_tools=True
     )
-    for fn in (
-        binding.upload_file,
-        binding.upload_content,
-        binding.open_session,
-        binding.send_chunk,
-        binding.complete_session,
-        binding.session_status,
-        binding.describe,
-        binding.resolve,
-        binding.create_bundle,
-        binding.tp_poll_messages,
-    ):
-        server.add_tool(_tool_errors(fn), name=fn.__name__, structured_output=True)
-
+    settings = services.settings
+    file_tools = binding.root is not None
+    texts = tool_texts(inline=settings.inline_threshold, message=settings.mcp_max_inline_bytes, file_tools=file_tools)
+    tools: list[tuple[str, Callable[..., Awaitable[dict[str, Any]]], type[BaseModel]]] = [
+        ("upload_file", binding.upload_file, Descriptor),
+        ("upload_content", binding.upload_content, Descriptor),
+        ("open_session", binding.open_session, OpenedSession),
+        ("send_chunk", binding.send_chunk, ChunkReceipt),
+        ("complete_session", binding.complete_session, Descriptor),
+        ("session_status", binding.session_status, SessionStatus),
+        ("describe", binding.describe, Descriptor),
+        ("resolve", binding.resolve if file_tools else binding.resolve_inline, Resolved),
+        ("create_bundle", binding.create_bundle, Bundle),
+        ("tp_poll_messages", binding.tp_poll_messages, Messages),
+    ]
     for mtype in ("resource_mount", "resource_unmount", "resource_notify"):
+        tools.append((f"tp_{mtype}", _tp_tool(binding, mtype), TpAnswer))
+    for name, fn, result in tools:
+        if name == "upload_file" and not file_tools:
+            continue
+        description, annotations = texts[name]
         server.add_tool(
-            _tool_errors(_tp_tool(binding, mtype)),
-            name=f"tp_{mtype}",
-            description=f"Send a TP {mtype} via the MCP tool binding (method {MESSAGE_TYPES[mtype][0]}); returns "
-            "the reply envelope or {correlation_id}",
+            _as_result(fn, result),
+            name=name,
+            description=description,
+            annotations=annotations,
             structured_output=True,
         )
     return server
@@ -442,7 +539,10 @@ def build_mcp(services: Services, auth: Authenticator | None, *, http: bool, roo
 
 def _tp_tool(binding: McpBinding, message_type: str) -> Callable[..., Awaitable[dict[str, Any]]]:
     async def tool(
-        tp_envelope: Annotated[dict[str, Any], Field(description="Complete TP MessageEnvelope")],
+        tp_envelope: Annotated[
+            dict[str, Any],
+            Field(description="a complete TP MessageEnvelope of the message type this tool is named for"),
+        ],
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         return await binding.tp(message_type, tp_envelope, ctx)

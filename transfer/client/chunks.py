@@ -217,9 +217,11 @@ async def upload_chunked(
     metadata: dict[str, Any] | None = None,
     progress: Progress | None = None,
     remember: Path | None = None,
+    on_session: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Upload ``path`` as a chunked session — resuming the session remembered for this file under ``remember`` —
-    and complete it. Returns the completed descriptor (JSON)."""
+    and complete it. Returns the completed descriptor (JSON). ``on_session`` is told the session (its document
+    when opened, its status when resumed) before any chunk is sent, so that readers can start following it."""
     size = path.stat().st_size
     sha = await asyncio.to_thread(_file_sha256, path)
     state_file = remember / f"{_state_key(path, server)}.json" if remember else None
@@ -245,6 +247,8 @@ async def upload_chunked(
     else:
         stored = {i for a, b in status["stored"] for i in range(a, b + 1)}
     assert sid is not None
+    if on_session is not None:
+        on_session(status)
     cs = int(status["chunk_size"])
     total = -(-size // cs)
     sent = sum(min(cs, size - i * cs) for i in stored)

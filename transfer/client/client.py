@@ -151,6 +151,7 @@ class AsyncTransferClient:
         description: str | None = None,
         progress: Progress | None = None,
         remember: Path | None = None,
+        on_session: Callable[[dict[str, Any]], None] | None = None,
     ) -> FileContent:
         """Upload a file as a chunked session, ``connections`` chunks in parallel; with ``remember`` (a directory),
         a rerun after a crash resumes the same session and sends only the missing chunks."""
@@ -165,8 +166,19 @@ class AsyncTransferClient:
             metadata={k: v for k, v in metadata.items() if v is not None},
             progress=progress,
             remember=remember,
+            on_session=on_session,
         )
         descriptor = load_descriptor(doc)
+        assert isinstance(descriptor, FileContent)
+        return descriptor
+
+    async def session_descriptor(self, session_id: str, ttl: int | None = None) -> FileContent:
+        """The live streaming descriptor of a session (its size must be known): readers follow it while chunks
+        arrive, or resolve it once complete."""
+        params = {"ttl": str(ttl)} if ttl is not None else None
+        response = await self.http.get(f"{self.server}/v1/sessions/{quote(session_id)}/descriptor", params=params)
+        await raise_for_error(response)
+        descriptor = load_descriptor(response.json())
         assert isinstance(descriptor, FileContent)
         return descriptor
 

@@ -36,7 +36,8 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── SignatureInvalid           403 signature_invalid
     │   └── UrlExpired                 403 url_expired
     ├── NotFound                       404 not_found
-    │   └── ToolUnavailable            404 TP-TRA021             (MCP tool for that message type)
+    │   ├── ToolUnavailable            404 TP-TRA021             (MCP tool for that message type)
+    │   └── TaskNotFound               404 task_not_found        (A2A task: unknown, or another key's)
     ├── MethodNotAllowed               405 method_not_allowed
     ├── PreconditionFailed             412 precondition_failed
     │   └── TusVersionUnsupported      412 tus_version_unsupported
@@ -242,6 +243,10 @@ class NotFound(TransferError):
 
 class ToolUnavailable(NotFound):
     code = "TP-TRA021"
+
+
+class TaskNotFound(NotFound):
+    code = "task_not_found"
 
 
 class MethodNotAllowed(TransferError):

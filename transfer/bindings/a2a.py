@@ -15,6 +15,7 @@ the API key like any other front door, and its scope is checked by the service (
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,8 @@ from transfer.core.a2a_protocol import (
 from transfer.core.auth import Authenticator, Grant
 from transfer.errors import TransferError
 from transfer.service.container import Services
+
+log = logging.getLogger("transfer.a2a")
 
 
 def is_a2a_method(method: str) -> bool:
@@ -66,6 +69,9 @@ async def answer_a2a(
             raise unsupported(operation, method)
     except TransferError as exc:
         return rpc_error(rid, exc)
+    except Exception:  # a bug: a JSON-RPC client still gets a JSON-RPC error, and the log gets the trace
+        log.exception("A2A %s failed", method)
+        return rpc_error(rid, TransferError("internal error; see the server log"))
     return {"jsonrpc": "2.0", "id": rid, "result": result}
 
 

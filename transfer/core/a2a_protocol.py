@@ -52,6 +52,7 @@ VERSION_HEADER = "a2a-version"
 SUPPORTED_VERSIONS = ("1.0", "0.3")
 MAX_FILE_PARTS = 64  # file parts in one message: each one is a stored file (and maybe a fetch)
 MAX_ID_LENGTH = 256  # client-chosen ids we echo (messageId, contextId)
+_URL_SAFE_TO_STANDARD = str.maketrans("-_", "+/")
 ERROR_INFO_TYPE = "type.googleapis.com/google.rpc.ErrorInfo"
 A2A_DOMAIN = "a2a-protocol.org"
 
@@ -311,7 +312,7 @@ def parse_message(params: Any) -> IncomingMessage:
     message_id = _optional_id(message, "messageId", "message_id")
     if message_id is None:
         raise InvalidRequest("message.messageId is required")
-    parts = message.get("parts")
+    parts = message.get("parts", [])  # proto3 JSON leaves an empty list out
     if not isinstance(parts, list):
         raise InvalidRequest("message.parts must be a list")
     files: list[FilePart] = []
@@ -389,8 +390,10 @@ def decode_inline(data: str) -> bytes:
     if len(text) % 4 == 1:
         raise InvalidRequest("inline bytes are not base64 (bad length)")
     text += "=" * (-len(text) % 4)
+    if "-" in text or "_" in text:  # the URL-safe alphabet (RFC 4648 §5)
+        text = text.translate(_URL_SAFE_TO_STANDARD)
     try:
-        return pybase64.b64decode(text, altchars=b"-_", validate=True)
+        return pybase64.b64decode(text, validate=True)
     except ValueError:
         raise InvalidRequest("inline bytes are not base64") from None
 

@@ -9,7 +9,7 @@ import base64
 import hashlib
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -238,3 +238,105 @@ async def test_methods_the_card_does_not_offer_get_a2a_codes_and_tp_methods_stil
         assert answers[3]["error"]["code"] == -32601
         plain = httpx.post(f"{live.url}/a2a", json=batch[1], headers={**auth, "a2a-version": "9.9"}).json()
         assert plain["error"]["code"] == -32009
+
+
+def rpc(method: str, params: Any, rid: Any = 1) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+
+
+def message(*parts: Any, **extra: Any) -> dict[str, Any]:
+    return {"message": {"messageId": "m-1", "role": "ROLE_USER", "parts": list(parts), **extra}}
+
+
+RAW = base64.b64encode(b"bytes").decode()
+HOSTILE: list[tuple[str, dict[str, Any], int, str]] = [
+    ("no params", rpc("SendMessage", None), -32602, "invalid_request"),
+    ("message not an object", rpc("SendMessage", {"message": []}), -32602, "invalid_request"),
+    ("no messageId", rpc("SendMessage", {"message": {"parts": [{"raw": RAW}]}}), -32602, "invalid_request"),
+    ("messageId too long", rpc("SendMessage", {"message": {"messageId": "m" * 300}}), -32602, "invalid_request"),
+    ("parts not a list", rpc("SendMessage", message() | {"message": {"messageId": "m", "parts": {}}}), -32602, ""),
+    ("a part not an object", rpc("SendMessage", message("raw")), -32602, "invalid_request"),
+    ("only text", rpc("SendMessage", message({"text": "hi"})), -32602, "invalid_request"),
+    ("raw and url at once", rpc("SendMessage", message({"raw": RAW, "url": "https://x.example/a"})), -32602, ""),
+    ("raw not a string", rpc("SendMessage", message({"raw": 12})), -32602, "invalid_request"),
+    ("raw not base64", rpc("SendMessage", message({"raw": "*not base64*"})), -32602, "invalid_request"),
+    ("raw of bad length", rpc("SendMessage", message({"raw": "QUJDR"})), -32602, "invalid_request"),
+    ("filename not a string", rpc("SendMessage", message({"raw": RAW, "filename": ["a"]})), -32602, ""),
+    ("bad media type", rpc("SendMessage", message({"raw": RAW, "mediaType": "text/plain\r\nx: y"})), -32602, ""),
+    ("file: URL", rpc("SendMessage", message({"url": "file:///etc/passwd"})), -32602, "invalid_request"),
+    ("ftp: URL", rpc("message/send", message({"kind": "file", "file": {"uri": "ftp://x/y"}})), -32602, ""),
+    ("0.3 file without content", rpc("message/send", message({"kind": "file", "file": {}})), -32602, ""),
+    ("metadata endpoint", rpc("SendMessage", message({"url": "http://169.254.169.254/latest"})), -32602, ""),
+    ("too many parts", rpc("SendMessage", message(*[{"raw": RAW}] * 65)), -32602, "invalid_request"),
+    (
+        "bad declared checksum",
+        rpc("SendMessage", message({"raw": RAW, "metadata": {"synapse": {"checksum": "x"}}})),
+        -32602,
+        "",
+    ),
+    (
+        "wrong declared size",
+        rpc("SendMessage", message({"raw": RAW, "metadata": {"synapse": {"size": 9}}})),
+        -32602,
+        "size_mismatch",
+    ),
+    ("unknown taskId", rpc("SendMessage", message({"raw": RAW}, taskId="t_" + "2" * 32)), -32001, "task_not_found"),
+    ("taskId as a path", rpc("GetTask", {"id": "../../files/f_" + "0" * 32}), -32001, "task_not_found"),
+    ("task id not a string", rpc("GetTask", {"id": 7}), -32602, "invalid_request"),
+    ("task id too long", rpc("tasks/get", {"id": "t" * 10_000}), -32001, "task_not_found"),
+    ("streaming", rpc("SendStreamingMessage", message({"raw": RAW})), -32004, ""),
+    ("push config", rpc("tasks/pushNotificationConfig/set", {}), -32003, ""),
+    ("extended card", rpc("GetExtendedAgentCard", {}), -32007, ""),
+]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with running(settings_for(tmp_path_factory.mktemp("a2a"), max_upload_size=1 << 20)) as live:
+        yield live
+
+
+@pytest.mark.parametrize(("case", "call", "code", "error_code"), HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_a2a_calls_get_a2a_errors_and_store_nothing(
+    shared: LiveServer, case: str, call: dict[str, Any], code: int, error_code: str
+) -> None:
+    answer = httpx.post(f"{shared.url}/a2a", json=call, headers={"authorization": f"Bearer {TOKENS['bob']}"})
+    assert answer.status_code == 200, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == code, error
+    (info,) = error["data"]
+    assert info["@type"] == "type.googleapis.com/google.rpc.ErrorInfo" and isinstance(info["metadata"]["code"], str)
+    if error_code:
+        assert info["metadata"]["code"] == error_code, error
+    assert stored_files(shared, TOKENS["bob"]) == []
+    assert shared.leftovers() == []
+
+
+def test_scopes_and_ownership_on_a2a_methods(tmp_path: Path) -> None:
+    reader, uploader = new_token(), new_token()
+    settings = settings_for(tmp_path, max_upload_size=1 << 20)
+    assert settings.api_keys is not None
+    settings.api_keys["reader"] = {"sha256": token_hash(reader), "scopes": ["read"]}
+    settings.api_keys["uploader"] = {"sha256": token_hash(uploader), "scopes": ["upload"]}
+    big = base64.b64encode(os.urandom((1 << 20) + 1)).decode()
+    with running(settings) as live:
+
+        def call(token: str, body: dict[str, Any]) -> dict[str, Any]:
+            answer = httpx.post(f"{live.url}/a2a", json=body, headers={"authorization": f"Bearer {token}"})
+            assert answer.status_code == 200, answer.text
+            result: dict[str, Any] = answer.json()
+            return result
+
+        task = call(TOKENS["alice"], rpc("SendMessage", message({"raw": RAW, "filename": "a.txt"})))["result"]["task"]
+        assert call(reader, rpc("SendMessage", message({"raw": RAW})))["error"]["code"] == -32041
+        assert call(uploader, rpc("GetTask", {"id": task["id"]}))["error"]["code"] == -32041
+        assert call(reader, rpc("GetTask", {"id": task["id"]}))["error"]["code"] == -32001  # not the reader's
+        own = call(TOKENS["alice"], rpc("SendMessage", message({"raw": RAW}, taskId=task["id"])))
+        assert own["error"]["code"] == -32004  # completed tasks take no further messages
+        other = call(TOKENS["bob"], rpc("SendMessage", message({"raw": RAW}, taskId=task["id"])))
+        assert other["error"]["code"] == -32001
+        too_big = call(TOKENS["bob"], rpc("SendMessage", message({"raw": big})))["error"]
+        assert too_big["data"][0]["metadata"]["code"] == "payload_too_large"
+        assert stored_files(live, TOKENS["bob"]) == []
+        gone = call(TOKENS["alice"], rpc("tasks/get", {"id": task["id"]}))["result"]
+        assert gone["kind"] == "task" and gone["status"]["state"] == "completed"

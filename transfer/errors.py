@@ -11,6 +11,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── TPVersionUnsupported       400 TP-TRA020
     │   ├── NoEnvelopeInPrompt         422 TP-TRA030             (no ```tp-envelope block in the text)
     │   ├── UnsupportedMessageType     501 unsupported_message_type
+    │   ├── UnsupportedOperation       400 unsupported_operation (A2A: streaming, push, cancel, …; detail.reason)
     │   ├── InvalidDigestHeader        400 invalid_digest_header
     │   ├── ContentLengthMismatch      400 content_length_mismatch
     │   ├── MalformedBody              400 malformed_body
@@ -161,6 +162,12 @@ class NoEnvelopeInPrompt(InvalidRequest):
 class UnsupportedMessageType(InvalidRequest):
     code = "unsupported_message_type"
     status = 501
+
+
+class UnsupportedOperation(InvalidRequest):
+    """A protocol operation this service does not offer; ``detail["reason"]`` names it in the protocol's terms."""
+
+    code = "unsupported_operation"
 
 
 class IntegrityError(TransferError):

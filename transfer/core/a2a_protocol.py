@@ -43,6 +43,7 @@ from transfer.errors import (
     TaskNotFound,
     TransferError,
     Unauthenticated,
+    UnsupportedOperation,
 )
 
 A2A_PATH = "/a2a"
@@ -118,18 +119,11 @@ class RpcCode(enum.IntEnum):
     FORBIDDEN = -32041
 
 
-class A2AProtocolError(InvalidRequest):
-    """A request A2A itself answers with one of its own codes (not cancelable, no streaming, version, …)."""
-
-    def __init__(self, rpc_code: RpcCode, message: str) -> None:
-        super().__init__(message)
-        self.rpc_code = rpc_code
-
-
 def rpc_code_of(exc: TransferError) -> RpcCode:
     """The JSON-RPC error code that tells an A2A client what happened (most specific first)."""
-    if isinstance(exc, A2AProtocolError):
-        return exc.rpc_code
+    if isinstance(exc, UnsupportedOperation):
+        reason = str(exc.detail.get("reason"))
+        return RpcCode[reason] if reason in RpcCode.__members__ else RpcCode.UNSUPPORTED_OPERATION
     if isinstance(exc, TaskNotFound):
         return RpcCode.TASK_NOT_FOUND
     if isinstance(exc, Unauthenticated):
@@ -156,20 +150,20 @@ def rpc_error(rid: Any, exc: TransferError, code: RpcCode | None = None) -> dict
     return {"jsonrpc": "2.0", "id": rid, "error": error}
 
 
-def unsupported(operation: Operation, method: str) -> A2AProtocolError:
+def unsupported(operation: Operation, method: str) -> UnsupportedOperation:
     """The A2A answer to a method the card does not offer."""
     if operation is Operation.CANCEL:
-        return A2AProtocolError(
-            RpcCode.TASK_NOT_CANCELABLE, "tasks here complete while the message is answered; none can be canceled"
-        )
+        message = "tasks here complete while the message is answered; none can be canceled"
+        return UnsupportedOperation(message, reason=RpcCode.TASK_NOT_CANCELABLE.name)
     if operation is Operation.PUSH:
-        return A2AProtocolError(RpcCode.PUSH_NOTIFICATION_NOT_SUPPORTED, "push notifications are not supported")
+        message = "push notifications are not supported"
+        return UnsupportedOperation(message, reason=RpcCode.PUSH_NOTIFICATION_NOT_SUPPORTED.name)
     if operation is Operation.EXTENDED_CARD:
-        return A2AProtocolError(
-            RpcCode.EXTENDED_AGENT_CARD_NOT_CONFIGURED, "there is no extended card: the public card is all there is"
-        )
+        message = "there is no extended card: the public card is all there is"
+        return UnsupportedOperation(message, reason=RpcCode.EXTENDED_AGENT_CARD_NOT_CONFIGURED.name)
     what = "streaming" if operation is Operation.STREAM else "listing tasks"
-    return A2AProtocolError(RpcCode.UNSUPPORTED_OPERATION, f"{method}: {what} is not supported; see the Agent Card")
+    message = f"{method}: {what} is not supported; see the Agent Card"
+    return UnsupportedOperation(message, reason=RpcCode.UNSUPPORTED_OPERATION.name)
 
 
 def check_version(header: str | None) -> None:
@@ -178,10 +172,10 @@ def check_version(header: str | None) -> None:
         return
     parts = header.strip().split(".")
     if ".".join(parts[:2]) not in SUPPORTED_VERSIONS:
-        raise A2AProtocolError(
-            RpcCode.VERSION_NOT_SUPPORTED,
+        raise UnsupportedOperation(
             f"A2A-Version {header.strip()[:20]!r} is not supported; "
             f"this service speaks {', '.join(SUPPORTED_VERSIONS)}",
+            reason=RpcCode.VERSION_NOT_SUPPORTED.name,
         )
 
 

@@ -254,13 +254,14 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
                 headers=exc.headers or None,
             )
 
-        def parse() -> tuple[str, Any]:
+        def parse() -> tuple[str, Any, list[tuple[int, int]]]:
             text = raw.decode("utf-8")
-            return text, loads_strict(text)
+            doc = loads_strict(text)
+            return text, doc, element_spans(text) if isinstance(doc, list) else []
 
         try:
             # a file sent inline makes a large body: CPU work of that size stays off the event loop
-            text, doc = await asyncio.to_thread(parse) if len(raw) > PARSE_IN_THREAD else parse()
+            text, doc, spans = await asyncio.to_thread(parse) if len(raw) > PARSE_IN_THREAD else parse()
         except (UnicodeDecodeError, InvalidEnvelope) as exc:
             return Response(
                 _rpc_error(None, -32700, InvalidRequest(f"parse error: {exc}")), media_type="application/json"
@@ -314,7 +315,6 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
         if isinstance(doc, list):
             if not doc:
                 return Response(_rpc_error(None, -32600, InvalidRequest("empty batch")), media_type="application/json")
-            spans = element_spans(text)
             answers = [await one(item, text[a:b]) for item, (a, b) in zip(doc, spans, strict=True)]
             out = [a for a in answers if a is not None]
             if not out:

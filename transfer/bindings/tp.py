@@ -89,12 +89,14 @@ async def read_capped(request: Request, limit: int) -> bytes:
     length = request.headers.get("content-length")
     if length is not None and (decimal(length) or 0) > limit:
         raise TooLarge(f"the body is larger than {limit} bytes", limit=limit)
-    parts = bytearray()
+    pieces: list[bytes] = []
+    received = 0
     async for piece in request.stream():
-        parts += piece
-        if len(parts) > limit:
+        received += len(piece)
+        if received > limit:
             raise TooLarge(f"the body is larger than {limit} bytes", limit=limit)
-    return bytes(parts)
+        pieces.append(piece)
+    return b"".join(pieces)  # one copy at the end: growing a buffer piece by piece re-copies large bodies
 
 
 def check_media_type(request: Request, allowed: tuple[str, ...]) -> None:

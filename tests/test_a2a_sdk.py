@@ -22,6 +22,7 @@ from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError, TaskNot
 from google.protobuf import json_format
 
 from tests.conftest import LiveServer, running
+from transfer.core.a2a_protocol import decode_inline
 from transfer.core.auth import new_token, token_hash
 from transfer.settings import Settings
 
@@ -340,3 +341,20 @@ def test_scopes_and_ownership_on_a2a_methods(tmp_path: Path) -> None:
         assert stored_files(live, TOKENS["bob"]) == []
         gone = call(TOKENS["alice"], rpc("tasks/get", {"id": task["id"]}))["result"]
         assert gone["kind"] == "task" and gone["status"]["state"] == "completed"
+
+
+@pytest.mark.parametrize("encode", [base64.b64encode, base64.urlsafe_b64encode])
+@pytest.mark.parametrize("padded", [True, False])
+def test_inline_bytes_are_read_in_every_form_proto3_json_allows(encode: Any, padded: bool) -> None:
+    data = bytes(range(256)) * 3 + b"\xfb\xff"  # both alphabets differ on these: '+/' vs '-_'
+    text = encode(data).decode()
+    assert decode_inline(text if padded else text.rstrip("=")) == data
+
+
+def test_an_open_service_publishes_a_card_without_a_security_scheme(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"})
+    with running(settings) as live:
+        card = httpx.get(f"{live.url}/.well-known/agent-card.json").json()
+        assert "securitySchemes" not in card and "securityRequirements" not in card
+        assert {i["url"] for i in card["supportedInterfaces"]} == {f"{live.url}/a2a"}
+        assert httpx.get(f"{live.url}/.well-known/agent.json").json() == card

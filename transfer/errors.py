@@ -11,6 +11,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── TPVersionUnsupported       400 TP-TRA020
     │   ├── NoEnvelopeInPrompt         422 TP-TRA030             (no ```tp-envelope block in the text)
     │   ├── UnsupportedMessageType     501 unsupported_message_type
+    │   ├── UnsupportedOperation       400 unsupported_operation (A2A: streaming, push, cancel, …; detail.reason)
     │   ├── InvalidDigestHeader        400 invalid_digest_header
     │   ├── ContentLengthMismatch      400 content_length_mismatch
     │   ├── MalformedBody              400 malformed_body
@@ -36,7 +37,8 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── SignatureInvalid           403 signature_invalid
     │   └── UrlExpired                 403 url_expired
     ├── NotFound                       404 not_found
-    │   └── ToolUnavailable            404 TP-TRA021             (MCP tool for that message type)
+    │   ├── ToolUnavailable            404 TP-TRA021             (MCP tool for that message type)
+    │   └── TaskNotFound               404 task_not_found        (A2A task: unknown, or another key's)
     ├── MethodNotAllowed               405 method_not_allowed
     ├── PreconditionFailed             412 precondition_failed
     │   └── TusVersionUnsupported      412 tus_version_unsupported
@@ -162,6 +164,12 @@ class UnsupportedMessageType(InvalidRequest):
     status = 501
 
 
+class UnsupportedOperation(InvalidRequest):
+    """A protocol operation this service does not offer; ``detail["reason"]`` names it in the protocol's terms."""
+
+    code = "unsupported_operation"
+
+
 class IntegrityError(TransferError):
     code = "integrity_error"
     status = 422
@@ -242,6 +250,10 @@ class NotFound(TransferError):
 
 class ToolUnavailable(NotFound):
     code = "TP-TRA021"
+
+
+class TaskNotFound(NotFound):
+    code = "task_not_found"
 
 
 class MethodNotAllowed(TransferError):

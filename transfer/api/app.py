@@ -30,6 +30,7 @@ from transfer.api.sessions import add_session_routes
 from transfer.api.streaming import DownloadResponse, request_body
 from transfer.api.trust import BrowserPolicy, HostPolicy, TrustBoundary
 from transfer.api.tus import TusMiddleware, add_tus_routes
+from transfer.bindings.a2a import add_a2a_routes
 from transfer.bindings.mcp import add_mcp_endpoint
 from transfer.bindings.tp import add_tp_routes
 from transfer.core.auth import Authenticator, Scope, parse_keys
@@ -191,6 +192,7 @@ def create_app(
     add_tus_routes(app, tus, service, base_url, needs)
     add_job_routes(app, services, base_url, needs)
     add_tp_routes(app, services, auth, base_url)
+    add_a2a_routes(app, services, auth, base_url)
     add_mcp_endpoint(app, services, auth)
     app.add_middleware(TusMiddleware)
     app.add_middleware(ControlBodyLimit, limit=settings.max_json_body)

@@ -10,7 +10,9 @@ WS   /tp/v1                                   native WebSocket (§9.2.2): subpro
                                               text frame; replies, errors (``message_type: "error"``) and pushed
                                               ``resource_notify`` messages as frames
 POST /a2a                                     A2A JSON-RPC 2.0 (§9.3): ``tp.resource.mount|unmount|notify`` with
-                                              ``params.tp_envelope``; batches; the envelope bytes pass unaltered
+                                              ``params.tp_envelope``; batches; the envelope bytes pass unaltered.
+                                              The standard A2A methods (SendMessage, GetTask, message/send, …)
+                                              on the same endpoint go to :mod:`transfer.bindings.a2a`
 GET  /tp/v1/messages?receiver=…&wait=…       the reverse direction: messages kept for a receiver (long poll)
 POST /tp/v1/prompt                            prompt embedding (§9.6): text with ```` ```tp-envelope ```` blocks in,
                                               text with the reply block out
@@ -30,6 +32,8 @@ from fastapi import FastAPI, Query, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from starlette.websockets import WebSocketDisconnect
 
+from transfer.bindings.a2a import answer_a2a, dumps, is_a2a_method
+from transfer.core.a2a_protocol import RpcCode
 from transfer.core.auth import Authenticator, Scope
 from transfer.core.numerals import decimal
 from transfer.core.tp import (
@@ -66,6 +70,7 @@ from transfer.service.progress import ProgressEvent
 from transfer.service.tp import TPOutcome, identity_key, identity_text
 
 JSON_TYPES = (MEDIA_TYPE, "application/json")
+PARSE_IN_THREAD = 1 << 20  # JSON bodies larger than this are decoded and parsed off the event loop
 _REST_PATHS = {path: mtype for mtype, (_, path) in MESSAGE_TYPES.items() if path}
 
 
@@ -84,12 +89,14 @@ async def read_capped(request: Request, limit: int) -> bytes:
     length = request.headers.get("content-length")
     if length is not None and (decimal(length) or 0) > limit:
         raise TooLarge(f"the body is larger than {limit} bytes", limit=limit)
-    parts = bytearray()
+    pieces: list[bytes] = []
+    received = 0
     async for piece in request.stream():
-        parts += piece
-        if len(parts) > limit:
+        received += len(piece)
+        if received > limit:
             raise TooLarge(f"the body is larger than {limit} bytes", limit=limit)
-    return bytes(parts)
+        pieces.append(piece)
+    return b"".join(pieces)  # one copy at the end: growing a buffer piece by piece re-copies large bodies
 
 
 def check_media_type(request: Request, allowed: tuple[str, ...]) -> None:
@@ -231,7 +238,8 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
     @app.post(
         "/a2a",
         tags=["tp"],
-        summary="A2A JSON-RPC 2.0: tp.resource.mount / unmount / notify with params.tp_envelope (batches too)",
+        summary="A2A JSON-RPC 2.0: SendMessage / GetTask (A2A 1.0), message/send / tasks/get (A2A 0.3), and "
+        "tp.resource.mount / unmount / notify with params.tp_envelope (batches too)",
         response_class=Response,
         openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {}}}}},
     )
@@ -242,14 +250,20 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
             raw = await read_capped(request, settings.max_json_body)
         except TransferError as exc:
             return Response(
-                _rpc_error(None, -32001 if exc.status == 401 else -32600, exc),
+                _rpc_error(None, RpcCode.UNAUTHENTICATED if exc.status == 401 else -32600, exc),
                 status_code=exc.status,
                 media_type="application/json",
                 headers=exc.headers or None,
             )
-        try:
+
+        def parse() -> tuple[str, Any, list[tuple[int, int]]]:
             text = raw.decode("utf-8")
             doc = loads_strict(text)
+            return text, doc, element_spans(text) if isinstance(doc, list) else []
+
+        try:
+            # a file sent inline makes a large body: CPU work of that size stays off the event loop
+            text, doc, spans = await asyncio.to_thread(parse) if len(raw) > PARSE_IN_THREAD else parse()
         except (UnicodeDecodeError, InvalidEnvelope) as exc:
             return Response(
                 _rpc_error(None, -32700, InvalidRequest(f"parse error: {exc}")), media_type="application/json"
@@ -267,6 +281,9 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
             notification = "id" not in obj
             if obj.get("jsonrpc") != "2.0" or not isinstance(obj.get("method"), str):
                 return _rpc_error(rid, -32600, InvalidRequest('a request needs "jsonrpc": "2.0" and a method'))
+            if is_a2a_method(obj["method"]):
+                answer = await answer_a2a(services, obj, authorize, base, request.headers.get("a2a-version"))
+                return None if notification else dumps(answer)
             mtype = METHOD_TO_TYPE.get(obj["method"])
             if mtype is None or mtype not in RESOURCE_TYPES:
                 exc = UnsupportedMessageType(
@@ -300,7 +317,6 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
         if isinstance(doc, list):
             if not doc:
                 return Response(_rpc_error(None, -32600, InvalidRequest("empty batch")), media_type="application/json")
-            spans = element_spans(text)
             answers = [await one(item, text[a:b]) for item, (a, b) in zip(doc, spans, strict=True)]
             out = [a for a in answers if a is not None]
             if not out:
@@ -449,7 +465,7 @@ def _rpc_error(rid: Any, code: int, exc: TransferError) -> str:
         -32601: "Method not found",
         -32602: "Invalid params",
         -32000: "Server error",
-        -32001: "Unauthenticated",
+        RpcCode.UNAUTHENTICATED: "Unauthenticated",
     }
     error = {"code": code, "message": f"{messages.get(code, 'Error')}: {exc.message}", "data": tp_error(exc)}
     return json.dumps({"jsonrpc": "2.0", "id": rid, "error": error}, separators=(",", ":"))

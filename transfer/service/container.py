@@ -11,6 +11,7 @@ from storage.base import Storage
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.sessions import SessionState
 from transfer.errors import NotFound, SessionAborted, SessionExpired
+from transfer.service.a2a import A2AService
 from transfer.service.backends import make_storage
 from transfer.service.bundles import BundleService
 from transfer.service.files import FileService
@@ -36,6 +37,7 @@ class Services:
     hub: ProgressHub
     imports: ImportService
     tp: TPService
+    a2a: A2AService
 
     @classmethod
     def build(
@@ -60,6 +62,7 @@ class Services:
             hub=hub,
             imports=imports,
             tp=TPService(files, sessions, imports, clock=clock),
+            a2a=A2AService(files, imports, clock=clock),
         )
 
     async def start(self) -> None:

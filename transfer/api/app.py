@@ -27,7 +27,7 @@ from transfer.api.limits import ControlBodyLimit, HeaderLimit
 from transfer.api.multipart import file_part_stream, multipart_boundary
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.sessions import add_session_routes
-from transfer.api.streaming import DownloadResponse, request_body
+from transfer.api.streaming import DownloadResponse, combined_headers, request_body
 from transfer.api.trust import BrowserPolicy, HostPolicy, TrustBoundary
 from transfer.api.tus import TusMiddleware, add_tus_routes
 from transfer.bindings.mcp import add_mcp_endpoint
@@ -438,14 +438,6 @@ def create_app(
         return DownloadResponse(download, settings.gzip_level, settings.zstd_level)
 
     return app
-
-
-def combined_headers(request: Request) -> dict[str, str]:
-    """Request header fields with lower-case names; repeated fields joined with ", " (RFC 9110 §5.3)."""
-    out: dict[str, str] = {}
-    for key, value in request.headers.items():
-        out[key] = f"{out[key]}, {value}" if key in out else value
-    return out
 
 
 def default_app() -> FastAPI:

@@ -1,12 +1,16 @@
 # The two commands of README.md (serve, test). All targets create ./.venv and install the project into it first.
+# install     the venv, the web page's and /docs' browser libraries (npm ci in transfer/web, pinned by its
+#             package-lock.json; never copied into the repository) and, for the browser test, Debian's chromium
 # test        lint + every test (the README's command)
 # test-quick  lint + the tests not marked slow or s3: the inner loop while editing; run `make test` before pushing
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+WEB := transfer/web
+WEB_STAMP := $(WEB)/node_modules/.installed
 
-.PHONY: serve test test-quick lint bench bench-quick clean
+.PHONY: install serve test test-quick lint bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +18,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-serve: $(STAMP)
+$(WEB_STAMP): $(WEB)/package.json $(WEB)/package-lock.json
+	command -v npm >/dev/null || (apt-get update && apt-get install -y npm)
+	cd $(WEB) && npm ci --ignore-scripts --no-audit --no-fund
+	touch $(WEB_STAMP)
+
+install: $(STAMP) $(WEB_STAMP)
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+
+serve: $(STAMP) $(WEB_STAMP)
 	$(BIN)/transfer serve
 
 lint: $(STAMP)
@@ -22,10 +34,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check transfer storage tests benchmarks
 	$(BIN)/mypy
 
-test: lint
+test: lint install
 	$(BIN)/pytest
 
-test-quick: lint
+test-quick: lint install
 	$(BIN)/pytest -q -m "not slow and not s3"
 
 bench-quick: $(STAMP)
@@ -35,4 +47,4 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) transfer-data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(WEB)/node_modules transfer-data .pytest_cache .mypy_cache .ruff_cache

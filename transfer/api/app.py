@@ -49,6 +49,7 @@ from transfer.service.container import Services
 from transfer.service.ingest import UploadRequest
 from transfer.service.progress import counted
 from transfer.settings import Settings
+from transfer.web import add_web_routes
 
 log = logging.getLogger("transfer.api")
 
@@ -149,6 +150,8 @@ def create_app(
         "RFC 9110 ranges, SHA-256 verified end to end.",
         lifespan=lifespan,
         default_response_class=AsciiJSONResponse,
+        docs_url=None,  # served by add_web_routes from local assets: the CDN defaults are blank offline
+        redoc_url=None,
     )
     app.state.services = services
     app.state.service = service
@@ -192,6 +195,7 @@ def create_app(
     add_job_routes(app, services, base_url, needs)
     add_tp_routes(app, services, auth, base_url)
     add_mcp_endpoint(app, services, auth)
+    add_web_routes(app, settings, keys_enabled=auth.enabled)
     app.add_middleware(TusMiddleware)
     app.add_middleware(ControlBodyLimit, limit=settings.max_json_body)
     app.add_middleware(HeaderLimit, limit=settings.max_header_size)

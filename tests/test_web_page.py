@@ -176,3 +176,39 @@ def test_browser_upload_survives_a_server_restart(tmp_path: Path) -> None:
                 assert hashlib.sha256(httpx.get(upload_url, timeout=120).content).digest() == sha.digest()
         finally:
             browser.close()
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_docs_and_redoc_render_offline_in_a_browser(site: LiveServer) -> None:
+    if not Path(CHROMIUM).is_file():
+        pytest.fail("chromium is not installed: run `make install` (apt-get install chromium)")
+    from playwright.sync_api import Route, sync_playwright
+
+    elsewhere: list[tuple[str, str]] = []
+
+    def offline(route: Route) -> None:  # the machine may be offline: any request off this service fails
+        if route.request.url.startswith(site.url + "/"):
+            route.continue_()
+        else:
+            elsewhere.append((route.request.resource_type, route.request.url))
+            route.abort()
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(180_000)
+            page.route("**/*", offline)
+            page.goto(site.url + "/docs")
+            page.wait_for_selector(".swagger-ui .info .title")
+            page.wait_for_selector(".opblock-tag")  # the operations, drawn from /openapi.json
+            page.goto(site.url + "/redoc")
+            page.wait_for_selector("h1")
+            assert "transfer" in page.inner_text("h1").lower()
+            page.goto(site.url + "/")
+            page.wait_for_function("() => window.tus && window.tus.isSupported")
+        finally:
+            browser.close()
+    # Redoc's menu always tries a "by Redocly" logo from its CDN and hides it when that fails: an image, no more
+    assert [url for kind, url in elsewhere if kind != "image"] == []

@@ -212,3 +212,47 @@ def test_docs_and_redoc_render_offline_in_a_browser(site: LiveServer) -> None:
             browser.close()
     # Redoc's menu always tries a "by Redocly" logo from its CDN and hides it when that fails: an image, no more
     assert [url for kind, url in elsewhere if kind != "image"] == []
+
+
+UPPY_UPLOAD = """
+async (size) => {
+  const { Uppy, Tus } = window.Uppy;
+  const bytes = new Uint8Array(size);
+  for (let i = 0; i < size; i += 65536) crypto.getRandomValues(bytes.subarray(i, Math.min(size, i + 65536)));
+  const hex = (buf) => Array.from(new Uint8Array(buf), (b) => b.toString(16).padStart(2, "0")).join("");
+  const uppy = new Uppy();
+  uppy.use(Tus, { endpoint: "/tus/files/", chunkSize: 4 * 1024 * 1024, retryDelays: [0, 1000, 3000] });
+  uppy.addFile({ name: "from-uppy.bin", type: "application/octet-stream", data: new Blob([bytes]) });
+  const result = await uppy.upload();
+  if (result.failed.length) throw new Error(String(result.failed[0].error));
+  const url = result.successful[0].uploadURL;
+  const opened = await (await fetch(url)).arrayBuffer();  // what Uppy's previews and "open file" do
+  return { url, sent: hex(await crypto.subtle.digest("SHA-256", bytes)),
+           opened: hex(await crypto.subtle.digest("SHA-256", opened)) };
+}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_uppy_uploads_through_the_trailing_slash_endpoint_and_opens_the_file(site: LiveServer) -> None:
+    uppy = Path(__file__).resolve().parent.parent / "transfer" / "web" / "node_modules" / "uppy" / "dist"
+    if not Path(CHROMIUM).is_file() or not (uppy / "uppy.min.js").is_file():
+        pytest.fail("chromium or Uppy is not installed: run `make install`")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            # Uppy is not part of the page: the test injects it (past the page's CSP) into the service's origin
+            page = browser.new_context(bypass_csp=True).new_page()
+            page.set_default_timeout(180_000)
+            page.goto(site.url + "/")
+            page.add_script_tag(path=str(uppy / "uppy.min.js"))
+            outcome = page.evaluate(UPPY_UPLOAD, 10 * MiB + 7)
+        finally:
+            browser.close()
+    assert outcome["url"].startswith(site.url + "/tus/files/t_")
+    assert outcome["opened"] == outcome["sent"]
+    served = httpx.get(outcome["url"], timeout=60).content
+    assert hashlib.sha256(served).hexdigest() == outcome["sent"] and len(served) == 10 * MiB + 7

@@ -189,3 +189,33 @@ def test_tus_js_client_uploads_interrupts_and_resumes(server: LiveServer, tmp_pa
     assert hashlib.sha256(served.content).hexdigest() == hashlib.sha256(data).hexdigest()
     d = httpx.get(url + "/descriptor").json()
     assert d["name"] == "from-node.bin" and d["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def test_an_upload_left_complete_but_unpublished_by_a_stop_is_published_when_asked(server: LiveServer) -> None:
+    """The state a server stopped between storing the last PATCH and publishing leaves behind: every byte stored
+    as segments, no file. Written here through the storage backend itself, as that PATCH would have."""
+    import asyncio
+
+    from transfer.service.backends import make_storage
+
+    data = os.urandom(300_000)
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        url = http.post("/tus/files/", headers={**V, "upload-length": str(len(data))}).headers["location"]
+        uid = url.rsplit("/", 1)[1]
+
+        async def store_segment() -> None:
+            storage = make_storage(server.settings)
+            await storage.start()
+            try:
+                async with storage.create(f"tus/{uid}/seg/{0:016d}", if_absent=True) as writer:
+                    await writer.write(data)
+                    await writer.commit({})
+            finally:
+                await storage.close()
+
+        asyncio.run(store_segment())
+        assert http.get(f"/v1/files/f_{uid[2:]}").status_code == 404  # nobody published it
+        head = http.head(url, headers=V)  # what a resuming client sends first
+        assert head.status_code == 200 and head.headers["upload-offset"] == str(len(data))
+        assert http.get(url).content == data
+        assert [k for k in stored_keys(server) if f"tus/{uid}/seg/" in k] == []

@@ -1,4 +1,6 @@
 # The two commands of README.md (serve, test). All targets create ./.venv and install the project into it first.
+# install     the venv, the MCP Inspector CLI (pinned, into .cache/node), the web page's and /docs' browser libraries (npm ci in transfer/web, pinned by its
+#             package-lock.json; never copied into the repository) and, for the browser test, Debian's chromium
 # test        lint + every test (the README's command)
 # test-quick  lint + the tests not marked slow or s3: the inner loop while editing; run `make test` before pushing
 PYTHON ?= python3
@@ -8,8 +10,10 @@ STAMP := $(VENV)/.installed
 # the MCP Inspector CLI (tests/test_mcp_inspector.py drives it), pinned, from the npm registry, into .cache/node
 INSPECTOR_VERSION := 2.12.0
 INSPECTOR := .cache/node/node_modules/.bin/mcp-inspector
+WEB := transfer/web
+WEB_STAMP := $(WEB)/node_modules/.installed
 
-.PHONY: serve test test-quick lint bench bench-quick clean
+.PHONY: install serve test test-quick lint bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,10 +21,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+$(WEB_STAMP): $(WEB)/package.json $(WEB)/package-lock.json
+	command -v npm >/dev/null || (apt-get update && apt-get install -y npm)
+	cd $(WEB) && npm ci --ignore-scripts --no-audit --no-fund
+	touch $(WEB_STAMP)
+
 $(INSPECTOR):
+	command -v npm >/dev/null || (apt-get update && apt-get install -y npm)
 	npm install --prefix .cache/node --no-audit --no-fund --silent @modelcontextprotocol/inspector@$(INSPECTOR_VERSION)
 
-serve: $(STAMP)
+install: $(STAMP) $(WEB_STAMP) $(INSPECTOR)
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+
+serve: $(STAMP) $(WEB_STAMP)
 	$(BIN)/transfer serve
 
 lint: $(STAMP)
@@ -28,10 +41,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check transfer storage tests benchmarks
 	$(BIN)/mypy
 
-test: lint $(INSPECTOR)
+test: lint install
 	$(BIN)/pytest
 
-test-quick: lint $(INSPECTOR)
+test-quick: lint install
 	$(BIN)/pytest -q -m "not slow and not s3"
 
 bench-quick: $(STAMP)
@@ -41,4 +54,4 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) transfer-data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(WEB)/node_modules transfer-data .pytest_cache .mypy_cache .ruff_cache

@@ -22,6 +22,7 @@ from transfer.settings import Settings
 
 MiB = 1 << 20
 V = {"tus-resumable": "1.0.0"}
+JSON = {"accept": "application/json"}  # the descriptor, not the bytes
 
 
 def meta(**values: str) -> str:
@@ -29,7 +30,7 @@ def meta(**values: str) -> str:
 
 
 def descriptor_of(server: LiveServer, upload_url: str) -> dict[str, Any]:
-    r = httpx.get(upload_url)
+    r = httpx.get(upload_url, headers={"accept": "application/json"})
     assert r.status_code == 200, r.text
     d: dict[str, Any] = r.json()
     return d
@@ -149,7 +150,7 @@ def test_protocol_core(server: LiveServer) -> None:
             url, content=b"world", headers={**patch, "upload-offset": "5", "upload-checksum": f"sha1 {good}"}
         )
         assert done.status_code == 204 and done.headers["upload-offset"] == "10" and "upload-file-id" in done.headers
-        d = http.get(url).json()
+        d = http.get(url, headers=JSON).json()
         assert d["name"] == "a.txt" and http.get(d["url"]).content == b"helloworld"
 
 
@@ -175,7 +176,7 @@ def test_creation_with_upload_defer_length_and_override(server: LiveServer) -> N
             },
         )
         assert r.status_code == 204 and r.headers["upload-offset"] == "12"
-        d = http.get(url).json()
+        d = http.get(url, headers=JSON).json()
         assert http.get(d["url"]).content == b"first-second"
         assert_error(http.post("/tus/files", headers=V), 400, "invalid_request")  # neither length nor defer
         big = str(server.settings.max_upload_size + 1)
@@ -219,7 +220,7 @@ def test_concatenation(server: LiveServer) -> None:
         assert head.headers["upload-length"] == str(sum(map(len, parts))) and head.headers["upload-concat"].startswith(
             "final;"
         )
-        d = http.get(final.headers["location"]).json()
+        d = http.get(final.headers["location"], headers=JSON).json()
         assert d["name"] == "joined.bin" and http.get(d["url"]).content == b"".join(parts)
         patch = {**V, "content-type": "application/offset+octet-stream", "upload-offset": "0"}
         assert_error(http.patch(final.headers["location"], content=b"x", headers=patch), 403, "forbidden")

@@ -58,6 +58,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── ClientDisconnected             499 client_disconnected   (nobody is left to read it; logged only)
     ├── InsufficientStorage            507 insufficient_storage
     ├── StorageUnavailable             503 storage_unavailable
+    ├── AssetsMissing                  503 assets_missing        (web page / docs libraries not installed)
     ├── HeartbeatTimeout               408 TP-TRA010             (WebSocket: two pongs missed)
     ├── RequestTimeout                 408 request_timeout       (header fields or body sent too slowly)
     ├── UpstreamTimeout                504 TP-TRA011             (server-side fetch timed out)
@@ -342,6 +343,13 @@ class InsufficientStorage(TransferError):
 
 class StorageUnavailable(TransferError):
     code = "storage_unavailable"
+    status = 503
+
+
+class AssetsMissing(TransferError):
+    """A browser library the web page or the API docs need was not installed (``make install``)."""
+
+    code = "assets_missing"
     status = 503
 
 

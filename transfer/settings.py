@@ -22,6 +22,10 @@ class Settings(BaseSettings):
         default="local", description='storage backend ("null": keeps nothing large, for benchmarks only)'
     )
     data_dir: Path = Field(default=Path("transfer-data"), description="local storage directory")
+    web_assets_dir: Path | None = Field(
+        default=None,
+        description="node_modules with the web page's and /docs' libraries (default: the one `make install` fills)",
+    )
     s3_bucket: str | None = Field(default=None, description="bucket (storage=s3)")
     s3_endpoint_url: str | None = Field(default=None, description="default: AWS_ENDPOINT_URL, else AWS")
     s3_region: str | None = Field(default=None, description="default: AWS_REGION / AWS_DEFAULT_REGION")

@@ -27,7 +27,7 @@ from transfer.api.limits import ControlBodyLimit, HeaderLimit
 from transfer.api.multipart import file_part_stream, multipart_boundary
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.sessions import add_session_routes
-from transfer.api.streaming import DownloadResponse, request_body
+from transfer.api.streaming import DownloadResponse, combined_headers, request_body
 from transfer.api.trust import BrowserPolicy, HostPolicy, TrustBoundary
 from transfer.api.tus import TusMiddleware, add_tus_routes
 from transfer.bindings.a2a import add_a2a_routes
@@ -50,6 +50,7 @@ from transfer.service.container import Services
 from transfer.service.ingest import UploadRequest
 from transfer.service.progress import counted
 from transfer.settings import Settings
+from transfer.web import add_web_routes
 
 log = logging.getLogger("transfer.api")
 
@@ -150,6 +151,8 @@ def create_app(
         "RFC 9110 ranges, SHA-256 verified end to end.",
         lifespan=lifespan,
         default_response_class=AsciiJSONResponse,
+        docs_url=None,  # served by add_web_routes from local assets: the CDN defaults are blank offline
+        redoc_url=None,
     )
     app.state.services = services
     app.state.service = service
@@ -194,6 +197,7 @@ def create_app(
     add_tp_routes(app, services, auth, base_url)
     add_a2a_routes(app, services, auth, base_url)
     add_mcp_endpoint(app, services, auth)
+    add_web_routes(app, settings, keys_enabled=auth.enabled)
     app.add_middleware(TusMiddleware)
     app.add_middleware(ControlBodyLimit, limit=settings.max_json_body)
     app.add_middleware(HeaderLimit, limit=settings.max_header_size)
@@ -440,14 +444,6 @@ def create_app(
         return DownloadResponse(download, settings.gzip_level, settings.zstd_level)
 
     return app
-
-
-def combined_headers(request: Request) -> dict[str, str]:
-    """Request header fields with lower-case names; repeated fields joined with ", " (RFC 9110 §5.3)."""
-    out: dict[str, str] = {}
-    for key, value in request.headers.items():
-        out[key] = f"{out[key]}, {value}" if key in out else value
-    return out
 
 
 def default_app() -> FastAPI:

@@ -28,6 +28,14 @@ async def request_body(request: Request) -> AsyncIterator[bytes]:
         raise ClientDisconnected("client disconnected before the body was complete") from exc
 
 
+def combined_headers(request: Request) -> dict[str, str]:
+    """Request header fields with lower-case names; repeated fields joined with ", " (RFC 9110 §5.3)."""
+    out: dict[str, str] = {}
+    for key, value in request.headers.items():
+        out[key] = f"{out[key]}, {value}" if key in out else value
+    return out
+
+
 async def plan_body(download: Download, gzip_level: int, zstd_level: int) -> AsyncIterator[bytes]:
     """The body bytes of a planned download."""
     body = download.plan.body

@@ -1,8 +1,11 @@
-"""tus 1.0.0 front door at ``/tus/files/`` (core, creation, creation-with-upload, creation-defer-length, checksum,
-termination, expiration, concatenation). A thin adapter over :class:`TusService`.
+"""tus 1.0.0 front door at ``/tus/files`` and ``/tus/files/`` (both answered, never redirected: tus-js-client and
+Uppy treat a 307 on creation as a failure), with core, creation, creation-with-upload, creation-defer-length,
+checksum, termination, expiration, concatenation. A thin adapter over :class:`TusService`.
 
-When an upload is complete, ``GET /tus/files/{id}`` returns its Synapse ``FileContent`` descriptor (the upload URL
-is all a tus client keeps), and the last PATCH answers with ``Upload-File-Id``.
+When an upload is complete, ``GET /tus/files/{id}`` serves the uploaded bytes as tusd does (RFC 9110 ranges and
+conditionals, the same plan as signed downloads), or the file's Synapse ``FileContent`` descriptor to a request
+that names ``Accept: application/json``; ``GET /tus/files/{id}/descriptor`` always answers the descriptor. Both are
+for the upload's owner (or admin); other keys get 404. The last PATCH answers with ``Upload-File-Id``.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from transfer.api.caller import caller_of
 from transfer.api.responses import AsciiJSONResponse
-from transfer.api.streaming import request_body
+from transfer.api.streaming import DownloadResponse, combined_headers, request_body
 from transfer.core.auth import Scope as AuthScope
+from transfer.core.negotiation import explicitly_accepts
 from transfer.core.numerals import parse_count
 from transfer.errors import InvalidRequest, NotFound, TusVersionUnsupported, UnsupportedMediaType
 from transfer.service.files import FileService
@@ -99,16 +103,19 @@ def add_tus_routes(
         }
 
     @app.options(PREFIX, tags=["tus"], summary="tus capabilities")
+    @app.options(PREFIX + "/", include_in_schema=False)
     @app.options(PREFIX + "/{uid}", tags=["tus"], include_in_schema=False)
     async def tus_options() -> Response:
         return Response(status_code=204, headers=capability_headers())
 
+    # the creation URL with and without its trailing slash: the README and tus clients' examples use the former
+    @app.post(PREFIX + "/", dependencies=may_upload, status_code=201, include_in_schema=False)
     @app.post(
         PREFIX,
         dependencies=may_upload,
         status_code=201,
         tags=["tus"],
-        summary="tus creation (+ with-upload, defer-length, concat)",
+        summary="tus creation (+ with-upload, defer-length, concat); also at /tus/files/",
     )
     async def tus_create(
         request: Request,
@@ -161,9 +168,9 @@ def add_tus_routes(
 
     @app.head(PREFIX + "/{uid}", dependencies=may_upload, tags=["tus"], summary="tus offset")
     async def tus_head(request: Request, uid: str) -> Response:
-        upload = await tus.load(uid, caller_of(request))
+        upload, offset = await tus.current(uid, caller_of(request))
         headers = {"cache-control": "no-store", "upload-expires": http_date(upload.expires_at)}
-        headers["upload-offset"] = str(upload.length if upload.concat == "final" else await tus.offset(uid))
+        headers["upload-offset"] = str(offset)
         if upload.length is None:
             headers["upload-defer-length"] = "1"
         else:
@@ -210,16 +217,47 @@ def add_tus_routes(
         await tus.terminate(uid, caller_of(request))
         return Response(status_code=204)
 
-    @app.get(
-        PREFIX + "/{uid}",
-        dependencies=[needs(AuthScope.READ)],
-        tags=["tus"],
-        summary="The FileContent descriptor of a finished tus upload",
-    )
-    async def tus_descriptor(request: Request, uid: str) -> dict[str, Any]:
-        caller = caller_of(request)
-        upload = await tus.load(uid, caller, allow_ended=True)
+    async def finished_file(request: Request, uid: str) -> str:
+        upload, _ = await tus.current(uid, caller_of(request), allow_ended=True)
         if not upload.file_id:
             raise NotFound(f"upload {uid} is not finished yet")
-        record = await files.record(upload.file_id, caller)
-        return (await files.describe(record, base_url(request), inline=False)).to_json()
+        return upload.file_id
+
+    async def descriptor(request: Request, uid: str) -> Response:
+        caller = caller_of(request)
+        record = await files.record(await finished_file(request, uid), caller)
+        body = (await files.describe(record, base_url(request), inline=False)).to_json()
+        return AsciiJSONResponse(body, headers={"cache-control": "no-store"})
+
+    read_doc: dict[str, Any] = dict(dependencies=[needs(AuthScope.READ)], tags=["tus"], response_class=Response)
+
+    @app.get(
+        PREFIX + "/{uid}",
+        summary="The bytes of a finished tus upload (ranges); its descriptor with Accept: application/json",
+        responses={
+            200: {"description": "the uploaded bytes, or the FileContent descriptor"},
+            206: {"description": "one range, or multipart/byteranges"},
+            404: {"description": "no such upload for this key, or not finished yet"},
+        },
+        **read_doc,
+    )
+    async def tus_get(request: Request, uid: str) -> Response:
+        # RFC 9110 §12.5.1: proactive negotiation; caches must keep the two representations apart (§12.5.5)
+        if explicitly_accepts(request.headers.get("accept"), "application/json"):
+            response = await descriptor(request, uid)
+        else:
+            file_id = await finished_file(request, uid)
+            download = await files.open_owned(file_id, "GET", combined_headers(request), caller_of(request))
+            response = DownloadResponse(download, settings.gzip_level, settings.zstd_level)
+        vary = [v for k, v in response.headers.items() if k == "vary"]
+        del response.headers["vary"]
+        response.headers["vary"] = ", ".join([*vary, "accept"])
+        return response
+
+    @app.get(
+        PREFIX + "/{uid}/descriptor",
+        summary="The FileContent descriptor of a finished tus upload (whatever Accept says)",
+        **read_doc,
+    )
+    async def tus_descriptor(request: Request, uid: str) -> Response:
+        return await descriptor(request, uid)

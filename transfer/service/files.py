@@ -20,7 +20,7 @@ import pybase64
 
 from storage.base import Capability, ObjectReader, Storage, SupportsPresign
 from storage.errors import StorageError
-from transfer.core.auth import Grant
+from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode
 from transfer.core.delivery import DeliveryPlan, DeliveryPolicy, Representation, plan_delivery
 from transfer.core.encodings import HTTP_CODINGS, DecodeLimits, make_decoder
@@ -270,12 +270,30 @@ class FileService:
             raise MethodNotAllowed(f"{method} is not allowed here", headers={"allow": "GET, HEAD, POST"})
         require_signed_path(raw_path, (content_path(file_id),))
         self.signer.verify(method, content_path(file_id), query_string, self.clock())
+        expires = _expiry_of(query_string)
+        return await self._open_planned(file_id, method, headers, max(0, expires - int(self.clock())), TRUSTED)
+
+    async def open_owned(self, file_id: str, method: str, headers: Mapping[str, str], caller: Grant) -> Download:
+        """Plan the response to a GET or HEAD (RFC 9110: ranges, conditionals) for a caller who may see the file
+        (its owner; any for admin) without a signed URL. NotFound for everyone else, whether or not it exists."""
+        method = method.upper()
+        if method not in ("GET", "HEAD"):
+            raise MethodNotAllowed(f"{method} is not allowed here", headers={"allow": "GET, HEAD"})
+        return await self._open_planned(file_id, method, headers, 0, caller)
+
+    async def _open_planned(
+        self, file_id: str, method: str, headers: Mapping[str, str], cache_max_age: int, caller: Grant
+    ) -> Download:
+        """Open a stored file the caller may see and plan the response with :func:`plan_delivery`: the one code
+        path behind every way of reading a file's bytes."""
         if not is_file_id(file_id):
             raise NotFound(f"no file {file_id!r}")
         with storage_errors_translated():
             reader = await self.storage.open(object_key(file_id))
         try:
             record = FileRecord.from_metadata(reader.info.metadata)
+            if not caller.sees(record.owner):
+                raise NotFound(f"no file {file_id!r}")
             rep = Representation(
                 length=reader.info.size,
                 content_type=record.content_type,
@@ -285,10 +303,9 @@ class FileService:
                 content_encoding=HTTP_CODINGS.get(record.encoding),
                 compressible=record.encoding is ContentEncoding.NONE and is_compressible(record.content_type),
             )
-            expires = _expiry_of(query_string)
             policy = DeliveryPolicy(
                 max_ranges=self.settings.max_ranges,
-                cache_max_age=max(0, expires - int(self.clock())),
+                cache_max_age=cache_max_age,
                 compress_on_the_fly=self.settings.compress_on_the_fly,
                 active_inline=self.settings.serve_active_types_inline,
             )

@@ -7,8 +7,9 @@ An upload is an info record plus the segments its PATCH requests delivered, all 
 
 The offset is the sum of the segment sizes, so any replica, or a restarted process, knows it. A PATCH cut short
 keeps what arrived (tus servers SHOULD), unless it carried an Upload-Checksum. When the offset reaches the length,
-the segments become an ordinary stored file (FileRecord; name and type from Upload-Metadata) and the upload records
-its file id. Partial uploads (concatenation) are kept as segments until a final upload concatenates them.
+the segments become an ordinary stored file (FileRecord; name and type from Upload-Metadata), the upload records
+its file id and the segments are deleted (the offset of a finished upload is its length). Partial uploads
+(concatenation) are kept as segments until they expire: a final upload concatenates them, and tus lets several.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -36,6 +38,7 @@ from transfer.errors import (
     InvalidRequest,
     NotFound,
     TooLarge,
+    TransferError,
     TusChecksumMismatch,
     UploadForbidden,
     from_storage_error,
@@ -45,6 +48,8 @@ from transfer.service.documents import publish_composed, read_document, write_do
 from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord
 from transfer.settings import Settings
+
+log = logging.getLogger("transfer.tus")
 
 CHECKSUM_ALGORITHMS = {"sha1": hashlib.sha1, "sha256": hashlib.sha256, "md5": hashlib.md5}
 
@@ -167,7 +172,16 @@ class TusService:
         return sorted(out)
 
     async def offset(self, uid: str) -> int:
+        """Bytes received so far: the sum of the stored segments (a finished upload's segments are gone: ask
+        :meth:`offset_of`)."""
         return sum(size for _, size in await self.segments(uid))
+
+    async def offset_of(self, upload: Upload) -> int:
+        """The tus ``Upload-Offset`` of ``upload``: its length once finished (its segments were freed when it was
+        published) or when it is a final concatenation, else the bytes received so far."""
+        if (upload.file_id is not None or upload.concat == "final") and upload.length is not None:
+            return upload.length
+        return await self.offset(upload.id)
 
     async def create(
         self,
@@ -203,7 +217,7 @@ class TusService:
                 part = await self.load(pid, caller)
                 if part.concat != "partial":
                     raise InvalidRequest(f"{pid} is not a partial upload")
-                if part.length is None or await self.offset(pid) != part.length:
+                if part.length is None or await self.offset_of(part) != part.length:
                     raise InvalidRequest(f"partial upload {pid} is not complete")
                 total += part.length
             if total > self.settings.max_upload_size:
@@ -215,6 +229,16 @@ class TusService:
         if concat == "final":
             upload = await self._finish(upload)
         return upload
+
+    async def current(self, uid: str, caller: Grant, *, allow_ended: bool = False) -> tuple[Upload, int]:
+        """The upload and its offset, for HEAD and GET. An upload whose bytes have all arrived but that is not
+        published (the process stopped between the last PATCH and publishing) is published now, so a client that
+        resumes after a restart and finds nothing left to send still gets its file."""
+        upload = await self.load(uid, caller, allow_ended=allow_ended)
+        offset = await self.offset_of(upload)
+        if upload.file_id is None and upload.concat == "" and upload.length == offset and not upload.terminated:
+            upload = await self._finish(upload)
+        return upload, offset
 
     async def is_open(self, uid: str) -> bool:
         try:
@@ -237,7 +261,7 @@ class TusService:
         upload = await self.load(uid, caller)
         if upload.concat == "final":
             raise UploadForbidden("a final upload cannot be patched")
-        current = await self.offset(uid)
+        current = await self.offset_of(upload)
         if declare_length is not None:
             if upload.length is not None and upload.length != declare_length:
                 raise InvalidRequest("Upload-Length cannot change once set")
@@ -312,12 +336,18 @@ class TusService:
     async def _finish(self, upload: Upload) -> Upload:
         """Publish a complete upload as a stored file."""
         async with self._locks.setdefault(upload.id, asyncio.Lock()):
+            latest = await self.load(upload.id, TRUSTED, allow_ended=True)
+            if latest.file_id is not None:  # finished meanwhile (a HEAD and the last PATCH, or another replica)
+                return latest
             sources = []
             if upload.concat == "final":
                 for pid in upload.parts:
                     sources += [_segment_key(pid, off) for off, _ in await self.segments(pid)]
             else:
-                sources = [_segment_key(upload.id, off) for off, _ in await self.segments(upload.id)]
+                segments = await self.segments(upload.id)
+                if sum(size for _, size in segments) != upload.length:
+                    raise Conflict(f"upload {upload.id} changed while it was being finished; HEAD and retry")
+                sources = [_segment_key(upload.id, off) for off, _ in segments]
             hasher = self._hashers.pop(upload.id, None)
             if hasher is not None and hasher.offset == upload.length:
                 sha_hex, head = hasher.sha.hexdigest(), b""
@@ -346,6 +376,11 @@ class TusService:
             done = replace(upload, file_id=file_id)
             await self._save(done)
             await self.quota.release(upload.owner, upload.id)
+            # the file is published and the record says so: its segments are copies now (or were composed into it
+            # server-side) and go at once, not at expiry. A crash before this line leaves them to the sweep.
+            # Partial uploads stay: tus lets several final uploads reuse them, and they expire like any upload.
+            if upload.concat != "final":
+                await self._free_segments(upload.id)
             return done
 
     async def _hash_sources(self, sources: list[str], limit: int | None = None) -> tuple[str, bytes]:
@@ -366,6 +401,14 @@ class TusService:
         await self._save(replace(upload, terminated=True))
         await self.quota.release(upload.owner, uid)
         self._hashers.pop(uid, None)
+
+    async def _free_segments(self, uid: str) -> None:
+        """Delete a published upload's segments; a failure is logged, never reported: the file is safe and the
+        sweep removes what is left when the upload expires."""
+        try:
+            await self._delete_segments(uid)
+        except TransferError as exc:
+            log.warning("segments of the finished upload %s stay until it expires: %s", uid, exc)
 
     async def _delete_segments(self, uid: str) -> None:
         for off, _ in await self.segments(uid):

@@ -1,0 +1,127 @@
+"""The web page where people hand files to agents (``/``), and the API docs (``/docs``, ``/redoc``), all served by
+the service itself: the machine may be offline, so nothing loads from a CDN.
+
+Our own page (``static/``: HTML, JS, CSS) uploads through tus with tus-js-client and lists the caller's files with
+copy descriptor / copy URL / delete. The browser libraries (tus-js-client, swagger-ui-dist, redoc) are npm packages
+pinned in ``package.json`` + ``package-lock.json`` beside this file and installed by ``make install`` (``npm ci``)
+into ``node_modules/`` (or ``TRANSFER_WEB_ASSETS_DIR``); they are never copied into the repository. Only the files
+named in :data:`VENDOR` are served from there. When one is missing the page says so in words and the asset URLs
+answer 503 ``assets_missing`` with the command that installs them.
+
+These routes are public, like ``/healthz``: they carry no data. Everything the page shows comes from the API with
+the key typed into the page.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse, Response
+
+from transfer.errors import AssetsMissing, NotFound
+from transfer.settings import Settings
+
+HERE = Path(__file__).resolve().parent
+STATIC = HERE / "static"
+INSTALL_HINT = "run `make install` (it runs `npm ci` in transfer/web) or set TRANSFER_WEB_ASSETS_DIR"
+
+# URL name -> (path inside node_modules, media type): the only third-party files served
+VENDOR: dict[str, tuple[str, str]] = {
+    "tus.min.js": ("tus-js-client/dist/tus.min.js", "text/javascript"),
+    "swagger-ui-bundle.js": ("swagger-ui-dist/swagger-ui-bundle.js", "text/javascript"),
+    "swagger-ui.css": ("swagger-ui-dist/swagger-ui.css", "text/css"),
+    "swagger-favicon.png": ("swagger-ui-dist/favicon-32x32.png", "image/png"),
+    "redoc.standalone.js": ("redoc/bundles/redoc.standalone.js", "text/javascript"),
+}
+OWN: dict[str, str] = {"app.js": "text/javascript", "app.css": "text/css"}
+
+# the page runs only its own scripts and talks only to this service (CSP Level 3); it may not be framed
+PAGE_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+PAGE_HEADERS = {
+    "content-security-policy": PAGE_POLICY,
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-cache",
+}
+
+
+def assets_dir(settings: Settings) -> Path:
+    """Where the installed npm packages are."""
+    return settings.web_assets_dir or HERE / "node_modules"
+
+
+def missing_assets(settings: Settings, names: tuple[str, ...] = tuple(VENDOR)) -> list[str]:
+    """The npm files among ``names`` that are not installed."""
+    root = assets_dir(settings)
+    return [VENDOR[n][0] for n in names if not (root / VENDOR[n][0]).is_file()]
+
+
+def add_web_routes(app: FastAPI, settings: Settings, *, keys_enabled: bool) -> None:
+    """``/`` (the upload page), ``/web/…`` (its files and the vendored libraries), ``/docs`` and ``/redoc``."""
+
+    def page() -> str:
+        text = (STATIC / "index.html").read_text(encoding="utf-8")
+        missing = missing_assets(settings, ("tus.min.js",))
+        banner = (
+            f'<p class="missing" id="missing">This page needs tus-js-client, which is not installed on the server '
+            f"({html.escape(', '.join(missing))}): {html.escape(INSTALL_HINT)}.</p>"
+            if missing
+            else ""
+        )
+        return text.replace("{{keys}}", "on" if keys_enabled else "off").replace("{{missing}}", banner)
+
+    @app.get("/", include_in_schema=False)
+    async def web_page() -> HTMLResponse:
+        return HTMLResponse(page(), headers=PAGE_HEADERS)
+
+    @app.get("/web/{name}", include_in_schema=False)
+    async def web_file(name: str) -> Response:
+        if name not in OWN:
+            raise NotFound(f"no web file {name!r}")
+        return FileResponse(STATIC / name, media_type=OWN[name], headers={"cache-control": "no-cache"})
+
+    @app.get("/web/vendor/{name}", include_in_schema=False)
+    async def web_vendor(name: str) -> Response:
+        if name not in VENDOR:
+            raise NotFound(f"no web library file {name!r}")
+        if missing_assets(settings, (name,)):
+            raise AssetsMissing(f"{VENDOR[name][0]} is not installed: {INSTALL_HINT}")
+        path, media_type = VENDOR[name]
+        return FileResponse(assets_dir(settings) / path, media_type=media_type, headers={"cache-control": "no-cache"})
+
+    def require(*names: str) -> None:
+        missing = missing_assets(settings, names)
+        if missing:
+            raise AssetsMissing(
+                f"the API docs need files that are not installed ({', '.join(missing)}): {INSTALL_HINT}"
+            )
+
+    openapi_url = app.openapi_url or "/openapi.json"
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui() -> HTMLResponse:
+        require("swagger-ui-bundle.js", "swagger-ui.css")
+        return get_swagger_ui_html(
+            openapi_url=openapi_url,
+            title=f"{app.title} - Swagger UI",
+            swagger_js_url="/web/vendor/swagger-ui-bundle.js",
+            swagger_css_url="/web/vendor/swagger-ui.css",
+            swagger_favicon_url="/web/vendor/swagger-favicon.png",
+        )
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc() -> HTMLResponse:
+        require("redoc.standalone.js")
+        return get_redoc_html(
+            openapi_url=openapi_url,
+            title=f"{app.title} - ReDoc",
+            redoc_js_url="/web/vendor/redoc.standalone.js",
+            redoc_favicon_url="/web/vendor/swagger-favicon.png",
+            with_google_fonts=False,
+        )

@@ -1,0 +1,88 @@
+"""Web conventions real clients rely on: `curl -T` (PUT) uploads, CORS headers browser code can read, the 415's
+Accept-Encoding, and content types recognised from the bytes (a clear signature beats a tool's default type)."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer, running
+from transfer.settings import Settings
+
+
+def curl(*args: str) -> tuple[int, dict[str, str], bytes]:
+    """Run the real curl; (status, response header fields lower-cased, body)."""
+    if shutil.which("curl") is None:
+        pytest.fail("curl is needed (Debian: apt-get install curl)")
+    done = subprocess.run(["curl", "-sS", "-D", "-", *args], capture_output=True, check=True, timeout=120)
+    head, _, body = done.stdout.partition(b"\r\n\r\n")
+    while head.startswith(b"HTTP/1.1 100"):  # curl -T sends Expect: 100-continue for larger bodies
+        head, _, body = body.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), fields, body
+
+
+# --- PUT /v1/files/{name}: curl -T ---
+
+
+def test_curl_upload_file_puts_a_file(live_server: LiveServer, tmp_path: Path) -> None:
+    data = os.urandom(3 << 20)  # above curl's 1 MiB Expect: 100-continue threshold
+    source = tmp_path / "report 2026.bin"
+    source.write_bytes(data)
+    # a URL ending in / makes curl append the local file name (percent-encoded)
+    status, fields, body = curl("-T", str(source), f"{live_server.url}/v1/files/")
+    assert status == 201, body
+    doc = json.loads(body)
+    assert doc["name"] == "report 2026.bin" and doc["size"] == len(data)
+    assert doc["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert fields["location"].startswith("/v1/files/f_") and fields["location"].split("/")[-1] in doc["url"]
+    got = httpx.get(doc["url"], timeout=30)
+    assert got.status_code == 200 and got.content == data
+
+
+def test_put_has_the_semantics_of_post(live_server: LiveServer, tmp_path: Path) -> None:
+    text = b'{"rows": [1, 2, 3]}\n' * 5000
+    source = tmp_path / "rows.json.gz"
+    source.write_bytes(gzip.compress(text))
+    sha = hashlib.sha256(text).hexdigest()
+    # Content-Encoding decoded on the way in, the checksum verified, metadata from the query, an explicit name
+    status, _, body = curl(
+        "-T",
+        str(source),
+        "-H",
+        "Content-Encoding: gzip",
+        "-H",
+        "Content-Type: application/json",
+        f"{live_server.url}/v1/files/rows.json?checksum=sha256:{sha}&role=attachment&description=rows",
+    )
+    assert status == 201, body
+    doc = json.loads(body)
+    assert (doc["name"], doc["size"], doc["checksum"]) == ("rows.json", len(text), f"sha256:{sha}")
+    assert (doc["content_type"], doc["role"], doc["description"]) == ("application/json", "attachment", "rows")
+    # a wrong checksum is refused as on POST, and nothing is stored
+    status, _, body = curl(
+        "-T", str(source), "-H", "Content-Encoding: gzip", f"{live_server.url}/v1/files/x?checksum=sha256:{'0' * 64}"
+    )
+    assert status == 422 and json.loads(body)["error"]["code"] == "checksum_mismatch"
+    assert live_server.leftovers() == []
+
+
+def test_put_needs_the_upload_scope(tmp_path: Path) -> None:
+    keys = {"reader": {"sha256": hashlib.sha256(b"r" * 32).hexdigest(), "scopes": ["read"]}}
+    settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"}, api_keys=keys)
+    with running(settings) as live:
+        anonymous = httpx.put(f"{live.url}/v1/files/a.txt", content=b"hello")
+        assert anonymous.status_code == 401
+        reader = httpx.put(
+            f"{live.url}/v1/files/a.txt", content=b"hello", headers={"authorization": "Bearer " + "r" * 32}
+        )
+        assert reader.status_code == 403

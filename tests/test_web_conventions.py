@@ -86,3 +86,80 @@ def test_put_needs_the_upload_scope(tmp_path: Path) -> None:
             f"{live.url}/v1/files/a.txt", content=b"hello", headers={"authorization": "Bearer " + "r" * 32}
         )
         assert reader.status_code == 403
+
+
+# --- CORS: what browser code may read ---
+
+ORIGIN = "https://app.example"
+# what script needs no exposure for: Fetch's safelisted response headers, and fields about the connection or for the
+# browser itself (CORS, nosniff, CSP sandbox, caching)
+NOT_FOR_SCRIPT = {
+    "cache-control",
+    "content-language",
+    "content-type",
+    "expires",
+    "pragma",
+    "date",
+    "server",
+    "vary",
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "x-accel-buffering",
+    "x-content-type-options",
+    "content-security-policy",
+}
+
+
+def test_cors_exposes_every_header_browser_code_reads(tmp_path: Path) -> None:
+    settings = Settings(
+        data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"}, cors_allow_origins=[ORIGIN]
+    )
+    tus = {"tus-resumable": "1.0.0", "origin": ORIGIN}
+    seen: list[httpx.Response] = []
+    with running(settings) as live, httpx.Client(base_url=live.url, headers={"origin": ORIGIN}, timeout=30) as http:
+        http.event_hooks["response"] = [seen.append]
+        preflight = http.options(
+            "/tus/files",
+            headers={
+                "access-control-request-method": "PATCH",
+                "access-control-request-headers": "upload-offset,tus-resumable",
+            },
+        )
+        assert preflight.status_code == 200 and "PATCH" in preflight.headers["access-control-allow-methods"]
+        http.options("/tus/files", headers=tus)  # the tus capability request: Tus-Version, -Extension, -Max-Size, ...
+        created = http.post(
+            "/tus/files", headers={**tus, "upload-length": "10", "upload-metadata": "filename YS50eHQ="}
+        )
+        assert created.status_code == 201
+        patched = http.patch(
+            created.headers["location"],
+            content=b"0123456789",
+            headers={**tus, "upload-offset": "0", "content-type": "application/offset+octet-stream"},
+        )
+        assert patched.status_code == 204
+        assert http.head(created.headers["location"], headers=tus).status_code == 200
+        deferred = http.post("/tus/files", headers={**tus, "upload-defer-length": "1"})
+        assert http.head(deferred.headers["location"], headers=tus).status_code == 200
+        partial = http.post("/tus/files", headers={**tus, "upload-length": "3", "upload-concat": "partial"})
+        assert http.head(partial.headers["location"], headers=tus).status_code == 200
+        doc = http.post("/v1/files", content=b"x" * 5000, params={"inline": "false"}).json()
+        ranged = http.get(doc["url"], headers={"range": "bytes=0-9"})
+        assert ranged.status_code == 206
+        refused = http.put("/v1/files/a.bin", content=b"x", headers={"content-encoding": "br"})
+        assert refused.status_code == 415
+    exposed_sets = {
+        r.headers.get("access-control-expose-headers", "")
+        for r in seen
+        if r.request.method != "OPTIONS" or "tus-version" in r.headers
+    }
+    assert len(exposed_sets) == 1
+    exposed = {h.strip().lower() for h in exposed_sets.pop().split(",")}
+    # the list, then every field any of these responses carried
+    wanted = {"accept-ranges", "content-range", "content-length", "etag", "repr-digest", "location"}
+    wanted |= {"upload-offset", "upload-length", "tus-resumable", "tus-version", "tus-extension", "tus-max-size"}
+    assert wanted <= exposed
+    sent = {name.lower() for r in seen for name in r.headers}
+    readable = {n for n in sent if not n.startswith("access-control-")} - NOT_FOR_SCRIPT
+    assert readable - exposed == set(), f"sent but hidden from browser code: {sorted(readable - exposed)}"
+    assert {n for n in sent if n.startswith(("tus-", "upload-"))} <= exposed

@@ -56,6 +56,40 @@ log = logging.getLogger("transfer.api")
 # Content-Type values that say nothing about the content: curl's default for --data-binary, and the generic one
 _UNINFORMATIVE_TYPES = {"", "application/octet-stream", "application/x-www-form-urlencoded"}
 
+# Response header fields browser code may read from another origin (Fetch: CORS-unsafelisted response headers are
+# hidden from script unless listed in Access-Control-Expose-Headers). Content-Length is safelisted by today's Fetch,
+# listed anyway for older browsers. Every tus header the service sends (tus 1.0.0 core, creation, expiration,
+# checksum, concatenation, creation-defer-length) is here: tus-js-client and Uppy read them to resume.
+EXPOSED_HEADERS: tuple[str, ...] = (
+    # downloads: ranges (RFC 9110 §14), validators (§8.8), integrity (RFC 9530), names, retry hints
+    "accept-ranges",
+    "content-range",
+    "content-length",
+    "content-encoding",
+    "content-disposition",
+    "etag",
+    "last-modified",
+    "repr-digest",
+    "chunk-checksum",
+    "retry-after",
+    # uploads: where the new resource is, and the codings a 415 would have accepted (RFC 9110 §15.5.16)
+    "location",
+    "accept-encoding",
+    # tus 1.0.0
+    "tus-resumable",
+    "tus-version",
+    "tus-extension",
+    "tus-max-size",
+    "tus-checksum-algorithm",
+    "upload-offset",
+    "upload-length",
+    "upload-metadata",
+    "upload-expires",
+    "upload-concat",
+    "upload-defer-length",
+    "upload-file-id",
+)
+
 ERROR_SCHEMA: dict[str, Any] = {
     "description": "error",
     "content": {
@@ -264,26 +298,7 @@ def create_app(
             allow_origins=settings.cors_allow_origins,
             allow_methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
             allow_headers=["*"],
-            expose_headers=[
-                "location",
-                "etag",
-                "content-range",
-                "content-disposition",
-                "repr-digest",
-                "chunk-checksum",
-                "tus-resumable",
-                "tus-version",
-                "tus-extension",
-                "tus-max-size",
-                "tus-checksum-algorithm",
-                "upload-offset",
-                "upload-length",
-                "upload-metadata",
-                "upload-expires",
-                "upload-concat",
-                "upload-defer-length",
-                "upload-file-id",
-            ],
+            expose_headers=list(EXPOSED_HEADERS),
             max_age=600,
         )
     # outermost: no route, and no URL built from the Host, sees a request this refuses

@@ -9,10 +9,12 @@ import json
 import os
 import shutil
 import subprocess
+import zlib
 from pathlib import Path
 
 import httpx
 import pytest
+import zstandard
 
 from tests.conftest import LiveServer, running
 from transfer.settings import Settings
@@ -163,3 +165,66 @@ def test_cors_exposes_every_header_browser_code_reads(tmp_path: Path) -> None:
     readable = {n for n in sent if not n.startswith("access-control-")} - NOT_FOR_SCRIPT
     assert readable - exposed == set(), f"sent but hidden from browser code: {sorted(readable - exposed)}"
     assert {n for n in sent if n.startswith(("tus-", "upload-"))} <= exposed
+
+
+# --- 415 unsupported_encoding names what would have been accepted (RFC 9110 §15.5.16) ---
+
+
+def accepted_codings(response: httpx.Response) -> list[str]:
+    assert response.status_code == 415 and response.json()["error"]["code"] == "unsupported_encoding", response.text
+    return [c.strip() for c in response.headers["accept-encoding"].split(",")]
+
+
+ENCODERS = {
+    "gzip": gzip.compress,
+    "deflate": zlib.compress,  # the zlib-wrapped stream (RFC 9110 §8.4.1.2)
+    "zstd": lambda data: zstandard.ZstdCompressor().compress(data),
+    "identity": lambda data: data,
+}
+
+
+@pytest.mark.parametrize(
+    ("headers", "params"),
+    [
+        ({"content-encoding": "br"}, {}),
+        ({"content-encoding": "compress"}, {}),
+        ({"content-encoding": "gzip, gzip"}, {}),  # stacked codings
+        ({}, {"encoding": "base64"}),
+        ({}, {"encoding": "lz4"}),
+    ],
+)
+def test_upload_415_lists_every_coding_it_accepts_and_each_works(
+    http: httpx.Client, headers: dict[str, str], params: dict[str, str]
+) -> None:
+    for method, url in (("POST", "/v1/files"), ("PUT", "/v1/files/a.txt")):
+        listed = accepted_codings(http.request(method, url, content=b"abc", headers=headers, params=params))
+        assert set(listed) == set(ENCODERS)
+    text = b"the same words again and again " * 1000
+    for coding in listed:  # what the 415 promised is what an upload really takes
+        r = http.post("/v1/files", content=ENCODERS[coding](text), headers={"content-encoding": coding})
+        assert r.status_code == 201, r.text
+        assert r.json()["checksum"] == "sha256:" + hashlib.sha256(text).hexdigest()
+
+
+def test_routes_that_store_bytes_as_sent_refuse_a_content_coding(http: httpx.Client, live_server: LiveServer) -> None:
+    # before: a gzip body PATCHed to tus or PUT as a chunk was stored compressed and taken for the content
+    body = gzip.compress(b"0123456789")
+    tus = {"tus-resumable": "1.0.0"}
+    created = http.post("/tus/files", headers={**tus, "upload-length": str(len(body))})
+    patch_headers = {**tus, "upload-offset": "0", "content-type": "application/offset+octet-stream"}
+    refused = http.patch(
+        created.headers["location"], content=body, headers={**patch_headers, "content-encoding": "gzip"}
+    )
+    assert accepted_codings(refused) == ["identity"]
+    assert http.head(created.headers["location"], headers=tus).headers["upload-offset"] == "0"
+    fine = http.patch(
+        created.headers["location"], content=body, headers={**patch_headers, "content-encoding": "identity"}
+    )
+    assert fine.status_code == 204
+
+    session = http.post("/v1/sessions", json={"size": len(body)}).json()
+    sid = session["streaming_session_id"]
+    checksum = {"chunk-checksum": "sha256:" + hashlib.sha256(body).hexdigest()}
+    chunk = http.put(f"/v1/sessions/{sid}/chunks/0", content=body, headers={**checksum, "content-encoding": "gzip"})
+    assert accepted_codings(chunk) == ["identity"]
+    assert http.put(f"/v1/sessions/{sid}/chunks/0", content=body, headers=checksum).status_code in (200, 201, 204)

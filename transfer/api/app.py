@@ -374,7 +374,7 @@ def create_app(
             req.declared_length = parse_count(length, "Content-Length")
         raw_type = request.headers.get("content-type", "")
         boundary = multipart_boundary(raw_type) if raw_type else None
-        stream = request_body(request)
+        stream = request_body(request, decodes=True)  # Content-Encoding was read above
         if boundary is not None:
             stream = file_part_stream(stream, boundary, req)
             req.declared_length = None  # the length covers the form framing, not the file

@@ -53,9 +53,6 @@ from transfer.settings import Settings
 
 log = logging.getLogger("transfer.api")
 
-# Content-Type values that say nothing about the content: curl's default for --data-binary, and the generic one
-_UNINFORMATIVE_TYPES = {"", "application/octet-stream", "application/x-www-form-urlencoded"}
-
 # Response header fields browser code may read from another origin (Fetch: CORS-unsafelisted response headers are
 # hidden from script unless listed in Access-Control-Expose-Headers). Content-Length is safelisted by today's Fetch,
 # listed anyway for older browsers. Every tus header the service sends (tus 1.0.0 core, creation, expiration,
@@ -381,8 +378,9 @@ def create_app(
             if req.body_sha256 is not None:
                 raise InvalidRequest("digest fields cover the whole multipart body; send 'checksum' instead")
         else:
-            if req.content_type is None and raw_type.split(";")[0].strip().lower() not in _UNINFORMATIVE_TYPES:
-                req.content_type = raw_type.strip()
+            req.hinted_type = (
+                raw_type.strip() or None
+            )  # a tool's default or the client's word: see resolve_content_type
             disposition = request.headers.get("content-disposition")
             if req.name is None and disposition:
                 req.name = filename_from_content_disposition(disposition)

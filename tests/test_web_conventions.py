@@ -527,3 +527,19 @@ def test_sniffing_any_bytes_gives_a_valid_media_type(head: bytes, name: str | No
 def test_text_is_never_taken_for_a_binary_format(text: str) -> None:
     # every binary signature checks bytes a text cannot hold (NUL, bytes invalid in UTF-8) or a long exact string
     assert is_textual(sniff_content_type(text.encode(), None))
+
+
+def test_a_chunked_session_without_a_declared_type_is_typed_from_its_first_bytes(http: httpx.Client) -> None:
+    data = _parquet() + os.urandom(50_000)
+    session = http.post("/v1/sessions", json={"size": len(data), "name": "t.bin"}).json()
+    sid = session["streaming_session_id"]
+    chunk = session["chunk_size"]
+    for index, start in enumerate(range(0, len(data), chunk)):
+        piece = data[start : start + chunk]
+        headers = {"chunk-checksum": "sha256:" + hashlib.sha256(piece).hexdigest()}
+        assert http.put(f"/v1/sessions/{sid}/chunks/{index}", content=piece, headers=headers).status_code < 300
+    done = http.post(f"/v1/sessions/{sid}/complete")
+    assert done.status_code == 200, done.text
+    assert done.json()["content_type"] == "application/vnd.apache.parquet"  # before: application/octet-stream
+    listed = http.get("/v1/files").json()["files"]
+    assert [f["content_type"] for f in listed if f["name"] == "t.bin"] == ["application/vnd.apache.parquet"]

@@ -3,6 +3,7 @@ Accept-Encoding, and content types recognised from the bytes (a clear signature 
 
 from __future__ import annotations
 
+import base64
 import bz2
 import contextlib
 import gzip
@@ -543,3 +544,27 @@ def test_a_chunked_session_without_a_declared_type_is_typed_from_its_first_bytes
     assert done.json()["content_type"] == "application/vnd.apache.parquet"  # before: application/octet-stream
     listed = http.get("/v1/files").json()["files"]
     assert [f["content_type"] for f in listed if f["name"] == "t.bin"] == ["application/vnd.apache.parquet"]
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expected"),
+    [
+        ({"filename": "t.parquet", "filetype": "application/octet-stream"}, "application/vnd.apache.parquet"),  # Uppy
+        ({"filename": "t.bin"}, "application/vnd.apache.parquet"),  # tus-js-client with a type the browser lacks
+        ({"filename": "t.bin", "filetype": "application/x-mine"}, "application/x-mine"),
+        ({"filetype": "application/octet-stream", "content_type": "application/x-own"}, "application/x-own"),
+    ],
+)
+def test_tus_filetype_is_a_hint_and_content_type_the_clients_word(
+    http: httpx.Client, metadata: dict[str, str], expected: str
+) -> None:
+    data = _parquet()
+    tus = {"tus-resumable": "1.0.0"}
+    encoded = ",".join(f"{k} {base64.b64encode(v.encode()).decode()}" for k, v in metadata.items())
+    created = http.post("/tus/files", headers={**tus, "upload-length": str(len(data)), "upload-metadata": encoded})
+    assert created.status_code == 201, created.text
+    headers = {**tus, "upload-offset": "0", "content-type": "application/offset+octet-stream"}
+    done = http.patch(created.headers["location"], content=data, headers=headers)
+    assert done.status_code == 204
+    file_id = done.headers["upload-file-id"]
+    assert http.get(f"/v1/files/{file_id}").json()["content_type"] == expected

@@ -426,7 +426,7 @@ class SessionService:
             async with reader:
                 async for piece in reader.read(0, SNIFF_BYTES):
                     head += piece
-        return sniff_content_type(head[:SNIFF_BYTES], name)
+        return await asyncio.to_thread(sniff_content_type, head[:SNIFF_BYTES], name)  # a CPU scan: off the loop
 
     async def _delete_chunks(self, sid: str) -> None:
         for index in list(await self.stored_chunks(sid)):

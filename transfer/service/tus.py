@@ -332,11 +332,12 @@ class TusService:
             declared, hinted = upload.metadata.get("content_type"), upload.metadata.get("filetype")
             declared = declared if declared and is_media_type(declared) else None
             hinted = hinted if hinted and is_media_type(hinted) else None
+            content_type = await asyncio.to_thread(resolve_content_type, head, name, declared=declared, hinted=hinted)
             file_id = "f_" + upload.id[2:]
             record = FileRecord(
                 id=file_id,
                 name=sanitize_filename(name, default=file_id),
-                content_type=resolve_content_type(head, name, declared=declared, hinted=hinted),
+                content_type=content_type,
                 size=upload.length or 0,
                 sha256=sha_hex,
                 encoding=ContentEncoding.NONE,

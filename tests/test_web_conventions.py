@@ -70,6 +70,15 @@ def test_curl_upload_file_puts_a_file(live_server: LiveServer, tmp_path: Path) -
     assert got.status_code == 200 and got.content == data
 
 
+def test_curl_upload_to_the_collection_url_is_an_upload_too(live_server: LiveServer, tmp_path: Path) -> None:
+    source = tmp_path / "notes.txt"
+    source.write_bytes(b"some notes\n" * 100)
+    # no trailing slash: curl names no file and PUTs to /v1/files itself
+    status, fields, body = curl("-T", str(source), f"{live_server.url}/v1/files?name=notes.txt")
+    assert status == 201, body
+    assert json.loads(body)["name"] == "notes.txt" and fields["location"].startswith("/v1/files/f_")
+
+
 def test_put_has_the_semantics_of_post(live_server: LiveServer, tmp_path: Path) -> None:
     text = b'{"rows": [1, 2, 3]}\n' * 5000
     source = tmp_path / "rows.json.gz"

@@ -407,6 +407,8 @@ def create_app(
             job.succeed({"file_id": record.id, "descriptor": descriptor.to_json()})
         return descriptor.to_json()
 
+    # PUT on the collection too: `curl -T file http://host/v1/files` names no file, so curl sends exactly that
+    @app.put("/v1/files", summary="The same as POST /v1/files", **upload_doc)
     @app.post(
         "/v1/files",
         summary="Upload content (raw body or multipart/form-data); returns a Synapse FileContent descriptor",

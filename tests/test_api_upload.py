@@ -274,7 +274,7 @@ def test_bad_parameters_and_unknown_routes_answer_json(http: httpx.Client) -> No
     assert_error(http.post("/v1/files", params={"ttl": "-1"}, content=b"x"), 400, "invalid_request")
     assert_error(http.get("/v1/nothing-here"), 404, "not_found")
     assert_error(http.get("/v1/files/f_nope"), 404, "not_found")
-    assert_error(http.put("/v1/files"), 405, "method_not_allowed")
+    assert_error(http.patch("/v1/files"), 405, "method_not_allowed")  # PUT is an upload (curl -T)
 
 
 def test_describe_list_delete(http: httpx.Client) -> None:

@@ -72,7 +72,9 @@ async def test_upload_progress_stream_opened_before_the_upload(live: LiveServer)
     names = [e[0] for e in events]
     assert set(names) <= {"message", "error", "done"} and names[-1] == "done" and "error" not in names
     docs = [e[2] for e in events]
-    assert [d["index"] for d in docs] == [int(e[1]) for e in events] == sorted({d["index"] for d in docs})
+    assert [d["index"] for d in docs] == sorted({d["index"] for d in docs})
+    assert [e[1] for e in events] == [aiflowy.event_id(e[0], d["index"]) for e, d in zip(events, docs, strict=True)]
+    assert events[-1][1] == f"{docs[-1]['index']}-end"  # the terminal event says so: a reconnect gets 204
     assert {d["conversation_id"] for d in docs} == {"conv_42"} and {d["message_id"] for d in docs} == {"my-upload-0001"}
     assert (docs[0]["domain"], docs[0]["type"], docs[0]["payload"]["state"]) == ("workflow", "status", "start")
     progress = [d["payload"] for d in docs if d["type"] == "progress"]

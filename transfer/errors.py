@@ -72,7 +72,7 @@ table so that ``storage/`` never imports ``transfer/``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
@@ -127,8 +127,22 @@ class MalformedBody(InvalidRequest):
 
 
 class UnsupportedEncoding(InvalidRequest):
+    """A content coding the request may not use. RFC 9110 §15.5.16: a 415 caused by a content coding lists in
+    ``Accept-Encoding`` the codings that would have been accepted; ``accepted`` names them (``identity``, an
+    unencoded body, by default: every route takes one)."""
+
     code = "unsupported_encoding"
     status = 415
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        accepted: Sequence[str] = ("identity",),
+        headers: dict[str, str] | None = None,
+        **detail: Any,
+    ) -> None:
+        super().__init__(message, headers={"accept-encoding": ", ".join(accepted), **(headers or {})}, **detail)
 
 
 class HostNotAllowed(InvalidRequest):

@@ -8,9 +8,10 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
@@ -54,8 +55,39 @@ from transfer.web import add_web_routes
 
 log = logging.getLogger("transfer.api")
 
-# Content-Type values that say nothing about the content: curl's default for --data-binary, and the generic one
-_UNINFORMATIVE_TYPES = {"", "application/octet-stream", "application/x-www-form-urlencoded"}
+# Response header fields browser code may read from another origin (Fetch: CORS-unsafelisted response headers are
+# hidden from script unless listed in Access-Control-Expose-Headers). Content-Length is safelisted by today's Fetch,
+# listed anyway for older browsers. Every tus header the service sends (tus 1.0.0 core, creation, expiration,
+# checksum, concatenation, creation-defer-length) is here: tus-js-client and Uppy read them to resume.
+EXPOSED_HEADERS: tuple[str, ...] = (
+    # downloads: ranges (RFC 9110 §14), validators (§8.8), integrity (RFC 9530), names, retry hints
+    "accept-ranges",
+    "content-range",
+    "content-length",
+    "content-encoding",
+    "content-disposition",
+    "etag",
+    "last-modified",
+    "repr-digest",
+    "chunk-checksum",
+    "retry-after",
+    # uploads: where the new resource is, and the codings a 415 would have accepted (RFC 9110 §15.5.16)
+    "location",
+    "accept-encoding",
+    # tus 1.0.0
+    "tus-resumable",
+    "tus-version",
+    "tus-extension",
+    "tus-max-size",
+    "tus-checksum-algorithm",
+    "upload-offset",
+    "upload-length",
+    "upload-metadata",
+    "upload-expires",
+    "upload-concat",
+    "upload-defer-length",
+    "upload-file-id",
+)
 
 ERROR_SCHEMA: dict[str, Any] = {
     "description": "error",
@@ -79,6 +111,68 @@ ERROR_SCHEMA: dict[str, Any] = {
         }
     },
 }
+
+
+@dataclass(frozen=True, slots=True)
+class UploadOptions:
+    """The query parameters and header fields of an upload, whichever route received it."""
+
+    content_type: str | None
+    role: FileRole | None
+    description: str | None
+    checksum: str | None
+    size: int | None
+    encoding: str
+    download_method: DownloadMethod | None
+    ttl: int | None
+    inline: bool | None
+    job_id: str | None
+    content_encoding: str | None
+    content_digest: str | None
+    repr_digest: str | None
+
+
+def upload_options(
+    content_type: Annotated[
+        str | None, Query(max_length=255, description="media type (else Content-Type; else sniffed)")
+    ] = None,
+    role: FileRole | None = None,
+    description: Annotated[str | None, Query(max_length=4096)] = None,
+    checksum: Annotated[str | None, Query(description="sha256:<hex> of the original bytes, verified")] = None,
+    size: Annotated[int | None, Query(ge=0, description="original size in bytes, verified")] = None,
+    encoding: Annotated[
+        str, Query(description="how to store and serve it: none, gzip, deflate (zlib) or zstd")
+    ] = "none",
+    download_method: DownloadMethod | None = None,
+    ttl: Annotated[int | None, Query(gt=0, description="seconds the signed URL lives (max 7 days)")] = None,
+    inline: Annotated[bool | None, Query(description="force inline (only up to the threshold) or url mode")] = None,
+    job_id: Annotated[
+        str | None,
+        Query(
+            pattern=r"^[A-Za-z0-9_-]{8,64}$",
+            description="your id for this upload; follow it at /v1/jobs/{job_id}/events (open that first)",
+        ),
+    ] = None,
+    content_encoding: Annotated[str | None, Header()] = None,
+    content_digest: Annotated[str | None, Header()] = None,
+    repr_digest: Annotated[str | None, Header()] = None,
+) -> UploadOptions:
+    """A route dependency: the upload options both upload routes take."""
+    return UploadOptions(
+        content_type,
+        role,
+        description,
+        checksum,
+        size,
+        encoding,
+        download_method,
+        ttl,
+        inline,
+        job_id,
+        content_encoding,
+        content_digest,
+        repr_digest,
+    )
 
 
 def error_response(exc: TransferError) -> JSONResponse:
@@ -207,26 +301,7 @@ def create_app(
             allow_origins=settings.cors_allow_origins,
             allow_methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
             allow_headers=["*"],
-            expose_headers=[
-                "location",
-                "etag",
-                "content-range",
-                "content-disposition",
-                "repr-digest",
-                "chunk-checksum",
-                "tus-resumable",
-                "tus-version",
-                "tus-extension",
-                "tus-max-size",
-                "tus-checksum-algorithm",
-                "upload-offset",
-                "upload-length",
-                "upload-metadata",
-                "upload-expires",
-                "upload-concat",
-                "upload-defer-length",
-                "upload-file-id",
-            ],
+            expose_headers=list(EXPOSED_HEADERS),
             max_age=600,
         )
     # outermost: no route, and no URL built from the Host, sees a request this refuses
@@ -240,12 +315,10 @@ def create_app(
     async def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__}
 
-    @app.post(
-        "/v1/files",
+    upload_doc: dict[str, Any] = dict(
         dependencies=[needs(Scope.UPLOAD)],
         status_code=201,
         tags=["files"],
-        summary="Upload content (raw body or multipart/form-data); returns a Synapse FileContent descriptor",
         responses={400: ERROR_SCHEMA, 413: ERROR_SCHEMA, 415: ERROR_SCHEMA, 422: ERROR_SCHEMA, 507: ERROR_SCHEMA},
         openapi_extra={
             "requestBody": {
@@ -270,57 +343,29 @@ def create_app(
             }
         },
     )
-    async def upload(
-        request: Request,
-        response: Response,
-        name: Annotated[str | None, Query(max_length=1024, description="file name (else Content-Disposition)")] = None,
-        content_type: Annotated[
-            str | None, Query(max_length=255, description="media type (else Content-Type; else sniffed)")
-        ] = None,
-        role: FileRole | None = None,
-        description: Annotated[str | None, Query(max_length=4096)] = None,
-        checksum: Annotated[str | None, Query(description="sha256:<hex> of the original bytes, verified")] = None,
-        size: Annotated[int | None, Query(ge=0, description="original size in bytes, verified")] = None,
-        encoding: Annotated[
-            str, Query(description="how to store and serve it: none, gzip, deflate (zlib) or zstd")
-        ] = "none",
-        download_method: DownloadMethod | None = None,
-        ttl: Annotated[int | None, Query(gt=0, description="seconds the signed URL lives (max 7 days)")] = None,
-        inline: Annotated[bool | None, Query(description="force inline (only up to the threshold) or url mode")] = None,
-        job_id: Annotated[
-            str | None,
-            Query(
-                pattern=r"^[A-Za-z0-9_-]{8,64}$",
-                description="your id for this upload; follow it at /v1/jobs/{job_id}/events (open that first)",
-            ),
-        ] = None,
-        content_encoding: Annotated[str | None, Header()] = None,
-        content_digest: Annotated[str | None, Header()] = None,
-        repr_digest: Annotated[str | None, Header()] = None,
-    ) -> dict[str, Any]:
-        """Streams the body to storage, hashing it on the way; nothing is published unless it verifies.
 
-        Metadata comes from query parameters; for raw bodies also from `Content-Type` and
-        `Content-Disposition: attachment; filename*=UTF-8''…`; for multipart bodies from the file part and the
-        form fields. `Content-Digest`/`Repr-Digest` (RFC 9530, sha-256) are verified against the body as sent;
-        `checksum` against the original bytes. A body with `Content-Encoding` is decoded while streaming."""
+    async def receive_upload(
+        request: Request, response: Response, options: UploadOptions, name: str | None
+    ) -> dict[str, Any]:
+        """The one upload path of the HTTP front door (POST ``/v1/files`` and PUT ``/v1/files/{name}``): streams
+        the body to storage, hashing it on the way; nothing is published unless it verifies."""
         try:
-            declared_checksum = normalize_checksum(checksum) if checksum else None
+            declared_checksum = normalize_checksum(options.checksum) if options.checksum else None
         except ValueError as exc:
             raise InvalidRequest(f"checksum: {exc}") from exc
         req = UploadRequest(
             name=name,
-            content_type=content_type,
-            role=role,
-            description=description,
+            content_type=options.content_type,
+            role=options.role,
+            description=options.description,
             checksum=declared_checksum,
-            expected_size=size,
-            store_encoding=storage_encoding(encoding),
+            expected_size=options.size,
+            store_encoding=storage_encoding(options.encoding),
             owner=caller_of(request).owner,
         )
-        if content_encoding:
-            req.body_encoding = coding_from_http(content_encoding)
-        for field in (content_digest, repr_digest):
+        if options.content_encoding:
+            req.body_encoding = coding_from_http(options.content_encoding)
+        for field in (options.content_digest, options.repr_digest):
             if field:
                 sha = sha256_from_digest_field(field)
                 if sha is not None:
@@ -332,29 +377,33 @@ def create_app(
             req.declared_length = parse_count(length, "Content-Length")
         raw_type = request.headers.get("content-type", "")
         boundary = multipart_boundary(raw_type) if raw_type else None
-        stream = request_body(request)
+        stream = request_body(request, decodes=True)  # Content-Encoding was read above
         if boundary is not None:
             stream = file_part_stream(stream, boundary, req)
             req.declared_length = None  # the length covers the form framing, not the file
-            req.body_sha256 = None if not (content_digest or repr_digest) else req.body_sha256
             if req.body_sha256 is not None:
                 raise InvalidRequest("digest fields cover the whole multipart body; send 'checksum' instead")
         else:
-            if req.content_type is None and raw_type.split(";")[0].strip().lower() not in _UNINFORMATIVE_TYPES:
-                req.content_type = raw_type.strip()
+            req.hinted_type = (
+                raw_type.strip() or None
+            )  # a tool's default or the client's word: see resolve_content_type
             disposition = request.headers.get("content-disposition")
             if req.name is None and disposition:
                 req.name = filename_from_content_disposition(disposition)
         job = None
-        if job_id is not None:
-            job = services.hub.open(job_id, "upload", owner=req.owner)
-            job.start(req.name, size if size is not None else req.declared_length)
+        if options.job_id is not None:
+            job = services.hub.open(options.job_id, "upload", owner=req.owner)
+            job.start(req.name, options.size if options.size is not None else req.declared_length)
             stream = counted(stream, job)
         try:
             record = await service.upload(stream, req)
             response.headers["location"] = f"/v1/files/{record.id}"
             descriptor = await service.describe(
-                record, base_url(request), download_method=download_method, ttl=ttl, inline=inline
+                record,
+                base_url(request),
+                download_method=options.download_method,
+                ttl=options.ttl,
+                inline=options.inline,
             )
         except BaseException as exc:  # the job must end whatever happened (cancelled: the client went away)
             if job is not None:
@@ -363,6 +412,42 @@ def create_app(
         if job is not None:
             job.succeed({"file_id": record.id, "descriptor": descriptor.to_json()})
         return descriptor.to_json()
+
+    # PUT on the collection too: `curl -T file http://host/v1/files` names no file, so curl sends exactly that
+    @app.put("/v1/files", summary="The same as POST /v1/files", **upload_doc)
+    @app.post(
+        "/v1/files",
+        summary="Upload content (raw body or multipart/form-data); returns a Synapse FileContent descriptor",
+        **upload_doc,
+    )
+    async def upload(
+        request: Request,
+        response: Response,
+        options: Annotated[UploadOptions, Depends(upload_options)],
+        name: Annotated[str | None, Query(max_length=1024, description="file name (else Content-Disposition)")] = None,
+    ) -> dict[str, Any]:
+        """Metadata comes from query parameters; for raw bodies also from `Content-Type` and
+        `Content-Disposition: attachment; filename*=UTF-8''…`; for multipart bodies from the file part and the
+        form fields. `Content-Digest`/`Repr-Digest` (RFC 9530, sha-256) are verified against the body as sent;
+        `checksum` against the original bytes. A body with `Content-Encoding` is decoded while streaming. Nothing
+        is published unless it verifies."""
+        return await receive_upload(request, response, options, name)
+
+    @app.put(
+        "/v1/files/{name}",
+        summary="Upload content named by the path (`curl -T file URL/`); the same as POST /v1/files?name=…",
+        **upload_doc,
+    )
+    async def upload_put(
+        request: Request,
+        response: Response,
+        name: Annotated[str, Path(max_length=1024, description="file name (a label: the file gets a new id)")],
+        options: Annotated[UploadOptions, Depends(upload_options)],
+    ) -> dict[str, Any]:
+        """The upload of POST /v1/files with the file name in the path, as `curl -T`, `wget --method=PUT` and
+        HTTPie send it. Each PUT stores a new file and answers 201 with its descriptor and `Location`
+        (RFC 9110 §9.3.4): names only label content, so the same name never overwrites another file."""
+        return await receive_upload(request, response, options, name)
 
     @app.get(
         "/v1/files",

@@ -1,13 +1,15 @@
 """Jobs and their progress as an AIFlowy Chat 1.1 event stream (seed 001), plus server-side imports.
 
 GET  /v1/jobs/{id}            the job's state as JSON
-GET  /v1/jobs/{id}/events     text/event-stream; ``Last-Event-ID`` (or ``?last_event_id=``) resumes after that event
+GET  /v1/jobs/{id}/events     text/event-stream; ``Last-Event-ID`` (or ``?last_event_id=``) resumes after that event;
+                              204 once the stream has ended (the id of its ``error``/``done`` event)
 POST /v1/imports              the service resolves a descriptor itself (SSRF-guarded) -> 202 {job_id, …}
 
 A job id is a session id (``s_…``: any replica), an import (``j_…``) or the ``job_id`` a client gave
 ``POST /v1/files?job_id=…`` (that process only; open the stream first, it waits for the upload to start).
 
-How job events map to envelopes (SSE ``id`` = envelope ``index``; ``message_id`` = the job id):
+How job events map to envelopes (SSE ``id`` = envelope ``index``, ``<index>-end`` on the terminal event, see
+transfer.core.aiflowy; ``message_id`` = the job id):
 
     start     event message  workflow/status    {"node_id": job, "state": "start", "kind", "name"?, "total"?}
     progress  event message  tool/progress      {"tool_call_id": job, "name": kind, "bytes", "total"?, "percent"?,
@@ -15,7 +17,8 @@ How job events map to envelopes (SSE ``id`` = envelope ``index``; ``message_id``
     result    event message  tool/tool_result   {"tool_call_id": job, "name": kind, "status": "success",
                                                  "result": {"file_id", "descriptor": FileContent}}
     end       event message  workflow/status    {"node_id": job, "state": "end", "reason": "completed"}
-    error     event error    system/error       {"code", "message", "retryable", "detail"?}; the stream ends
+    error     event error    system/error       {"code", "message", "retryable", "detail"?}; the stream ends here
+                                                (the failed job's end and done are never sent)
     done      event done     system/done        payload {}, meta {"bytes", "duration_ms", "latency_ms",
                                                  "throughput_bps"}
 """
@@ -27,13 +30,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, Query, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from transfer.api.caller import caller_of
 from transfer.core import aiflowy
 from transfer.core.auth import Scope
-from transfer.core.numerals import parse_count
 from transfer.errors import NotFound
 from transfer.service.container import Services
 from transfer.service.progress import Job, ProgressEvent
@@ -74,6 +76,14 @@ def render(event: ProgressEvent, job: Job, conversation_id: str) -> tuple[str, d
     return "done", aiflowy.envelope("system", "done", {}, meta=meta, **common)
 
 
+def terminal_index(job: Job) -> int | None:
+    """The index of the event that ends ``job``'s stream (its first ``error``, else ``done``), once it has one."""
+    for event in job.events:
+        if event.kind in aiflowy.TERMINAL_EVENTS:
+            return event.index
+    return None
+
+
 def job_document(job: Job) -> dict[str, Any]:
     doc: dict[str, Any] = {"job_id": job.id, "kind": job.kind, "state": job.state, "bytes": job.bytes}
     if job.total is not None:
@@ -102,7 +112,10 @@ def add_job_routes(
         tags=["jobs"],
         summary="Progress as an AIFlowy Chat 1.1 SSE stream (events message / error / done)",
         response_class=StreamingResponse,
-        responses={200: {"content": {"text/event-stream": {}}}},
+        responses={
+            200: {"content": {"text/event-stream": {}}},
+            204: {"description": "the stream already ended (Last-Event-ID named its terminal event): stop"},
+        },
     )
     async def job_events(
         request: Request,
@@ -110,16 +123,26 @@ def add_job_routes(
         conversation_id: Annotated[
             str | None, Query(min_length=1, max_length=128, description="default: a new conv_… id")
         ] = None,
-        last_event_id_query: Annotated[int | None, Query(alias="last_event_id", ge=-1, le=2**53)] = None,
+        last_event_id_query: Annotated[
+            str | None,
+            Query(alias="last_event_id", max_length=64, description="as Last-Event-ID, for clients that cannot set it"),
+        ] = None,
         last_event_id: Annotated[str | None, Header()] = None,
-    ) -> StreamingResponse:
-        after = -1
+    ) -> Response:
+        """Replays the job's events after ``Last-Event-ID`` and follows it live until its terminal event (``error``
+        or ``done``), then closes. A reconnect after the terminal event gets 204, which stops an EventSource."""
+        after, terminal = -1, False
         if last_event_id is not None:
-            # the ids this stream sends are event indexes; -1 (before the first) is what a client may echo back
-            after = -1 if last_event_id.strip() == "-1" else parse_count(last_event_id, "Last-Event-ID")
+            after, terminal = aiflowy.parse_last_event_id(last_event_id)
         elif last_event_id_query is not None:
-            after = last_event_id_query
+            after, terminal = aiflowy.parse_last_event_id(last_event_id_query, "last_event_id")
+        if terminal:
+            # WHATWG HTML §9.2: 204 tells an EventSource to stop reconnecting; nothing follows a terminal event
+            return Response(status_code=204)
         job = await services.job(job_id, base_url(request), caller_of(request))
+        end = terminal_index(job)
+        if end is not None and after >= end:
+            return Response(status_code=204)  # a client that kept the plain index of the terminal event
         conversation = conversation_id or aiflowy.new_conversation_id()
 
         async def frames() -> AsyncIterator[bytes]:
@@ -141,8 +164,8 @@ def add_job_routes(
                 name, doc = render(event, job, conversation)
                 yield aiflowy.sse_frame(name, doc, event.index, retry)
                 retry = None
-                if name in ("error", "done"):
-                    return
+                if name in aiflowy.TERMINAL_EVENTS:
+                    return  # a failed job's log goes on with end and done: they are never sent
 
         headers = {"cache-control": "no-cache, no-transform", "x-accel-buffering": "no"}
         return StreamingResponse(frames(), media_type=aiflowy.MEDIA_TYPE, headers=headers)

@@ -87,8 +87,8 @@ async def file_part_stream(body: AsyncIterator[bytes], boundary: bytes, request:
             if request.name is None and filename:
                 request.name = filename
             part_type = _header_text(state.headers.get(b"content-type", b"")).strip()
-            if request.content_type is None and part_type and part_type != "application/octet-stream":
-                request.content_type = part_type
+            if part_type:  # a hint (browsers and curl -F derive it from the extension); a content_type field wins
+                request.hinted_type = part_type
         state.field = field_name.encode()
 
     def on_part_data(data: bytes, start: int, end: int) -> None:

@@ -15,12 +15,24 @@ from starlette.types import Receive, Scope, Send
 from transfer.core.content import ContentEncoding
 from transfer.core.delivery import CompressedBody, MultipartBody, NoBody, RangeBody
 from transfer.core.encodings import make_encoder
-from transfer.errors import ClientDisconnected
+from transfer.errors import ClientDisconnected, UnsupportedEncoding
 from transfer.service.files import Download
 
 
-async def request_body(request: Request) -> AsyncIterator[bytes]:
-    """The request body as it arrives; a client that goes away mid-body becomes ClientDisconnected."""
+def request_body(request: Request, *, decodes: bool = False) -> AsyncIterator[bytes]:
+    """The request body as it arrives; a client that goes away mid-body becomes ClientDisconnected.
+
+    A body sent with a content coding is refused at once (415, ``Accept-Encoding: identity``) unless the route
+    decodes it (``decodes``): stored as sent, compressed bytes would be taken for the content (RFC 9110 §15.5.16)."""
+    if not decodes:
+        codings = {c.strip().lower() for v in request.headers.getlist("content-encoding") for c in v.split(",")}
+        if codings - {"", "identity"}:
+            shown = ", ".join(request.headers.getlist("content-encoding"))[:60]
+            raise UnsupportedEncoding(f"this route takes the bytes as they are, not with Content-Encoding {shown!r}")
+    return _received(request)
+
+
+async def _received(request: Request) -> AsyncIterator[bytes]:
     try:
         async for chunk in request.stream():
             yield chunk

@@ -75,7 +75,7 @@ async def follow_job(
                         raise InvalidEnvelope(f"event data is not JSON: {exc}") from None
                     params["conversation_id"] = doc["conversation_id"]  # keep it across reconnects
                     if sse.id:
-                        last_event_id = int(sse.id)
+                        last_event_id, _ = aiflowy.parse_last_event_id(sse.id)  # a terminal id ends the loop below
                     if sse.event == "error":
                         _raise_error_event(doc)
                     yield JobEvent(sse.event, doc)

@@ -39,6 +39,8 @@ _INPUT_WINDOW = 256 << 10  # compressed bytes handed to zlib/isal per call (see 
 
 # HTTP content-coding names (RFC 9110 §8.4.1) for our encodings
 HTTP_CODINGS = {ContentEncoding.GZIP: "gzip", ContentEncoding.DEFLATE: "deflate", ContentEncoding.ZSTD: "zstd"}
+# what an upload's Content-Encoding may be, as a 415 lists it in Accept-Encoding (RFC 9110 §15.5.16); identity too
+DECODED_CODINGS = (*HTTP_CODINGS.values(), "identity")
 _CODING_ALIASES = {
     "gzip": ContentEncoding.GZIP,
     "x-gzip": ContentEncoding.GZIP,
@@ -55,11 +57,13 @@ def coding_from_http(value: str) -> ContentEncoding:
     if not codings:
         return ContentEncoding.NONE
     if len(codings) > 1:
-        raise UnsupportedEncoding(f"stacked content codings are not supported: {value!r}")
+        raise UnsupportedEncoding(f"stacked content codings are not supported: {value!r}", accepted=DECODED_CODINGS)
     try:
         return _CODING_ALIASES[codings[0]]
     except KeyError:
-        raise UnsupportedEncoding(f"unsupported content coding {codings[0]!r}; use gzip, deflate or zstd") from None
+        raise UnsupportedEncoding(
+            f"unsupported content coding {codings[0]!r}; use gzip, deflate or zstd", accepted=DECODED_CODINGS
+        ) from None
 
 
 def storage_encoding(value: str) -> ContentEncoding:
@@ -67,9 +71,11 @@ def storage_encoding(value: str) -> ContentEncoding:
     try:
         enc = ContentEncoding(value.strip().lower())
     except ValueError:
-        raise UnsupportedEncoding(f"unknown encoding {value!r}; use none, gzip, deflate or zstd") from None
+        raise UnsupportedEncoding(
+            f"unknown encoding {value!r}; use none, gzip, deflate or zstd", accepted=DECODED_CODINGS
+        ) from None
     if enc is ContentEncoding.BASE64:
-        raise UnsupportedEncoding("base64 is only for inline content")
+        raise UnsupportedEncoding("base64 is only for inline content", accepted=DECODED_CODINGS)
     return enc
 
 
@@ -251,7 +257,7 @@ def make_decoder(encoding: ContentEncoding, limits: DecodeLimits, piece_size: in
         return _ZstdDecoder(limits, piece_size)
     if encoding is ContentEncoding.NONE:
         return _IdentityDecoder(limits)
-    raise UnsupportedEncoding(f"cannot decode {encoding.value!r} as a stream")
+    raise UnsupportedEncoding(f"cannot decode {encoding.value!r} as a stream", accepted=DECODED_CODINGS)
 
 
 class StreamEncoder(Protocol):

@@ -9,11 +9,12 @@ import json
 import mimetypes
 import re
 import unicodedata
+from typing import Final
 from urllib.parse import quote, unquote
 
 import puremagic
 
-from transfer.core import mime
+from transfer.core import mime, signatures
 
 MAX_NAME_LENGTH = 255
 _BREAKS = frozenset({"Zl", "Zp"})
@@ -40,36 +41,118 @@ def sanitize_filename(name: str | None, default: str = "file") -> str:
     return name or default
 
 
+# Content-Type values tools send whatever the body is: curl's --data default, HTTPie's default for a body on stdin
+# (application/json), fetch/XHR for a string body (text/plain), and the generic one. They say nothing about the bytes.
+TOOL_DEFAULT_TYPES: Final = frozenset(
+    {mime.MIME_OCTET_STREAM, "application/x-www-form-urlencoded", mime.MIME_JSON, mime.MIME_TEXT_PLAIN}
+)
+# puremagic names some types by older or vendor aliases: the seed's constants (or the registered type) instead
+_ALIASES: Final = {
+    "application/x-gzip": mime.MIME_GZIP,
+    "audio/wave": mime.MIME_AUDIO_WAV,
+    "audio/x-wav": mime.MIME_AUDIO_WAV,
+    "video/avi": mime.MIME_VIDEO_AVI,
+    "image/x-ms-bmp": mime.MIME_IMAGE_BMP,
+    "application/x-sqlite3": signatures.SQLITE,
+    "application/ogg": mime.MIME_AUDIO_OGG,
+}
+_STRONG_MATCH: Final = 0.3  # puremagic's confidence grows with the matched length; 2-byte matches score 0.2
+
+
+def resolve_content_type(head: bytes, name: str | None, *, declared: str | None, hinted: str | None) -> str:
+    """The media type to store content under, from what the client said and what the bytes show.
+
+    ``declared`` is the client's own word (a ``content_type`` query parameter or form field, a descriptor's
+    type) and always wins. ``hinted`` is a type that came with the body (the ``Content-Type`` header, a form
+    part's type), which a tool may have sent by default: a tool default (:data:`TOOL_DEFAULT_TYPES`) gives way to
+    what :func:`sniff_content_type` finds, and any type that claims text gives way to a clear binary signature
+    (HTTPie's ``application/json`` on a Parquet body would have been served gzipped as JSON). Other hints stand:
+    ``application/vnd.ms-excel`` on a ZIP is the client knowing better than the container."""
+    if declared:
+        return declared
+    sniffed = sniff_content_type(head, name)
+    if not hinted:
+        return sniffed
+    hint = mime.essence(hinted)
+    if hint in TOOL_DEFAULT_TYPES:
+        if mime.essence(sniffed) == hint:
+            return hinted  # agreed: keep the client's parameters (charset)
+        if hint == mime.MIME_JSON and sniffed == mime.MIME_TEXT_PLAIN and _opens_json(head):
+            return hinted  # JSON longer than the sample, which then does not parse whole
+        return sniffed
+    if mime.is_textual(hinted):
+        signature = signatures.signature_type(head, name)
+        if signature is not None and not mime.is_textual(signature):
+            return signature
+    return hinted
+
+
 def sniff_content_type(head: bytes, name: str | None) -> str:
-    """Best media type for content starting with ``head``: magic bytes first, then the name's extension, then a
-    text heuristic (UTF-8 without NULs; JSON when it parses), else ``application/octet-stream``."""
-    if head:
+    """Best media type for content starting with ``head``: a clear signature first (transfer.core.signatures),
+    then a strong puremagic match (for a text sample, only a textual type), then the name's extension, then a
+    weak binary match, then a text heuristic (UTF-8 without NULs; JSON when it parses), else
+    ``application/octet-stream``."""
+    found = signatures.signature_type(head, name)
+    if found is not None:
+        return found
+    text = _as_text(head)
+    magic, strength = _puremagic(head)
+    if magic is not None and strength >= _STRONG_MATCH and (text is None or mime.is_textual(magic)):
+        return magic
+    by_name = _extension_type(name)
+    if by_name is not None:
+        return by_name
+    if text is None:
+        return magic if magic is not None and head else mime.MIME_OCTET_STREAM
+    if text.lstrip()[:1] in ("{", "["):
         try:
-            found = puremagic.from_string(head, mime=True)
-        except (puremagic.PureError, ValueError, IndexError):
-            found = ""
-        if found and "/" in found:
-            return str(found)
-    if name:
-        guessed, _ = mimetypes.guess_type(name, strict=False)
-        if guessed:
-            return guessed
-    if head and b"\0" not in head:
-        try:
-            text = head.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            if exc.start < len(head) - 4:  # not just a multi-byte character cut at the end of the sample
-                return mime.MIME_OCTET_STREAM
-            text = head[: exc.start].decode("utf-8")
-        stripped = text.lstrip()
-        if stripped[:1] in ("{", "["):
-            try:
-                json.loads(text)
-                return mime.MIME_JSON
-            except ValueError:
-                pass
-        return mime.MIME_TEXT_PLAIN
-    return mime.MIME_OCTET_STREAM
+            json.loads(text)
+            return mime.MIME_JSON
+        except ValueError:
+            pass
+    return mime.MIME_TEXT_PLAIN if head else mime.MIME_OCTET_STREAM
+
+
+def _as_text(head: bytes) -> str | None:
+    """``head`` as text when it is UTF-8 without NULs (a multi-byte character cut at the end allowed), else None."""
+    if not head or b"\0" in head:
+        return None
+    try:
+        return head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 4:  # not just a multi-byte character cut at the end of the sample
+            return None
+        return head[: exc.start].decode("utf-8")
+
+
+def _opens_json(head: bytes) -> bool:
+    text = _as_text(head)
+    return text is not None and text.lstrip()[:1] in ("{", "[")
+
+
+def _puremagic(head: bytes) -> tuple[str | None, float]:
+    """puremagic's best-named match for ``head`` and its confidence; (None, 0) when it knows none."""
+    if not head:
+        return None, 0.0
+    try:
+        matches = puremagic.magic_string(head)
+    except (puremagic.PureError, ValueError, IndexError):
+        return None, 0.0
+    for match in matches:
+        found = str(match.mime_type)
+        if "/" in found and mime.is_media_type(found):
+            return _ALIASES.get(found, found), float(match.confidence)
+    return None, 0.0
+
+
+def _extension_type(name: str | None) -> str | None:
+    if not name:
+        return None
+    known = signatures.extension_type(name)
+    if known is not None:
+        return known
+    guessed, _ = mimetypes.guess_type(name, strict=False)
+    return guessed
 
 
 def content_disposition(disposition: str, filename: str) -> str:

@@ -29,8 +29,8 @@ from storage.base import Capability, ObjectReader, Storage
 from storage.errors import ObjectExists, StorageError
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding, FileRole, checksum_hex
-from transfer.core.mime import require_media_type
-from transfer.core.naming import sanitize_filename
+from transfer.core.mime import MIME_OCTET_STREAM, require_media_type
+from transfer.core.naming import sanitize_filename, sniff_content_type
 from transfer.core.sessions import Session, SessionState, compact_ranges, plan_chunk_size
 from transfer.errors import (
     ChecksumMismatch,
@@ -46,6 +46,7 @@ from transfer.errors import (
     storage_errors_translated,
 )
 from transfer.service.documents import publish_composed, read_document, write_document
+from transfer.service.ingest import SNIFF_BYTES
 from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord, object_key
 from transfer.settings import Settings
@@ -391,10 +392,13 @@ class SessionService:
             # the file id follows from the session id: two replicas completing at once compose the same object
             # and write the same record, so there is one outcome and no orphan
             file_id = "f_" + sid[2:]
+            content_type = session.content_type
+            if content_type is None:  # none declared at creation: what the first bytes show, as for other uploads
+                content_type = await self._sniffed_type(sid, session.name) if total else MIME_OCTET_STREAM
             record = FileRecord(
                 id=file_id,
                 name=session.name,
-                content_type=session.content_type or "application/octet-stream",
+                content_type=content_type,
                 size=size,
                 sha256=sha_hex,
                 encoding=ContentEncoding.NONE,
@@ -413,6 +417,16 @@ class SessionService:
             self._arrived(sid)
             self._spawn(self._delete_chunks(sid))
             return done, record
+
+    async def _sniffed_type(self, sid: str, name: str | None) -> str:
+        """The media type the start of chunk 0 shows (one bounded ranged read)."""
+        head = b""
+        with storage_errors_translated():
+            reader = await self.storage.open(chunk_key(sid, 0))
+            async with reader:
+                async for piece in reader.read(0, SNIFF_BYTES):
+                    head += piece
+        return await asyncio.to_thread(sniff_content_type, head[:SNIFF_BYTES], name)  # a CPU scan: off the loop
 
     async def _delete_chunks(self, sid: str) -> None:
         for index in list(await self.stored_chunks(sid)):

@@ -30,7 +30,7 @@ from storage.errors import ObjectExists, StorageError
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding
 from transfer.core.mime import is_media_type, require_media_type
-from transfer.core.naming import sanitize_filename, sniff_content_type
+from transfer.core.naming import resolve_content_type, sanitize_filename
 from transfer.errors import (
     ClientDisconnected,
     Conflict,
@@ -356,14 +356,18 @@ class TusService:
             if not head:
                 _, head = await self._hash_sources(sources[:1], limit=4096)
             name = upload.metadata.get("filename") or upload.metadata.get("name")
-            content_type = _declared_type(upload.metadata)
-            if content_type is not None and not is_media_type(content_type):
-                content_type = None  # an upload created before create() checked it: sniff instead
+            # ``filetype`` is the browser's guess from the extension (Uppy sends application/octet-stream when it has
+            # none): a hint, like a Content-Type header; ``content_type`` is the client's word. Either one from an
+            # upload created before create() checked it is dropped: sniff instead
+            declared, hinted = upload.metadata.get("content_type"), upload.metadata.get("filetype")
+            declared = declared if declared and is_media_type(declared) else None
+            hinted = hinted if hinted and is_media_type(hinted) else None
+            content_type = await asyncio.to_thread(resolve_content_type, head, name, declared=declared, hinted=hinted)
             file_id = "f_" + upload.id[2:]
             record = FileRecord(
                 id=file_id,
                 name=sanitize_filename(name, default=file_id),
-                content_type=content_type or sniff_content_type(head, name),
+                content_type=content_type,
                 size=upload.length or 0,
                 sha256=sha_hex,
                 encoding=ContentEncoding.NONE,

@@ -432,6 +432,12 @@ async def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _service_options(p: argparse.ArgumentParser, server_default: str) -> None:
+    """The options of every command that talks to a running service: where it is and the key to use."""
+    p.add_argument("--server", default=server_default, help=f"service URL (TRANSFER_SERVER, default {DEFAULT_SERVER})")
+    p.add_argument("--api-key", help="API key (default: TRANSFER_API_KEY)")
+
+
 def _api_key(args: argparse.Namespace) -> str | None:
     return getattr(args, "api_key", None) or os.environ.get("TRANSFER_API_KEY") or None
 
@@ -519,8 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
     server_default = os.environ.get("TRANSFER_SERVER", DEFAULT_SERVER)
     p = sub.add_parser("upload", help="upload files; prints their descriptors as JSON")
     p.add_argument("files", nargs="+", metavar="FILE")
-    p.add_argument("--server", default=server_default, help=f"service URL (TRANSFER_SERVER, default {DEFAULT_SERVER})")
-    p.add_argument("--api-key", help="API key (default: TRANSFER_API_KEY)")
+    _service_options(p, server_default)
     p.add_argument("--name", help="file name to record (single file only)")
     p.add_argument("--content-type", help="media type (default: sniffed)")
     p.add_argument("--role", choices=["reference", "result", "attachment"])
@@ -540,15 +545,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "items", nargs="+", metavar="ROLE:PATH|ROLE:text=STRING", help="roles: main, reference, attachment, thumbnail"
     )
-    p.add_argument("--server", default=server_default, help=f"service URL (default {DEFAULT_SERVER})")
-    p.add_argument("--api-key", help="API key (default: TRANSFER_API_KEY)")
+    _service_options(p, server_default)
     p.add_argument("--name")
     p.add_argument("--description")
     p.set_defaults(func=cmd_bundle)
 
     p = sub.add_parser("bench", help="measure a deployment: upload, chunked upload, resolve, small objects")
-    p.add_argument("--server", default=server_default, help=f"service URL (default {DEFAULT_SERVER})")
-    p.add_argument("--api-key", help="API key (default: TRANSFER_API_KEY)")
+    _service_options(p, server_default)
     p.add_argument("--sizes", default="16M,256M", help="generated file sizes, e.g. 16M,1G (default 16M,256M)")
     p.add_argument("--file", help="also measure this file of yours")
     p.add_argument("--connections", type=int, default=4, help="parallel chunks and ranges (default 4)")
@@ -558,8 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="a chunked session's state: stored and missing chunks")
     p.add_argument("session", metavar="SESSION")
-    p.add_argument("--server", default=server_default, help=f"service URL (default {DEFAULT_SERVER})")
-    p.add_argument("--api-key", help="API key (default: TRANSFER_API_KEY)")
+    _service_options(p, server_default)
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("session", help="chunked upload sessions")
@@ -567,13 +569,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sessions.add_parser("descriptor", help="print a session's live streaming descriptor (for resolve --follow)")
     s.add_argument("session", metavar="SESSION")
     s.add_argument("--ttl", type=int, help="seconds its signed URL lives (default: the server's)")
-    s.add_argument("--server", default=server_default, help=f"service URL (default {DEFAULT_SERVER})")
-    s.add_argument("--api-key", help="API key (default: TRANSFER_API_KEY)")
+    _service_options(s, server_default)
     s.set_defaults(func=cmd_session_descriptor)
     s = sessions.add_parser("status", help="a session's state: stored and missing chunks")
     s.add_argument("session", metavar="SESSION")
-    s.add_argument("--server", default=server_default, help=f"service URL (default {DEFAULT_SERVER})")
-    s.add_argument("--api-key", help="API key (default: TRANSFER_API_KEY)")
+    _service_options(s, server_default)
     s.set_defaults(func=cmd_status)
 
     p = sub.add_parser("resolve", help="download, decode and verify a descriptor")

@@ -92,8 +92,8 @@ class SessionUrls(_Result):
     events: str
 
 
-class OpenedSession(_Result):
-    """A chunked upload session: its id, where to send chunks, and (size known) its streaming descriptor."""
+class _SessionFacts(_Result):
+    """What every session result says about the session."""
 
     streaming_session_id: str
     state: str
@@ -102,6 +102,11 @@ class OpenedSession(_Result):
     chunk_size: int
     total_chunks: int | None
     expires_at: str
+
+
+class OpenedSession(_SessionFacts):
+    """A chunked upload session: its id, where to send chunks, and (size known) its streaming descriptor."""
+
     urls: SessionUrls
     descriptor: Descriptor | None = None
 
@@ -113,19 +118,12 @@ class ChunkReceipt(_Result):
     duplicate: bool = Field(description="true when these bytes were already stored")
 
 
-class SessionStatus(_Result):
+class SessionStatus(_SessionFacts):
     """Stored and missing chunks as inclusive [first, last] index ranges."""
 
-    streaming_session_id: str
-    state: str
-    name: str
-    size: int | None
-    chunk_size: int
-    total_chunks: int | None
     stored: list[list[int]]
     stored_count: int
     bytes_received: int | None
-    expires_at: str
     checksum: str | None
     missing: list[list[int]] | None = None
     file_id: str | None = None

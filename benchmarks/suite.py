@@ -43,7 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--memory-sizes", help="MiB sizes for the peak-RSS runs (default 1024,4096; --quick: 256,1024; 0: skip)"
     )
-    parser.add_argument("--skip", default="", help="comma-separated: kernels,e2e,memory,bombs,wan,small")
+    parser.add_argument("--skip", default="", help="comma-separated: kernels,e2e,memory,bombs,wan,small,scale")
+    parser.add_argument(
+        "--scale-counts", help="stored-object counts for the scale table (default 0,10000,100000; --quick: 0,2000)"
+    )
     args = parser.parse_args(argv)
     size = (args.size or (256 if args.quick else 1024)) << 20
     reps = args.reps or (3 if args.quick else 5)
@@ -80,6 +83,14 @@ def main(argv: list[str] | None = None) -> int:
             sections.append(memory_table(report["memory"]))
         if report.get("bombs"):
             sections.append(bombs_table(report["bombs"]))
+        if "scale" not in skip:
+            from benchmarks.scale import run_scale, scale_table
+
+            counts_text = args.scale_counts or ("0,2000" if args.quick else "0,10000,100000")
+            scale_dir = work / "scale"
+            scale_dir.mkdir()
+            report["scale"] = run_scale([int(c) for c in counts_text.split(",")], reps, 16, scale_dir)
+            sections.append(scale_table(report["scale"]))
         if args.s3:
             from benchmarks.s3 import run_s3, s3_table
 

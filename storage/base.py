@@ -7,7 +7,9 @@ Core (every backend):
                             bytes of every ``read`` belong together even if the key is replaced meanwhile.
     ``stat(key)``        -> :class:`ObjectInfo`
     ``delete(key)``      idempotent
-    ``list(prefix)``     published objects only
+    ``list(prefix, start_after=, limit=, metadata=)``
+                         published objects whose key starts with ``prefix``, in ascending byte order of key,
+                         a page at a time; metadata only when asked for
 
 Capabilities (tusd's composer idea): a backend declares at start-up which optional interfaces it implements, in
 ``capabilities``; the service checks the set, never the backend's class. Extension interfaces are one-method
@@ -161,7 +163,15 @@ class Storage(Protocol):
 
     async def delete(self, key: str) -> None: ...
 
-    def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]: ...
+    def list(
+        self, prefix: str = "", *, start_after: str | None = None, limit: int | None = None, metadata: bool = False
+    ) -> AsyncIterator[ObjectInfo]:
+        """Published objects whose key starts with ``prefix`` (a plain string prefix, as in S3: ``files/a`` also
+        matches ``files/ab``), in ascending byte order of key, only keys greater than ``start_after``, at most
+        ``limit`` of them. The cost is of the page, not of everything stored: a backend reads only what lies under
+        ``prefix`` after ``start_after``. Without ``metadata`` the infos carry an empty metadata mapping and no
+        per-key metadata is read. An object deleted while the listing runs may or may not appear."""
+        ...
 
 
 @runtime_checkable

@@ -22,13 +22,15 @@ working lock support.)
 from __future__ import annotations
 
 import asyncio
+import bisect
 import errno
 import fcntl
 import json
 import os
+import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,9 @@ from storage.base import Capability, ObjectInfo, ReaderContext, WriterContext, v
 from storage.errors import BackendUnavailable, ObjectExists, ObjectNotFound, StorageError, StorageFull
 
 _cleanups: set[asyncio.Future[None]] = set()  # clean-ups of opens that finished after their caller was cancelled
+
+_LIST_BATCH = 256  # keys stat-ed per thread hop while listing
+_SEGMENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*")  # folders keys can be in
 
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
@@ -479,18 +484,81 @@ class LocalStorage:
             except OSError as exc:
                 raise _translate(exc, f"deleting {key}") from exc
 
-    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
-        def keys() -> list[str]:
-            found: list[str] = []
-            for dirpath, _dirs, files in os.walk(self.objects_dir):
-                for name in files:
-                    rel = os.path.relpath(os.path.join(dirpath, name), self.objects_dir)
-                    if rel.startswith(prefix):
-                        found.append(rel.replace(os.sep, "/"))
-            return sorted(found)
+    def _walk(self, prefix: str, start_after: str | None) -> Iterator[tuple[str, os.DirEntry[str]]]:
+        """Keys under ``prefix`` greater than ``start_after``, in ascending byte order, with their directory entries.
 
-        for key in await asyncio.to_thread(keys):
+        Only the directory that holds ``prefix`` is read, one level at a time as the walk goes, and a directory is
+        entered only if keys after ``start_after`` can lie in it, so a page costs the directories it passes through,
+        not everything stored. Siblings sort as ``name`` for a file and ``name + "/"`` for a directory: that is the
+        byte order of the keys they hold (``a-b`` < ``a/x`` < ``a0``). Blocking: run it in a thread."""
+        folder, _, first = prefix.rpartition("/")
+        if folder and not _SEGMENT_RE.fullmatch(folder):
+            return  # no object key lies under a prefix that is not a path of valid segments
+        base = self.objects_dir / folder if folder else self.objects_dir
+        yield from self._walk_dir(base, f"{folder}/" if folder else "", first, start_after)
+
+    def _walk_dir(
+        self, path: Path, above: str, first: str, start_after: str | None
+    ) -> Iterator[tuple[str, os.DirEntry[str]]]:
+        try:
+            with os.scandir(path) as it:
+                entries = [
+                    (e.name + "/" if e.is_dir(follow_symlinks=False) else e.name, e)
+                    for e in it
+                    if e.name.startswith(first)
+                ]
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        entries.sort(key=lambda pair: pair[0])
+        if start_after is not None and not start_after.startswith(above):
+            if start_after > above:
+                return  # every key here sorts before start_after
+            start_after = None  # every key here sorts after it
+        if start_after is not None:
+            # skip, by bisection, every entry whose keys all sort at or before start_after
+            names = [name for name, _ in entries]
+            entries = entries[max(0, bisect.bisect_right(names, start_after[len(above) :]) - 1) :]
+        for name, entry in entries:
+            key = above + name
+            if name.endswith("/"):
+                if start_after is not None and start_after >= key and not start_after.startswith(key):
+                    continue  # every key in it sorts before start_after
+                yield from self._walk_dir(Path(entry.path), key, "", start_after)
+            elif start_after is None or key > start_after:
+                yield key, entry
+
+    async def list(
+        self, prefix: str = "", *, start_after: str | None = None, limit: int | None = None, metadata: bool = False
+    ) -> AsyncIterator[ObjectInfo]:
+        if limit is not None and limit <= 0:
+            return
+        walk = self._walk(prefix, start_after)
+        left = limit
+
+        def take(n: int) -> list[ObjectInfo]:
+            out: list[ObjectInfo] = []
+            for key, entry in walk:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                    record = self._read_meta(key) if metadata else {}
+                except FileNotFoundError:
+                    continue  # deleted meanwhile
+                except (OSError, ValueError) as exc:
+                    raise BackendUnavailable(f"cannot stat {key} while listing") from exc
+                out.append(self._info(key, record, st))
+                if len(out) >= n:
+                    break
+            return out
+
+        while left is None or left > 0:
+            want = _LIST_BATCH if left is None else min(left, _LIST_BATCH)
             try:
-                yield await self.stat(key)
-            except ObjectNotFound:
-                continue  # deleted meanwhile
+                batch = await asyncio.to_thread(take, want)
+            except OSError as exc:
+                raise _translate(exc, f"listing {prefix!r}") from exc
+            for info in batch:
+                yield info
+            if len(batch) < want:
+                return
+            if left is not None:
+                left -= len(batch)

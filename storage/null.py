@@ -8,6 +8,7 @@ it for data.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from storage.base import Capability, ObjectInfo, ReaderContext, WriterContext, validate_key
@@ -101,7 +102,15 @@ class NullStorage:
     async def delete(self, key: str) -> None:
         self.kept.pop(key, None)
 
-    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+    async def list(
+        self, prefix: str = "", *, start_after: str | None = None, limit: int | None = None, metadata: bool = False
+    ) -> AsyncIterator[ObjectInfo]:
+        """A test double: sorts everything kept on every call (fine for the few objects it holds)."""
+        left = limit
         for key, (_, info) in sorted(self.kept.items()):
-            if key.startswith(prefix):
-                yield info
+            if left is not None and left <= 0:
+                return
+            if key.startswith(prefix) and (start_after is None or key > start_after):
+                yield info if metadata else replace(info, metadata={})
+                if left is not None:
+                    left -= 1

@@ -22,7 +22,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
@@ -469,22 +469,26 @@ class S3Storage:
         head = await self.call(
             f"stat {key}", self.client.head_object, Bucket=self.config.bucket, Key=self.data_key(key)
         )
+        modified = head.get("LastModified") or datetime.now(UTC)
+        info = ObjectInfo(
+            key=key,
+            size=int(head["ContentLength"]),
+            modified=modified,
+            metadata=await self._read_metadata(key),
+        )
+        return info, str(head["ETag"])
+
+    async def _read_metadata(self, key: str) -> dict[str, str]:
+        """The metadata published with ``key`` (one GET of its metadata object)."""
         try:
             meta = await self.call(
                 f"reading metadata of {key}", self.client.get_object, Bucket=self.config.bucket, Key=self.meta_key(key)
             )
             raw = await self.call(f"reading metadata of {key}", meta["Body"].read)
             record = json.loads(raw)
-        except ValueError as exc:
+            return {str(k): str(v) for k, v in record.get("metadata", {}).items()}
+        except (ValueError, AttributeError) as exc:
             raise BackendUnavailable(f"unreadable metadata for {key}") from exc
-        modified = head.get("LastModified") or datetime.now(UTC)
-        info = ObjectInfo(
-            key=key,
-            size=int(head["ContentLength"]),
-            modified=modified,
-            metadata={str(k): str(v) for k, v in record.get("metadata", {}).items()},
-        )
-        return info, str(head["ETag"])
 
     async def open(self, key: str) -> S3Reader:
         info, etag = await self._head_and_meta(key)
@@ -499,22 +503,35 @@ class S3Storage:
         await self.call(f"deleting {key}", self.client.delete_object, Bucket=self.config.bucket, Key=self.data_key(key))
         await self.call(f"deleting {key}", self.client.delete_object, Bucket=self.config.bucket, Key=self.meta_key(key))
 
-    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+    async def list(
+        self, prefix: str = "", *, start_after: str | None = None, limit: int | None = None, metadata: bool = False
+    ) -> AsyncIterator[ObjectInfo]:
+        """ListObjectsV2 pages (Prefix, StartAfter, MaxKeys): one LIST call per page of up to 1,000 keys; size and
+        modification time come from the listing entries, and the metadata object is read only with ``metadata``."""
         root = f"{self.config.prefix}data/"
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"Bucket": self.config.bucket, "Prefix": root + prefix}
-            if token:
-                kwargs["ContinuationToken"] = token
+        kwargs: dict[str, Any] = {"Bucket": self.config.bucket, "Prefix": root + prefix}
+        if start_after is not None:
+            kwargs["StartAfter"] = root + start_after
+        left = limit
+        while left is None or left > 0:
+            kwargs["MaxKeys"] = 1000 if left is None else min(left, 1000)
             page = await self.call("listing objects", self.client.list_objects_v2, **kwargs)
             for item in page.get("Contents", []):
-                try:
-                    yield await self.stat(str(item["Key"])[len(root) :])
-                except ObjectNotFound:
-                    continue  # deleted meanwhile
-            if not page.get("IsTruncated"):
-                return
+                key = str(item["Key"])[len(root) :]
+                info = ObjectInfo(key=key, size=int(item["Size"]), modified=item["LastModified"])
+                if metadata:
+                    try:
+                        info = replace(info, metadata=await self._read_metadata(key))
+                    except ObjectNotFound:
+                        continue  # deleted meanwhile
+                yield info
+                if left is not None:
+                    left -= 1
             token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+            kwargs.pop("StartAfter", None)
+            kwargs["ContinuationToken"] = token
 
     async def presign_get(
         self,

@@ -90,6 +90,73 @@ class StorageConformance:
         assert sorted([i.key async for i in storage.list("files/")]) == ["files/1", "files/2"]
         assert len([i async for i in storage.list()]) == 3
 
+    async def test_list_is_in_byte_order_across_folders(self, storage: Storage) -> None:
+        # "/" sorts between "-"/"." and the digits: a folder's keys interleave with its siblings' by byte order
+        keys = ["a-b", "a.c", "a/x", "a/y/z", "a0", "ab", "b", "B", "a/y-1", "a/y/0"]
+        for key in keys:
+            await put(storage, key, b"k")
+        listed = [i.key async for i in storage.list()]
+        assert listed == sorted(keys, key=lambda k: k.encode())
+
+    async def test_list_pages_with_start_after_and_limit(self, storage: Storage) -> None:
+        keys = [f"p/{i:03d}" for i in range(23)] + [f"p/sub/{i}" for i in range(3)] + ["q/0"]
+        for key in keys:
+            await put(storage, key, key.encode())
+        under_p = sorted((k for k in keys if k.startswith("p/")), key=lambda k: k.encode())
+        seen: list[str] = []
+        after: str | None = None
+        while True:
+            page = [i.key async for i in storage.list("p/", start_after=after, limit=5)]
+            assert len(page) <= 5
+            seen += page
+            if len(page) < 5:
+                break
+            after = page[-1]
+        assert seen == under_p  # each once, in order, nothing from q/
+        # start_after need not be a key, and may lie inside a folder or before / after the prefix
+        assert [i.key async for i in storage.list("p/", start_after="p/0105", limit=2)] == ["p/011", "p/012"]
+        assert [i.key async for i in storage.list("p/", start_after="p/sub/0")] == ["p/sub/1", "p/sub/2"]
+        assert [i.key async for i in storage.list("p/", start_after="a", limit=1)] == ["p/000"]
+        assert [i.key async for i in storage.list("p/", start_after="p/~")] == []
+        assert [i.key async for i in storage.list("p/", limit=0)] == []
+
+    async def test_list_prefix_is_a_string_prefix_and_isolates(self, storage: Storage) -> None:
+        # (a key cannot also be a folder of other keys on every backend: the local one stores folders)
+        for key in ("files/a/1", "files/ab/2", "files/abc", "files/b", "filesx"):
+            await put(storage, key, b"x")
+        assert [i.key async for i in storage.list("files/a/")] == ["files/a/1"]
+        assert [i.key async for i in storage.list("files/ab/")] == ["files/ab/2"]
+        assert [i.key async for i in storage.list("files/a")] == ["files/a/1", "files/ab/2", "files/abc"]
+        assert [i.key async for i in storage.list("files/ab")] == ["files/ab/2", "files/abc"]
+        assert [i.key async for i in storage.list("files/")] == ["files/a/1", "files/ab/2", "files/abc", "files/b"]
+        assert [i.key async for i in storage.list("files")] == [
+            "files/a/1",
+            "files/ab/2",
+            "files/abc",
+            "files/b",
+            "filesx",
+        ]
+        assert [i.key async for i in storage.list("nothing/here/")] == []
+
+    async def test_list_reads_metadata_only_when_asked(self, storage: Storage) -> None:
+        await put(storage, "m/1", b"12345", {"k": "v"})
+        [bare] = [i async for i in storage.list("m/")]
+        assert (bare.key, bare.size, dict(bare.metadata)) == ("m/1", 5, {})
+        [full] = [i async for i in storage.list("m/", metadata=True)]
+        assert (full.key, full.size, dict(full.metadata)) == ("m/1", 5, {"k": "v"})
+        assert abs((full.modified - bare.modified).total_seconds()) < 2
+
+    async def test_list_skips_keys_deleted_while_paging(self, storage: Storage) -> None:
+        for i in range(6):
+            await put(storage, f"d/{i}", b"x")
+        listed = []
+        async for info in storage.list("d/", metadata=True):
+            listed.append(info.key)
+            if info.key == "d/1":
+                await storage.delete("d/3")
+        assert listed[:3] == ["d/0", "d/1", "d/2"] and listed[-2:] == ["d/4", "d/5"]
+        assert "d/3" not in listed or len(listed) == 6
+
     @pytest.mark.parametrize("key", ["", "../x", "/abs", "a//b", "a/../b", "a/./b", ".hidden", "sp ace", "a\\b"])
     async def test_invalid_keys_are_refused(self, storage: Storage, key: str) -> None:
         with pytest.raises(InvalidKey):

@@ -76,3 +76,14 @@ def test_bomb_memory_benchmark_runs(tmp_path: Path) -> None:
     assert [r["refused"] for r in rows] == [None, None, None, "decoded_size_limit"]
     assert all(r["peak_rss"] >= r["idle_rss"] > 0 for r in rows)
     assert "| bomb upload |" in bombs_table(rows)
+
+
+@pytest.mark.slow
+def test_scale_benchmark_runs(tmp_path: Path) -> None:
+    from benchmarks.scale import CASES, run_scale, scale_table
+
+    report = run_scale([0, 20], 1, 4, tmp_path)
+    assert [row["stored"] for row in report["rows"]] == [0, 20]
+    assert report["rows"][1]["paged"] >= 20  # every stored file paged through, plus the cases' own uploads
+    assert all(report["rows"][1][name] > 0 for name in CASES)
+    assert "| stored objects |" in scale_table(report)

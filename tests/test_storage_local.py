@@ -10,6 +10,7 @@ import random
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -113,3 +114,30 @@ async def test_cancellation_at_any_moment_leaks_nothing(storage: LocalStorage, t
     gc.collect()
     assert open_fds() <= before
     assert list((tmp_path / "store" / "tmp").iterdir()) == []
+
+
+async def test_list_reads_only_the_prefix_folder_and_what_follows_start_after(
+    storage: LocalStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page costs the folders it passes through: neither a sibling folder nor a folder wholly before start_after
+    is read, and no metadata file is opened without ``metadata=True``."""
+    for i in range(30):
+        await put(storage, f"big/{i:02d}", b"x")
+    for i in range(3):
+        await put(storage, f"small/a/{i}", b"x")
+        await put(storage, f"small/b/{i}", b"x")
+    scanned: list[str] = []
+    real_scandir = os.scandir
+
+    def spy(path: Any) -> Any:
+        scanned.append(os.path.relpath(path, storage.objects_dir))
+        return real_scandir(path)
+
+    metas: list[str] = []
+    real_read_meta = storage._read_meta
+    monkeypatch.setattr("storage.local.os.scandir", spy)
+    monkeypatch.setattr(storage, "_read_meta", lambda key: metas.append(key) or real_read_meta(key))
+    assert [i.key async for i in storage.list("small/", start_after="small/a0", limit=2)] == ["small/b/0", "small/b/1"]
+    assert scanned == ["small", "small/b"] and metas == []
+    assert [i.metadata async for i in storage.list("small/b/", limit=1, metadata=True)] == [{}]
+    assert metas == ["small/b/0"]

@@ -183,3 +183,17 @@ def test_plan_part_size_limits() -> None:
     with pytest.raises(ObjectTooLarge):
         plan_part_size(10_000 * MAX_PART_SIZE + 1, max_size=0)
     assert plan_part_size(None, max_size=1 << 40) == 105 * MiB  # unknown size planned for the largest allowed
+
+
+async def test_list_is_one_request_per_page_without_metadata_reads(storage: S3Storage) -> None:
+    """ListObjectsV2 with Prefix/StartAfter/MaxKeys: one call per page, no HeadObject or metadata GET per key."""
+    for i in range(7):
+        await put(storage, f"n/{i}", b"x")
+    calls: list[str] = []
+    storage.client.meta.events.register("before-call.s3", lambda model, **_: calls.append(model.name))
+    page = [i async for i in storage.list("n/", start_after="n/2", limit=3)]
+    assert [(i.key, i.size, dict(i.metadata)) for i in page] == [("n/3", 1, {}), ("n/4", 1, {}), ("n/5", 1, {})]
+    assert calls == ["ListObjectsV2"]
+    calls.clear()
+    assert [i.key async for i in storage.list("n/", start_after="n/5", metadata=True)] == ["n/6"]
+    assert calls == ["ListObjectsV2", "GetObject"]

@@ -432,6 +432,22 @@ async def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_ls(args: argparse.Namespace) -> int:
+    """Stored files as JSON lines (one descriptor a line); without --all, one page and then, on stderr, the cursor
+    of the next one."""
+    async with AsyncTransferClient(args.server, api_key=_api_key(args)) as client:
+        if args.all:
+            async for item in client.iter_files(args.limit, args.cursor):
+                print(json.dumps(item))
+            return 0
+        page = await client.list_files(args.limit, args.cursor)
+    for item in page["files"]:
+        print(json.dumps(item))
+    if page.get("next_cursor"):
+        print(f"more: transfer ls --cursor {page['next_cursor']}", file=sys.stderr)
+    return 0
+
+
 def _service_options(p: argparse.ArgumentParser, server_default: str) -> None:
     """The options of every command that talks to a running service: where it is and the key to use."""
     p.add_argument("--server", default=server_default, help=f"service URL (TRANSFER_SERVER, default {DEFAULT_SERVER})")
@@ -563,6 +579,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("session", metavar="SESSION")
     _service_options(p, server_default)
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("ls", help="list stored files (JSON lines, in file-id order), a page at a time")
+    p.add_argument("--limit", type=int, help="files per page, 1 to 1000 (default: the server's, 100)")
+    p.add_argument("--cursor", help="continue after the page that printed this cursor")
+    p.add_argument("--all", action="store_true", help="every page, one after the other")
+    _service_options(p, server_default)
+    p.set_defaults(func=cmd_ls)
 
     p = sub.add_parser("session", help="chunked upload sessions")
     sessions = p.add_subparsers(dest="session_command", required=True)

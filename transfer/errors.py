@@ -109,6 +109,12 @@ class InvalidRequest(TransferError):
     status = 400
 
 
+class InvalidCursor(InvalidRequest):
+    """A listing cursor this service did not hand out (or one from another listing)."""
+
+    code = "invalid_cursor"
+
+
 class InvalidDescriptor(InvalidRequest):
     code = "invalid_descriptor"
     status = 422

@@ -39,7 +39,7 @@ from transfer.core.content import DownloadMethod, FileRole, normalize_checksum
 from transfer.core.digests import sha256_from_digest_field
 from transfer.core.encodings import coding_from_http, storage_encoding
 from transfer.core.naming import filename_from_content_disposition
-from transfer.core.numerals import parse_count
+from transfer.core.numerals import parse_bounded, parse_count
 from transfer.errors import (
     ClientDisconnected,
     InvalidRequest,
@@ -48,6 +48,7 @@ from transfer.errors import (
     storage_errors_translated,
 )
 from transfer.service.container import Services
+from transfer.service.files import LIST_DEFAULT, LIST_MAX
 from transfer.service.ingest import UploadRequest
 from transfer.service.progress import counted
 from transfer.settings import Settings
@@ -456,11 +457,21 @@ def create_app(
         summary="List stored files as descriptors (url mode, fresh signed URLs)",
     )
     async def list_files(
-        request: Request, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000
-    ) -> dict[str, list[dict[str, Any]]]:
-        records = await service.list(caller_of(request), limit)
-        items = [(await service.describe(r, base_url(request), inline=False)).to_json() for r in records]
-        return {"files": items}
+        request: Request,
+        limit: Annotated[
+            str | None, Query(max_length=20, description=f"page size, 1 to {LIST_MAX} (default {LIST_DEFAULT})")
+        ] = None,
+        cursor: Annotated[
+            str | None, Query(max_length=200, description="the `next_cursor` of the previous page (opaque)")
+        ] = None,
+    ) -> dict[str, Any]:
+        """A page of the caller's files (all files for admin) in a stable order (by file id), with `next_cursor`
+        to fetch the next page (null after the last). A cursor this service did not hand out is a 400
+        `invalid_cursor`."""
+        size = LIST_DEFAULT if limit is None else parse_bounded(limit, "limit", low=1, high=LIST_MAX)
+        page = await service.list(caller_of(request), size, cursor)
+        items = [(await service.describe(r, base_url(request), inline=False)).to_json() for r in page.records]
+        return {"files": items, "next_cursor": page.next_cursor}
 
     @app.get(
         "/v1/files/{file_id}",

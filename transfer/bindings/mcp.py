@@ -47,6 +47,7 @@ from transfer.bindings.mcp_schemas import (
     Bundle,
     ChunkReceipt,
     Descriptor,
+    FileList,
     Messages,
     OpenedSession,
     Resolved,
@@ -82,6 +83,7 @@ from transfer.errors import (
     UploadForbidden,
 )
 from transfer.service.container import Services
+from transfer.service.files import LIST_DEFAULT, LIST_MAX
 from transfer.service.ingest import UploadRequest
 from transfer.service.session_views import session_document
 from transfer.service.sessions import ChunkDigest
@@ -392,6 +394,23 @@ class McpBinding:
         described = await files.describe(record, self.base_url(ctx), ttl=ttl, download_method=download_method)
         return described.to_json()
 
+    async def list_files(
+        self,
+        limit: Annotated[int, Field(ge=1, le=LIST_MAX, description="files per page")] = LIST_DEFAULT,
+        cursor: Annotated[
+            str | None, Field(max_length=200, description="next_cursor of the previous page (opaque)")
+        ] = None,
+        ctx: Context | None = None,
+    ) -> dict[str, Any]:
+        """A page of stored files with the cursor of the next page."""
+        grant = self.grant(ctx)
+        grant(KeyScope.READ)
+        files = self.services.files
+        page = await files.list(grant, limit, cursor)
+        base = self.base_url(ctx)
+        items = [(await files.describe(r, base, inline=False)).to_json() for r in page.records]
+        return {"files": items, "next_cursor": page.next_cursor}
+
     async def resolve(
         self,
         descriptor: DescriptorArgument,
@@ -517,6 +536,7 @@ def build_mcp(
         ("complete_session", binding.complete_session, Descriptor),
         ("session_status", binding.session_status, SessionStatus),
         ("describe", binding.describe, Descriptor),
+        ("list_files", binding.list_files, FileList),
         ("resolve", binding.resolve if file_tools else binding.resolve_inline, Resolved),
         ("create_bundle", binding.create_bundle, Bundle),
         ("tp_poll_messages", binding.tp_poll_messages, Messages),

@@ -85,6 +85,13 @@ class Descriptor(_Result):
     thumbnail_url: str | None = None
 
 
+class FileList(_Result):
+    """A page of stored files in file-id order; ``next_cursor`` fetches the next page (null: the last one)."""
+
+    files: list[Descriptor]
+    next_cursor: str | None = None
+
+
 class SessionUrls(_Result):
     chunk: str
     status: str
@@ -258,6 +265,11 @@ def tool_texts(*, inline: int, message: int, file_tools: bool) -> dict[str, tupl
         ),
         "describe": (
             "A fresh FileContent descriptor (with a new signed URL) for a stored file, by its f_ id.",
+            _hints(read_only=True, idempotent=True),
+        ),
+        "list_files": (
+            "A page of stored files (your key's; all for an admin key) as url descriptors, in file-id order. "
+            "Pass next_cursor back as cursor for the next page; it is null after the last page.",
             _hints(read_only=True, idempotent=True),
         ),
         "resolve": (

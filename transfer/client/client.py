@@ -211,6 +211,29 @@ class AsyncTransferClient:
         assert isinstance(descriptor, FileContent)
         return descriptor
 
+    async def list_files(self, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
+        """One page of stored files (the key's own; all for admin) in file-id order: ``{"files": [descriptor
+        JSON...], "next_cursor": str | None}``; pass ``next_cursor`` back for the next page (None: the end)."""
+        params: dict[str, Any] = {}
+        if limit is not None:
+            params["limit"] = limit
+        if cursor is not None:
+            params["cursor"] = cursor
+        response = await self.http.get(f"{self.server}/v1/files", params=params)
+        await raise_for_error(response)
+        page: dict[str, Any] = response.json()
+        return page
+
+    async def iter_files(self, limit: int | None = None, cursor: str | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Every stored file the key may see, page after page from ``cursor`` (each once, in file-id order)."""
+        while True:
+            page = await self.list_files(limit, cursor)
+            for item in page["files"]:
+                yield item
+            cursor = page.get("next_cursor")
+            if cursor is None:
+                return
+
     async def delete(self, file_id: str) -> None:
         response = await self.http.delete(f"{self.server}/v1/files/{quote(file_id)}")
         await raise_for_error(response)
@@ -274,6 +297,10 @@ class TransferClient:
 
     def delete(self, file_id: str) -> None:
         self._call(self._client.delete, file_id)
+
+    def list_files(self, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = self._call(self._client.list_files, limit, cursor)
+        return result
 
     def resolve(
         self, descriptor: Descriptor | str | dict[str, Any], dest: str | os.PathLike[str] | None = None

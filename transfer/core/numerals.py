@@ -8,6 +8,7 @@ field value reaches ``int`` unless it is a short run of ASCII digits.
 
     decimal(text, max_digits)    -> int, or None when text is not 1..max_digits ASCII digits (no sign, no OWS)
     parse_count(value, field)    -> int (OWS trimmed), or InvalidRequest 400 naming the field
+    parse_bounded(value, field, low=, high=) -> parse_count within [low, high], or InvalidRequest 400
 """
 
 from __future__ import annotations
@@ -39,4 +40,13 @@ def parse_count(value: str, field: str, *, max_digits: int = MAX_DIGITS) -> int:
             f"{field} must be a non-negative integer of at most {max_digits} ASCII digits, not {shown!r}",
             field=field,
         )
+    return number
+
+
+def parse_bounded(value: str, field: str, *, low: int, high: int) -> int:
+    """A :func:`parse_count` integer within ``[low, high]`` (a page size, a count in a URL); InvalidRequest (400)
+    naming the field and the bounds otherwise."""
+    number = parse_count(value, field, max_digits=len(str(high)) + 1)
+    if not low <= number <= high:
+        raise InvalidRequest(f"{field} must be from {low} to {high}, not {number}", field=field)
     return number

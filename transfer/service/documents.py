@@ -9,7 +9,7 @@ from typing import Any
 from storage.base import Capability, Storage, SupportsCompose
 from storage.errors import ObjectChanged
 from transfer.errors import storage_errors_translated
-from transfer.service.records import FileRecord, object_key
+from transfer.service.records import FileRecord, object_key, owner_files_prefix
 
 S3_MIN_PART = 5 << 20  # UploadPartCopy: every part but the last at least 5 MiB
 READ_ATTEMPTS = 3
@@ -37,9 +37,29 @@ async def write_document(storage: Storage, key: str, document: Any, *, if_absent
             await writer.commit({})
 
 
+async def index_file(storage: Storage, record: FileRecord) -> None:
+    """Enter a just-published file in its owner's file index (files stored in open mode have none: only the
+    all-files listing shows them). Written after the publish: a crash in between leaves a stored file missing from
+    its key's listing (the admin listing still has it), never an index entry without a file that was stored."""
+    if record.owner is None:
+        return
+    with storage_errors_translated():
+        async with storage.create(owner_files_prefix(record.owner) + record.id, size_hint=0) as writer:
+            await writer.commit({})
+
+
+async def unindex_file(storage: Storage, record: FileRecord) -> None:
+    """Remove a deleted file from its owner's file index (idempotent)."""
+    if record.owner is None:
+        return
+    with storage_errors_translated():
+        await storage.delete(owner_files_prefix(record.owner) + record.id)
+
+
 async def publish_composed(storage: Storage, record: FileRecord, sources: list[str]) -> None:
     """Publish ``record`` as the concatenation of ``sources``: server-side compose where the backend can (and, on
-    S3, where every source but the last is at least 5 MiB), else a streamed copy."""
+    S3, where every source but the last is at least 5 MiB), else a streamed copy; then enter it in its owner's
+    file index."""
     with storage_errors_translated():
         composable = isinstance(storage, SupportsCompose) and Capability.COMPOSE in storage.capabilities
         if composable and Capability.MULTIPART in storage.capabilities:
@@ -48,6 +68,7 @@ async def publish_composed(storage: Storage, record: FileRecord, sources: list[s
         if composable and sources:
             assert isinstance(storage, SupportsCompose)
             await storage.compose(object_key(record.id), sources, record.to_metadata())
+            await index_file(storage, record)
             return
         async with storage.create(object_key(record.id), size_hint=record.size) as writer:
             for source in sources:
@@ -55,3 +76,4 @@ async def publish_composed(storage: Storage, record: FileRecord, sources: list[s
                     async for piece in reader.read():
                         await writer.write(piece)
             await writer.commit(record.to_metadata())
+    await index_file(storage, record)

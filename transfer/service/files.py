@@ -28,6 +28,7 @@ from transfer.core.mime import is_active_type, is_compressible, is_media_type
 from transfer.core.naming import content_disposition
 from transfer.core.signing import UrlSigner, require_signed_path
 from transfer.errors import (
+    InvalidCursor,
     InvalidRequest,
     MethodNotAllowed,
     NotFound,
@@ -36,13 +37,17 @@ from transfer.errors import (
     storage_errors_translated,
 )
 from transfer.service.backends import load_signing_keys
+from transfer.service.documents import index_file, unindex_file
 from transfer.service.ingest import UploadRequest, ingest
-from transfer.service.records import FileRecord, is_file_id, new_file_id, object_key
+from transfer.service.records import FileRecord, is_file_id, new_file_id, object_key, owner_files_prefix
 from transfer.settings import MAX_URL_TTL, Settings
 
 log = logging.getLogger("transfer.files")
 
 CONTENT_PATH = "/v1/files/{file_id}/content"
+LIST_DEFAULT = 100
+LIST_MAX = 1000
+_CURSOR_TAG = "f1:"  # inside the opaque cursor: which listing it belongs to, and its version
 
 
 def content_path(file_id: str) -> str:
@@ -61,6 +66,34 @@ class Download:
         if self.reader is not None:
             await self.reader.close()
             self.reader = None
+
+
+@dataclass(frozen=True, slots=True)
+class FilePage:
+    """One page of a listing: the records in file-id order and the cursor of the next page (None: the end)."""
+
+    records: list[FileRecord]
+    next_cursor: str | None
+
+
+def encode_cursor(file_id: str) -> str:
+    """The opaque cursor that resumes a listing after ``file_id``."""
+    return pybase64.urlsafe_b64encode((_CURSOR_TAG + file_id).encode("ascii")).decode("ascii").rstrip("=")
+
+
+def decode_cursor(cursor: str) -> str:
+    """The file id a cursor resumes after; InvalidCursor for anything :func:`encode_cursor` did not make."""
+    try:
+        if len(cursor) > 64:
+            raise ValueError
+        padded = cursor + "=" * (-len(cursor) % 4)
+        raw = pybase64.b64decode(padded, altchars=b"-_", validate=True).decode("ascii")
+    except (ValueError, UnicodeDecodeError):
+        raw = ""
+    file_id = raw.removeprefix(_CURSOR_TAG)
+    if not raw.startswith(_CURSOR_TAG) or not is_file_id(file_id):
+        raise InvalidCursor("cursor is not one this listing handed out; start again without it", field="cursor")
+    return file_id
 
 
 class FileService:
@@ -105,7 +138,7 @@ class FileService:
         if request.description is not None and len(request.description) > s.max_description_length:
             raise InvalidRequest(f"description longer than {s.max_description_length} characters")
         with storage_errors_translated():
-            return await ingest(
+            record = await ingest(
                 self.storage,
                 body,
                 request,
@@ -117,6 +150,8 @@ class FileService:
                 zstd_level=s.zstd_level,
                 now=self._now,
             )
+        await index_file(self.storage, record)
+        return record
 
     async def record(self, file_id: str, caller: Grant) -> FileRecord:
         """The record of a file the caller may see (its own; any for admin); NotFound otherwise, whether or not
@@ -135,31 +170,74 @@ class FileService:
 
     async def delete(self, file_id: str, caller: Grant) -> None:
         """Delete a file; its signed URLs stop working at once. Deleting a missing file is NotFound."""
-        await self.record(file_id, caller)
+        record = await self.record(file_id, caller)
         with storage_errors_translated():
             await self.storage.delete(object_key(file_id))
+        await unindex_file(self.storage, record)  # after: a crash in between leaves an entry the listing skips
 
-    async def list(self, caller: Grant, limit: int = 1000) -> list[FileRecord]:
-        """Up to ``limit`` stored files the caller may see (its own; all for admin). An object whose record cannot
-        be read or would not make a valid descriptor (written by an older version, or by hand) is skipped with a
-        log line: one bad record must not take the listing down for everyone."""
-        out: list[FileRecord] = []
+    async def list(self, caller: Grant, limit: int = LIST_DEFAULT, cursor: str | None = None) -> FilePage:
+        """A page of at most ``limit`` (1..1000) stored files the caller may see, in file-id order, after the file
+        ``cursor`` names (an opaque value from a previous page's ``next_cursor``). A key reads its own file index
+        (``owners/<key hash>/files/``); admin and open mode read ``files/``; either way one page costs one listing
+        of ``limit + 1`` keys plus the page's records, whatever else is stored. Files deleted while paging are
+        skipped, files stored meanwhile appear if their id sorts after the cursor. An object whose record cannot be
+        read or would not make a valid descriptor (written by an older version, or by hand) is skipped with a log
+        line: one bad record must not take the listing down for everyone."""
+        if not 1 <= limit <= LIST_MAX:
+            raise InvalidRequest(f"limit must be 1 to {LIST_MAX}", field="limit")
+        after = None if cursor is None else decode_cursor(cursor)
+        if caller.is_admin:
+            prefix = "files/"
+        else:
+            assert caller.owner is not None  # a caller that is not admin has a key
+            prefix = owner_files_prefix(caller.owner)
         with storage_errors_translated():
-            async for info in self.storage.list("files/"):
-                try:
-                    record = FileRecord.from_metadata(info.metadata)
-                except StorageUnavailable:
-                    log.warning("listing skips %s: it has no readable file record", info.key)
-                    continue
-                if not caller.sees(record.owner):
-                    continue
-                if not is_media_type(record.content_type):
-                    log.warning("listing skips %s: its stored media type is not valid", info.key)
-                    continue
-                out.append(record)
-                if len(out) >= limit:
-                    break
-        return out
+            infos = [
+                info
+                async for info in self.storage.list(
+                    prefix,
+                    start_after=None if after is None else prefix + after,
+                    limit=limit + 1,  # one more than the page: tells whether another page follows
+                    metadata=caller.is_admin,
+                )
+            ]
+        more = len(infos) > limit
+        infos = infos[:limit]
+        ids = [info.key[len(prefix) :] for info in infos]
+        if caller.is_admin:
+            found: list[FileRecord | None] = [self._listed(info.key, info.metadata) for info in infos]
+        else:  # the index holds ids only: read each record (at once: on S3 each is a request)
+            found = list(await asyncio.gather(*(self._indexed(file_id, caller) for file_id in ids)))
+        records = [r for r in found if r is not None]
+        return FilePage(records, encode_cursor(ids[-1]) if more and ids else None)
+
+    async def _indexed(self, file_id: str, caller: Grant) -> FileRecord | None:
+        if not is_file_id(file_id):
+            return None
+        try:
+            record = await self.record(file_id, caller)
+        except NotFound:
+            return None  # deleted since it was indexed
+        except StorageUnavailable:
+            log.warning("listing skips %s: it has no readable file record", file_id)
+            return None
+        return self._listed(object_key(file_id), None, record)
+
+    def _listed(
+        self, key: str, metadata: Mapping[str, str] | None, record: FileRecord | None = None
+    ) -> FileRecord | None:
+        if record is None:
+            if not is_file_id(key.removeprefix("files/")):
+                return None
+            try:
+                record = FileRecord.from_metadata(metadata or {})
+            except StorageUnavailable:
+                log.warning("listing skips %s: it has no readable file record", key)
+                return None
+        if not is_media_type(record.content_type):
+            log.warning("listing skips %s: its stored media type is not valid", key)
+            return None
+        return record
 
     def signed_url(self, base_url: str, file_id: str, method: str, ttl: int) -> tuple[str, datetime]:
         return self.signed_url_for_path(base_url, content_path(file_id), method, ttl)

@@ -1,26 +1,28 @@
 """Open sessions per API key (chunked sessions and tus uploads together), counted through the storage backend so
 that every replica sees the same number.
 
-Each open session leaves a marker ``owners/<key hash>/<session id>``; the count is the number of markers, and only
-when it reaches the limit are the markers checked against their sessions (finished or expired ones are dropped).
-Two replicas racing for the last slot may both win it: the limit is exact to within the number of replicas.
+Each open session leaves a marker ``owners/<key hash>/sessions/<session id>``; the count is the number of markers, and
+only when it reaches the limit are the markers checked against their sessions (finished or expired ones are dropped).
+Counting lists only that key's folder and stops at the limit, so it costs at most ``limit`` entries (one LIST call on
+S3) whatever else is stored. Two replicas racing for the last slot may both win it: the limit is exact to within the
+number of replicas.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from storage.base import Storage
 from storage.errors import ObjectNotFound
 from transfer.errors import TooManySessions, storage_errors_translated
+from transfer.service.records import owner_folder
 
 IsOpen = Callable[[str], Awaitable[bool]]
 
 
 def _prefix(owner: str) -> str:
-    return f"owners/{hashlib.sha256(owner.encode('utf-8')).hexdigest()[:32]}/"
+    return f"{owner_folder(owner)}sessions/"
 
 
 class SessionQuota:
@@ -46,7 +48,7 @@ class SessionQuota:
             return
         prefix = _prefix(owner)
         with storage_errors_translated():
-            ids = [info.key[len(prefix) :] async for info in self.storage.list(prefix)]
+            ids = [info.key[len(prefix) :] async for info in self.storage.list(prefix, limit=self.limit)]
             if len(ids) >= self.limit:
                 still_open = 0
                 for sid in ids:

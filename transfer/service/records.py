@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 from collections.abc import Mapping
@@ -23,6 +24,17 @@ def new_file_id() -> str:
 def object_key(file_id: str) -> str:
     """The storage key of a file's bytes."""
     return f"files/{file_id}"
+
+
+def owner_folder(owner: str) -> str:
+    """``owners/<key hash>/``: what is kept per API key (open-session markers, the file index)."""
+    return f"owners/{hashlib.sha256(owner.encode('utf-8')).hexdigest()[:32]}/"
+
+
+def owner_files_prefix(owner: str) -> str:
+    """The per-key file index: one empty object ``owners/<key hash>/files/<file id>`` per file the key stored,
+    so listing a key's files reads that key's folder, in file-id order, not every file stored."""
+    return f"{owner_folder(owner)}files/"
 
 
 def is_file_id(value: str) -> bool:

@@ -295,23 +295,28 @@ class TPService:
         prefix = f"{MAILBOX}{identity_key(receiver)}/"
         now = self.clock()
         out: list[dict[str, Any]] = []
-        with storage_errors_translated():
-            keys = [(info.key, info.metadata) async for info in self.storage.list(prefix)]
-        for key, metadata in sorted(keys):
-            if len(out) >= limit:
-                break
-            try:
-                expired = float(metadata.get("expires", "0")) < now
-                if not expired:
+        after: str | None = None
+        # Keys sort by delivery time; read a page of at most what is still wanted, so a poll costs the messages it
+        # takes (plus expired ones it clears), however many others are stored.
+        while len(out) < limit:
+            want = limit - len(out)
+            with storage_errors_translated():
+                keys = [info.key async for info in self.storage.list(prefix, start_after=after, limit=want)]
+            for key in keys:
+                try:
                     async with await self.storage.open(key) as reader:
-                        raw = b"".join([piece async for piece in reader.read()])
-                await self.storage.delete(key)
-            except ObjectNotFound:
-                continue  # another poller took it
-            except StorageError as exc:
-                raise TransferError(f"mailbox read failed: {exc}") from exc
-            if not expired:
-                out.append(validate_envelope(json.loads(raw), raw).doc)
+                        expired = float(reader.info.metadata.get("expires", "0")) < now
+                        raw = b"" if expired else b"".join([piece async for piece in reader.read()])
+                    await self.storage.delete(key)
+                except ObjectNotFound:
+                    continue  # another poller took it
+                except StorageError as exc:
+                    raise TransferError(f"mailbox read failed: {exc}") from exc
+                if not expired:
+                    out.append(validate_envelope(json.loads(raw), raw).doc)
+            if len(keys) < want:
+                break
+            after = keys[-1]
         return out
 
     async def resource_topics(self, rid: str, caller: Grant) -> list[str]:

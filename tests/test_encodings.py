@@ -131,3 +131,16 @@ def test_coding_names() -> None:
 )
 def test_accept_encoding(accept: str | None, chosen: str | None) -> None:
     assert choose_response_coding(accept) == chosen
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 3, 4, 196607, 196608, 196609, (1 << 20) + 5])
+def test_base64_encoder_matches_the_standard_and_reuses_its_buffer(size: int) -> None:
+    import base64
+
+    from transfer.core.encodings import Base64Encoder
+
+    encoder = Base64Encoder()
+    data = os.urandom(size)
+    assert bytes(encoder.encode(data)) == base64.b64encode(data)
+    smaller = os.urandom(size // 2)
+    assert bytes(encoder.encode(memoryview(smaller))) == base64.b64encode(smaller)  # the same buffer, shorter view

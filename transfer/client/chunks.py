@@ -22,6 +22,7 @@ import xxhash
 
 from transfer.core.content import FileContent, checksum_hex
 from transfer.errors import (
+    ChecksumMismatch,
     ChunkChecksumMismatch,
     ChunkNotReady,
     InvalidDescriptor,
@@ -199,14 +200,6 @@ def _state_key(path: Path, server: str) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:32]
 
 
-def _file_sha256(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            sha.update(chunk)
-    return sha.hexdigest()
-
-
 async def upload_chunked(
     http: httpx.AsyncClient,
     server: str,
@@ -223,7 +216,6 @@ async def upload_chunked(
     and complete it. Returns the completed descriptor (JSON). ``on_session`` is told the session (its document
     when opened, its status when resumed) before any chunk is sent, so that readers can start following it."""
     size = path.stat().st_size
-    sha = await asyncio.to_thread(_file_sha256, path)
     state_file = remember / f"{_state_key(path, server)}.json" if remember else None
     sid: str | None = None
     if state_file is not None and state_file.exists():
@@ -234,7 +226,10 @@ async def upload_chunked(
         if response.status_code == 200 and response.json().get("state") == "open":
             status = response.json()
     if status is None:
-        body = {"size": size, "checksum": "sha256:" + sha, "chunk_size": chunk_size, **(metadata or {})}
+        # no checksum declared: reading the whole file first to hash it would cost a full pass before the first
+        # byte leaves; the file is hashed in order while its chunks are sent and compared with the server's SHA-256
+        # of the assembled chunks when the session completes (each chunk is verified on arrival by its xxh3-128)
+        body = {"size": size, "chunk_size": chunk_size, **(metadata or {})}
         response = await http.post(f"{server}/v1/sessions", json={k: v for k, v in body.items() if v is not None})
         if response.status_code != 201:
             raise _error_from(response)
@@ -255,29 +250,54 @@ async def upload_chunked(
     if progress:
         progress(sent, size)
     slots = asyncio.Semaphore(options.connections)
+    sha = hashlib.sha256()
+    ready: dict[int, bytes] = {}  # chunks read for sending, waiting for the hash to reach them
+    next_to_hash = 0
+    hashing = asyncio.Lock()
+
+    async def hash_in_order() -> None:
+        """Advance the whole-file hash over every chunk now available, in order: chunks read for sending from
+        memory, chunks the server already holds (a resumed session) from the file."""
+        nonlocal next_to_hash
+        async with hashing:
+            while next_to_hash < total:
+                if next_to_hash in ready:
+                    data = ready.pop(next_to_hash)
+                elif next_to_hash in stored:
+                    start = next_to_hash * cs
+                    data = await asyncio.to_thread(_pread_file, path, start, min(cs, size - start))
+                else:
+                    return
+                await asyncio.to_thread(sha.update, data)
+                next_to_hash += 1
 
     async def send(index: int) -> None:
         nonlocal sent
         async with slots:
             length = min(cs, size - index * cs)
             data = await asyncio.to_thread(_pread_file, path, index * cs, length)
-            header = {"chunk-checksum": "xxh3-128:" + xxhash.xxh3_128_hexdigest(data)}
-            attempt = 0
-            while True:
-                try:
-                    response = await http.put(
-                        f"{server}/v1/sessions/{sid}/chunks/{index}", content=data, headers=header
-                    )
-                    if response.status_code >= 500:
-                        raise RemoteError(f"server answered {response.status_code}")
-                    if response.status_code >= 400:
-                        raise _error_from(response)
-                    break
-                except (httpx.TransportError, RemoteError) as exc:
-                    attempt += 1
-                    if attempt > options.retries:
-                        raise RemoteError(f"chunk {index} failed after {options.retries} retries: {exc}") from exc
-                    await asyncio.sleep(min(0.1 * 2**attempt, 5.0))
+            ready[index] = data
+            hasher = asyncio.create_task(hash_in_order())  # overlaps the PUT
+            try:
+                header = {"chunk-checksum": "xxh3-128:" + xxhash.xxh3_128_hexdigest(data)}
+                attempt = 0
+                while True:
+                    try:
+                        response = await http.put(
+                            f"{server}/v1/sessions/{sid}/chunks/{index}", content=data, headers=header
+                        )
+                        if response.status_code >= 500:
+                            raise RemoteError(f"server answered {response.status_code}")
+                        if response.status_code >= 400:
+                            raise _error_from(response)
+                        break
+                    except (httpx.TransportError, RemoteError) as exc:
+                        attempt += 1
+                        if attempt > options.retries:
+                            raise RemoteError(f"chunk {index} failed after {options.retries} retries: {exc}") from exc
+                        await asyncio.sleep(min(0.1 * 2**attempt, 5.0))
+            finally:
+                await hasher
         sent += length
         if progress:
             progress(sent, size)
@@ -289,12 +309,24 @@ async def upload_chunked(
                     tg.create_task(send(index))
     except BaseExceptionGroup as group:
         raise _first(group) from None
+    await hash_in_order()  # chunks stored before a resume, after the last one sent now
+    if next_to_hash != total:
+        raise SizeMismatch(f"hashed {next_to_hash} of {total} chunks")
+    local = sha.hexdigest()
     response = await http.post(f"{server}/v1/sessions/{sid}/complete", json={})
     if response.status_code != 200:
         raise _error_from(response)
     descriptor: dict[str, Any] = response.json()
-    if checksum_hex(descriptor.get("checksum", "0" * 64)) != sha:
-        raise RemoteError("the completed file's checksum differs from the local file's")
+    remote = descriptor.get("checksum")
+    if remote is None or checksum_hex(remote) != local:
+        file_id = (descriptor.get("metadata") or {}).get("file_id")
+        if file_id:  # what the server assembled is not this file (it changed while being sent): withdraw it
+            await http.delete(f"{server}/v1/files/{file_id}")
+        raise ChecksumMismatch(
+            "the completed file's SHA-256 differs from the local file's (was the file changed while uploading?)",
+            expected="sha256:" + local,
+            actual=str(remote),
+        )
     if state_file is not None:
         state_file.unlink(missing_ok=True)
     return descriptor

@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from storage.base import Storage, SupportsAbandonedUploads
 from storage.errors import StorageError
 from transfer import __version__
+from transfer.api.authorized import add_authorized_routes
 from transfer.api.bundles import add_bundle_routes
 from transfer.api.caller import caller_of
 from transfer.api.jobs import add_job_routes
@@ -49,6 +50,7 @@ from transfer.errors import (
     from_storage_error,
     storage_errors_translated,
 )
+from transfer.service.authorizations import Authorizations
 from transfer.service.container import Services
 from transfer.service.ingest import UploadRequest
 from transfer.service.progress import counted
@@ -294,6 +296,7 @@ def create_app(
     add_bundle_routes(app, services.bundles, base_url, needs)
     add_tus_routes(app, tus, service, base_url, needs)
     add_resumable_routes(app, tus, service, base_url, needs)
+    add_authorized_routes(app, Authorizations(service), base_url)
     add_job_routes(app, services, base_url, needs)
     add_tp_routes(app, services, auth, base_url)
     add_a2a_routes(app, services, auth, base_url)

@@ -1,0 +1,182 @@
+"""Upload and download authorisations (shaped after MCP SEP-2631 ``files/authorizeUpload`` /
+``files/authorizeDownload``): a caller asks for a place to put a file, or a way to fetch one, and gets an expiring
+URL, the method and header fields to use and the size limit. The bytes never travel inside the asking protocol.
+
+An upload authorisation is one record in the storage backend::
+
+    authz/<id>/grant.json     owner, name, content type, size limit, start deadline, keep-until
+    authz/<id>/result.json    the stored file's id, created if-absent by the one PUT that succeeded
+
+Two expiries: the signed PUT URL must be *started* before ``start_by`` (short: a leaked URL is soon worthless); the
+authorisation and its result are kept until ``keep_until`` (longer: time to upload a large file and confirm it).
+The PUT streams through :meth:`FileService.upload` (hashing, size limit, atomic publish), so the file is published
+only once complete, and ``confirm`` answers its descriptor with the SHA-256.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from transfer.core.auth import TRUSTED, Grant
+from transfer.core.mime import require_media_type
+from transfer.core.naming import sanitize_filename
+from transfer.errors import Conflict, Gone, InvalidRequest, NotFound, TooLarge
+from transfer.service.documents import read_document, write_document
+from transfer.service.files import FileService
+from transfer.service.ingest import UploadRequest
+
+START_TTL = 15 * 60  # seconds to start the PUT (default; at most ``MAX_START_TTL``)
+MAX_START_TTL = 3600
+KEEP_TTL = 24 * 3600  # seconds the authorisation and its result are kept
+
+
+def new_authorization_id() -> str:
+    return "az_" + secrets.token_hex(16)
+
+
+def is_authorization_id(value: str) -> bool:
+    return value.startswith("az_") and len(value) == 35 and all(c in "0123456789abcdef" for c in value[3:])
+
+
+def upload_path(aid: str) -> str:
+    return f"/v1/authorized/{aid}"
+
+
+@dataclass(frozen=True, slots=True)
+class UploadGrant:
+    id: str
+    owner: str | None
+    name: str | None
+    content_type: str | None
+    max_size: int
+    start_by: int
+    keep_until: int
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def _bounded(body: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    received = 0
+    async for piece in body:
+        received += len(piece)
+        if received > limit:
+            raise TooLarge(f"the body is larger than the authorised {limit} bytes", limit=limit)
+        yield piece
+
+
+class Authorizations:
+    """Upload/download authorisations over the one FileService (state in its storage backend: any replica)."""
+
+    def __init__(self, files: FileService) -> None:
+        self.files = files
+        self.storage = files.storage
+
+    async def authorize_upload(
+        self,
+        caller: Grant,
+        base_url: str,
+        *,
+        name: str | None = None,
+        content_type: str | None = None,
+        max_size: int | None = None,
+        start_ttl: int | None = None,
+    ) -> dict[str, Any]:
+        """A new upload authorisation for the caller's key: where to PUT, until when, how much."""
+        limit = self.files.settings.max_upload_size
+        if max_size is not None and not 0 < max_size <= limit:
+            raise InvalidRequest(f"max_size must be between 1 and {limit}", limit=limit)
+        if content_type is not None:
+            require_media_type(content_type, "content_type")
+        if start_ttl is not None and not 0 < start_ttl <= MAX_START_TTL:
+            raise InvalidRequest(f"start_ttl must be between 1 and {MAX_START_TTL} seconds")
+        now = int(self.files.clock())
+        grant = UploadGrant(
+            id=new_authorization_id(),
+            owner=caller.owner,
+            name=sanitize_filename(name, default="upload") if name else None,
+            content_type=content_type,
+            max_size=max_size or limit,
+            start_by=now + (start_ttl or START_TTL),
+            keep_until=now + KEEP_TTL,
+        )
+        await write_document(self.storage, f"authz/{grant.id}/grant.json", asdict(grant), if_absent=True)
+        url, _ = self.files.signed_url_for_path(base_url, upload_path(grant.id), "PUT", grant.start_by - now)
+        headers = {"content-type": content_type or "application/octet-stream"}
+        return {
+            "authorization_id": grant.id,
+            "upload": {"url": url, "method": "PUT", "headers": headers, "expires_at": _iso(grant.start_by)},
+            "max_size": grant.max_size,
+            "expires_at": _iso(grant.keep_until),
+        }
+
+    async def _grant(self, aid: str) -> UploadGrant:
+        if not is_authorization_id(aid):
+            raise NotFound(f"no authorization {aid!r}")
+        try:
+            doc = await read_document(self.storage, f"authz/{aid}/grant.json")
+        except NotFound:
+            raise NotFound(f"no authorization {aid!r}") from None
+        grant = UploadGrant(**doc)
+        if self.files.clock() >= grant.keep_until:
+            raise Gone(f"authorization {aid} has expired")
+        return grant
+
+    async def receive(self, aid: str, query: str, body: AsyncIterator[bytes], *, content_length: int | None) -> str:
+        """The PUT of a signed upload URL (the URL is the capability: no key): verify the signature and the start
+        deadline (``url_expired`` after it), stream the body into a new file, record it. One PUT succeeds per
+        authorisation; a second is refused and its file removed. Returns the new file's id."""
+        self.files.signer.verify("PUT", upload_path(aid), query, self.files.clock())
+        grant = await self._grant(aid)
+        if content_length is not None and content_length > grant.max_size:
+            raise TooLarge(f"Content-Length {content_length} exceeds the authorised {grant.max_size} bytes")
+        request = UploadRequest(
+            name=grant.name, content_type=grant.content_type, owner=grant.owner, declared_length=content_length
+        )
+        record = await self.files.upload(_bounded(body, grant.max_size), request)
+        try:
+            await write_document(self.storage, f"authz/{aid}/result.json", {"file_id": record.id}, if_absent=True)
+        except Conflict:  # the storage's ObjectExists: another PUT won
+            await self.files.delete(record.id, TRUSTED)
+            raise Conflict(f"authorization {aid} was already used") from None
+        return record.id
+
+    async def descriptor(self, file_id: str, base_url: str) -> dict[str, Any]:
+        """The url-mode descriptor of a file an authorisation received (its owner was checked by the caller)."""
+        record = await self.files.record(file_id, TRUSTED)
+        return (await self.files.describe(record, base_url, inline=False)).to_json()
+
+    async def confirm(self, aid: str, caller: Grant, base_url: str) -> dict[str, Any]:
+        """The descriptor (with its SHA-256) of the file an authorisation received; Conflict while nothing is."""
+        grant = await self._grant(aid)
+        if not caller.sees(grant.owner):
+            raise NotFound(f"no authorization {aid!r}")
+        try:
+            result = await read_document(self.storage, f"authz/{aid}/result.json")
+        except NotFound:
+            raise Conflict(f"nothing was uploaded to authorization {aid} yet", start_by=_iso(grant.start_by)) from None
+        return await self.descriptor(str(result["file_id"]), base_url)
+
+    async def authorize_download(
+        self, file_id: str, caller: Grant, base_url: str, *, ttl: int | None = None
+    ) -> dict[str, Any]:
+        """An expiring GET URL for one of the caller's files, with its size and SHA-256 to check."""
+        record = await self.files.record(file_id, caller)
+        url, expires = self.files.signed_url(base_url, record.id, "GET", min(ttl or START_TTL, MAX_START_TTL))
+        return {
+            "download": {
+                "url": url,
+                "method": "GET",
+                "headers": {},
+                "expires_at": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            },
+            "size": record.size,
+            "checksum": "sha256:" + record.sha256,
+            "content_type": record.content_type,
+            "name": record.name,
+        }

@@ -30,6 +30,13 @@ def live(tmp_path: Path, clock: Clock) -> Iterator[LiveServer]:
         yield server
 
 
+@pytest.fixture
+def on_s3(tmp_path: Path, s3_env: dict[str, str]) -> Iterator[LiveServer]:
+    settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"}, storage="s3")
+    with running(settings) as server:
+        yield server
+
+
 async def _pieces(seed: bytes, total: int, sha: Any) -> AsyncIterator[bytes]:
     block = hashlib.sha256(seed).digest() * (1 << 15)  # 1 MiB, not all the same byte
     sent = 0
@@ -94,3 +101,36 @@ async def test_expired_or_oversized_or_tampered_authorization_is_refused(live: L
         unknown = tool_error(await client.call_tool("authorize_download", {"file_id": "f_" + "0" * 32}))
         assert unknown["code"] == "not_found"
     assert not [name for name in live.objects() if name.startswith("files/")]
+
+
+@pytest.mark.s3
+async def test_on_s3_the_put_goes_to_the_bucket_and_confirm_publishes(
+    on_s3: LiveServer, s3_env: dict[str, str]
+) -> None:
+    size = 12 << 20
+    async with Client(f"{on_s3.url}/mcp") as client:
+        plan = structured(
+            await client.call_tool("authorize_upload", {"name": "direct.bin", "max_size": size, "start_ttl": 600})
+        )
+        assert plan["direct"] is True
+        assert plan["upload"]["url"].startswith(s3_env["TRANSFER_S3_ENDPOINT_URL"])  # not the service's address
+        sent = hashlib.sha256()
+        async with httpx.AsyncClient(timeout=120) as http:
+            put = await http.put(
+                plan["upload"]["url"], headers=plan["upload"]["headers"], content=_pieces(b"s3", size, sent)
+            )
+        assert put.status_code == 200, put.text
+        confirmed = structured(await client.call_tool("confirm_upload", {"authorization_id": plan["authorization_id"]}))
+        assert confirmed["checksum"] == "sha256:" + sent.hexdigest() and confirmed["size"] == size
+        again = structured(await client.call_tool("confirm_upload", {"authorization_id": plan["authorization_id"]}))
+        assert again["metadata"] == confirmed["metadata"]  # one file, whichever confirm came first
+        fetch = structured(await client.call_tool("authorize_download", {"file_id": confirmed["metadata"]["file_id"]}))
+        got = httpx.get(fetch["download"]["url"], timeout=120)
+        assert hashlib.sha256(got.content).hexdigest() == sent.hexdigest()
+
+        small = structured(await client.call_tool("authorize_upload", {"max_size": 10}))
+        assert (
+            httpx.put(small["upload"]["url"], headers=small["upload"]["headers"], content=b"x" * 11).status_code == 200
+        )
+        over = tool_error(await client.call_tool("confirm_upload", {"authorization_id": small["authorization_id"]}))
+        assert over["code"] == "payload_too_large"  # checked before anything is published

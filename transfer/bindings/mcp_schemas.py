@@ -101,6 +101,7 @@ class UploadAuthorization(_Result):
     upload: HttpRequestPlan
     max_size: int = Field(description="largest body the URL accepts, in bytes")
     expires_at: str = Field(description="RFC 3339: confirm_upload answers until then")
+    direct: bool = Field(description="the URL is the storage bucket's own: confirm_upload verifies and publishes")
 
 
 class DownloadAuthorization(_Result):
@@ -299,7 +300,8 @@ def tool_texts(*, inline: int, message: int, file_tools: bool) -> dict[str, tupl
         "authorize_upload": (
             "Get a place to put a file without sending its bytes through MCP: an expiring signed URL, the method "
             "(PUT) and header fields to use, and the size limit. Upload with any HTTP client before upload.expires_at;"
-            " the PUT answers the file's descriptor, and confirm_upload answers it later (with its SHA-256).",
+            " then call confirm_upload for the file's descriptor (with its SHA-256). When direct is true the URL is "
+            "the storage bucket's own and confirm_upload is what verifies and publishes the file.",
             _hints(),
         ),
         "confirm_upload": (

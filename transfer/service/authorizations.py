@@ -5,29 +5,38 @@ URL, the method and header fields to use and the size limit. The bytes never tra
 An upload authorisation is one record in the storage backend::
 
     authz/<id>/grant.json     owner, name, content type, size limit, start deadline, keep-until
-    authz/<id>/result.json    the stored file's id, created if-absent by the one PUT that succeeded
+    authz/<id>/result.json    the stored file's id, created if-absent by the one PUT (or confirm) that succeeded
+    authz/<id>/object         on a backend with presigned PUTs (S3): where the client's PUT lands
 
 Two expiries: the signed PUT URL must be *started* before ``start_by`` (short: a leaked URL is soon worthless); the
 authorisation and its result are kept until ``keep_until`` (longer: time to upload a large file and confirm it).
-The PUT streams through :meth:`FileService.upload` (hashing, size limit, atomic publish), so the file is published
-only once complete, and ``confirm`` answers its descriptor with the SHA-256.
+Where the backend presigns PUTs (S3), the URL is the bucket's own: the bytes never pass through the service, and
+``confirm`` checks the size, hashes the object by reading it back, and publishes it by a server-side copy. Elsewhere
+(local storage) the URL is the service's ``PUT /v1/authorized/{id}``, signed like a download URL, which streams
+through :meth:`FileService.upload` (hashing, size limit, atomic publish). Either way nothing is published before its
+SHA-256 is known, and ``confirm`` answers the descriptor with it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from storage.base import Capability, SupportsPresignPut
 from transfer.core.auth import TRUSTED, Grant
+from transfer.core.content import ContentEncoding
 from transfer.core.mime import require_media_type
-from transfer.core.naming import sanitize_filename
-from transfer.errors import Conflict, Gone, InvalidRequest, NotFound, TooLarge
-from transfer.service.documents import read_document, write_document
+from transfer.core.naming import resolve_content_type, sanitize_filename
+from transfer.errors import Conflict, Gone, InvalidRequest, NotFound, TooLarge, storage_errors_translated
+from transfer.service.documents import publish_composed, read_document, write_document
 from transfer.service.files import FileService
 from transfer.service.ingest import UploadRequest
+from transfer.service.records import FileRecord
 
 START_TTL = 15 * 60  # seconds to start the PUT (default; at most ``MAX_START_TTL``)
 MAX_START_TTL = 3600
@@ -40,6 +49,10 @@ def new_authorization_id() -> str:
 
 def is_authorization_id(value: str) -> bool:
     return value.startswith("az_") and len(value) == 35 and all(c in "0123456789abcdef" for c in value[3:])
+
+
+def _staged(aid: str) -> str:
+    return f"authz/{aid}/object"
 
 
 def upload_path(aid: str) -> str:
@@ -106,14 +119,28 @@ class Authorizations:
             keep_until=now + KEEP_TTL,
         )
         await write_document(self.storage, f"authz/{grant.id}/grant.json", asdict(grant), if_absent=True)
-        url, _ = self.files.signed_url_for_path(base_url, upload_path(grant.id), "PUT", grant.start_by - now)
         headers = {"content-type": content_type or "application/octet-stream"}
+        if self.direct:
+            # straight to the bucket: the service never sees the bytes; confirm_upload verifies and publishes
+            assert isinstance(self.storage, SupportsPresignPut)
+            with storage_errors_translated():
+                url = await self.storage.presign_put(
+                    _staged(grant.id), expires_in=grant.start_by - now, content_type=headers["content-type"]
+                )
+        else:
+            url, _ = self.files.signed_url_for_path(base_url, upload_path(grant.id), "PUT", grant.start_by - now)
         return {
             "authorization_id": grant.id,
             "upload": {"url": url, "method": "PUT", "headers": headers, "expires_at": _iso(grant.start_by)},
             "max_size": grant.max_size,
             "expires_at": _iso(grant.keep_until),
+            "direct": self.direct,
         }
+
+    @property
+    def direct(self) -> bool:
+        """Whether uploads go straight to the backend (presigned PUT) rather than through the service."""
+        return isinstance(self.storage, SupportsPresignPut) and Capability.PRESIGN in self.storage.capabilities
 
     async def _grant(self, aid: str) -> UploadGrant:
         if not is_authorization_id(aid):
@@ -159,8 +186,62 @@ class Authorizations:
         try:
             result = await read_document(self.storage, f"authz/{aid}/result.json")
         except NotFound:
-            raise Conflict(f"nothing was uploaded to authorization {aid} yet", start_by=_iso(grant.start_by)) from None
+            if not self.direct:
+                raise Conflict(
+                    f"nothing was uploaded to authorization {aid} yet", start_by=_iso(grant.start_by)
+                ) from None
+            return await self.descriptor(await self._publish_staged(grant), base_url)
         return await self.descriptor(str(result["file_id"]), base_url)
+
+    async def _publish_staged(self, grant: UploadGrant) -> str:
+        """Verify and publish what a presigned PUT left in the bucket: its size against the limit, its SHA-256 by
+        streaming it back inside the service's network (S3 keeps no whole-object SHA-256 of a plain PUT that we
+        could trust without the client's declaration), then a server-side copy under the file's name. The file id
+        follows from the authorisation id, so two confirms publish the same file once."""
+        staged = _staged(grant.id)
+        try:
+            with storage_errors_translated():
+                info = await self.storage.stat(staged)
+        except NotFound:
+            raise Conflict(
+                f"nothing was uploaded to authorization {grant.id} yet", start_by=_iso(grant.start_by)
+            ) from None
+        if info.size > grant.max_size:
+            with storage_errors_translated():
+                await self.storage.delete(staged)
+            raise TooLarge(f"the upload is {info.size} bytes, more than the authorised {grant.max_size}")
+        sha = hashlib.sha256()
+        head = bytearray()
+        with storage_errors_translated():
+            async with await self.storage.open(staged) as reader:
+                async for piece in reader.read():
+                    await asyncio.to_thread(sha.update, piece)
+                    if len(head) < 4096:
+                        head += piece[: 4096 - len(head)]
+        content_type = await asyncio.to_thread(
+            resolve_content_type, bytes(head), grant.name, declared=grant.content_type, hinted=None
+        )
+        file_id = "f_" + grant.id[3:]
+        record = FileRecord(
+            id=file_id,
+            name=grant.name or file_id,
+            content_type=content_type,
+            size=info.size,
+            sha256=sha.hexdigest(),
+            encoding=ContentEncoding.NONE,
+            encoded_size=info.size,
+            encoded_sha256=sha.hexdigest(),
+            created_at=datetime.fromtimestamp(self.files.clock(), UTC).replace(microsecond=0),
+            owner=grant.owner,
+        )
+        await publish_composed(self.storage, record, [staged])
+        try:
+            await write_document(self.storage, f"authz/{grant.id}/result.json", {"file_id": file_id}, if_absent=True)
+        except Conflict:
+            pass  # a concurrent confirm recorded the same file id
+        with storage_errors_translated():
+            await self.storage.delete(staged)
+        return file_id
 
     async def authorize_download(
         self, file_id: str, caller: Grant, base_url: str, *, ttl: int | None = None

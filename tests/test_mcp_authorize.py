@@ -16,6 +16,7 @@ from mcp import Client
 
 from tests.conftest import Clock, LiveServer, running
 from tests.test_mcp import structured, tool_error
+from transfer.service.authorizations import Authorizations
 from transfer.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -100,6 +101,11 @@ async def test_expired_or_oversized_or_tampered_authorization_is_refused(live: L
         assert late.status_code == 403 and late.json()["error"]["code"] == "url_expired"
         unknown = tool_error(await client.call_tool("authorize_download", {"file_id": "f_" + "0" * 32}))
         assert unknown["code"] == "not_found"
+        clock.advance(24 * 3600)  # past the authorisation's life: the sweep removes its record
+        swept = await Authorizations(live.app.state.services.files).sweep_authorizations()
+        assert swept == 1
+        gone = tool_error(await client.call_tool("confirm_upload", {"authorization_id": plan["authorization_id"]}))
+        assert gone["code"] == "not_found"
     assert not [name for name in live.objects() if name.startswith("files/")]
 
 

@@ -216,6 +216,7 @@ def create_app(
 
     sessions = services.sessions
     tus = services.tus
+    authorizations = Authorizations(service)
 
     async def sweep_sessions() -> None:
         while True:
@@ -223,6 +224,7 @@ def create_app(
             try:
                 await sessions.collect_garbage()
                 await tus.collect_garbage()
+                await authorizations.sweep_authorizations()
                 if isinstance(service.storage, SupportsAbandonedUploads):
                     with storage_errors_translated():
                         aborted = await service.storage.abort_abandoned_uploads(settings.s3_abandoned_upload_age)
@@ -296,7 +298,7 @@ def create_app(
     add_bundle_routes(app, services.bundles, base_url, needs)
     add_tus_routes(app, tus, service, base_url, needs)
     add_resumable_routes(app, tus, service, base_url, needs)
-    add_authorized_routes(app, Authorizations(service), base_url)
+    add_authorized_routes(app, authorizations, base_url)
     add_job_routes(app, services, base_url, needs)
     add_tp_routes(app, services, auth, base_url)
     add_a2a_routes(app, services, auth, base_url)

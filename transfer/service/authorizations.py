@@ -261,3 +261,26 @@ class Authorizations:
             "content_type": record.content_type,
             "name": record.name,
         }
+
+    async def sweep_authorizations(self) -> int:
+        """Delete what expired authorisations left (their record, result and any staged object that was never
+        confirmed); published files stay. Returns how many authorisations were removed."""
+        now = self.files.clock()
+        keys: dict[str, list[str]] = {}
+        with storage_errors_translated():
+            async for info in self.storage.list("authz/"):
+                keys.setdefault(info.key.split("/")[1], []).append(info.key)
+        removed = 0
+        for aid, owned in keys.items():
+            try:
+                doc = await read_document(self.storage, f"authz/{aid}/grant.json")
+                expired = now >= float(doc["keep_until"])
+            except NotFound:
+                expired = True  # a staged object or result without its record
+            if not expired:
+                continue
+            with storage_errors_translated():
+                for key in owned:
+                    await self.storage.delete(key)
+            removed += 1
+        return removed

@@ -192,6 +192,19 @@ class SupportsAbandonedUploads(Protocol):
 
 
 @runtime_checkable
+class SupportsPresignPut(Protocol):
+    """With capability PRESIGN: a URL the backend itself accepts one PUT of ``key`` at, for ``expires_in`` seconds,
+    so that bytes go straight to the backend. The object appears under ``key`` as sent (no metadata of ours)."""
+
+    async def presign_put(
+        self, key: str, *, expires_in: int, content_type: str | None = None, content_length: int | None = None
+    ) -> str:
+        """A PUT URL valid for ``expires_in`` seconds (the backend may cap it); ``content_type`` and
+        ``content_length``, when given, are signed: the request must send exactly those header fields."""
+        ...
+
+
+@runtime_checkable
 class SupportsPresign(Protocol):
     """Capability PRESIGN: a URL the backend itself serves, valid for ``expires_in`` seconds."""
 

@@ -533,6 +533,25 @@ class S3Storage:
             kwargs.pop("StartAfter", None)
             kwargs["ContinuationToken"] = token
 
+    async def presign_put(
+        self, key: str, *, expires_in: int, content_type: str | None = None, content_length: int | None = None
+    ) -> str:
+        """A presigned PUT URL for ``key`` (one PutObject, up to 5 GiB), valid for ``expires_in`` seconds (capped at
+        7 days); the given Content-Type and Content-Length are part of the signature."""
+        expires_in = min(expires_in, MAX_PRESIGN_SECONDS)
+        # the metadata half first (empty): the object is then an ordinary one of this backend the moment the PUT
+        # lands, and until it does, stat() finds no bytes and says ObjectNotFound; delete() removes both halves
+        await self.put_meta(key, {"metadata": {}})
+        params: dict[str, Any] = {"Bucket": self.config.bucket, "Key": self.data_key(key)}
+        if content_type:
+            params["ContentType"] = content_type
+        if content_length is not None:
+            params["ContentLength"] = content_length
+        url: str = await self.call(
+            "presigning a URL", self.client.generate_presigned_url, "put_object", Params=params, ExpiresIn=expires_in
+        )
+        return url
+
     async def presign_get(
         self,
         key: str,

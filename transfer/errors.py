@@ -17,6 +17,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── MalformedBody              400 malformed_body
     │   ├── UnsupportedEncoding        415 unsupported_encoding
     │   ├── HostNotAllowed             400 host_not_allowed      (Host not in the allow-list: URLs are built from it)
+    │   ├── InconsistentUploadLength   400 inconsistent_upload_length (IETF resumable upload: lengths disagree)
     │   ├── ChunkOutOfRange            400 chunk_out_of_range
     │   └── ChunkLengthMismatch        400 chunk_length_mismatch
     ├── IntegrityError                 422 integrity_error
@@ -50,6 +51,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── Conflict                       409 conflict
     │   ├── ChunkConflict              409 chunk_conflict        (other bytes already stored for that chunk)
     │   ├── SessionCompleted           409 session_completed
+    │   ├── UploadOffsetMismatch       409 upload_offset_mismatch (IETF resumable upload: detail expected/provided)
     │   └── SessionIncomplete          409 session_incomplete    (detail: missing chunk ranges)
     ├── Gone                           410 gone
     │   ├── SessionAborted             410 session_aborted
@@ -126,6 +128,12 @@ class InvalidDigestHeader(InvalidRequest):
 
 class ContentLengthMismatch(InvalidRequest):
     code = "content_length_mismatch"
+
+
+class InconsistentUploadLength(InvalidRequest):
+    """draft-ietf-httpbis-resumable-upload §4.1.3: two indications of an upload's length disagree."""
+
+    code = "inconsistent_upload_length"
 
 
 class MalformedBody(InvalidRequest):
@@ -327,6 +335,13 @@ class ChunkConflict(Conflict):
 
 class SessionCompleted(Conflict):
     code = "session_completed"
+
+
+class UploadOffsetMismatch(Conflict):
+    """draft-ietf-httpbis-resumable-upload §5.3.2: an append's ``Upload-Offset`` is not the upload's offset;
+    ``detail`` carries ``expected_offset`` and ``provided_offset``."""
+
+    code = "upload_offset_mismatch"
 
 
 class SessionIncomplete(Conflict):

@@ -21,12 +21,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from storage.base import Storage, SupportsAbandonedUploads
 from storage.errors import StorageError
 from transfer import __version__
+from transfer.api.authorized import add_authorized_routes
 from transfer.api.bundles import add_bundle_routes
 from transfer.api.caller import caller_of
 from transfer.api.jobs import add_job_routes
 from transfer.api.limits import ControlBodyLimit, HeaderLimit
 from transfer.api.multipart import file_part_stream, multipart_boundary
 from transfer.api.responses import AsciiJSONResponse
+from transfer.api.resumable import EXPOSED_HEADERS as RESUMABLE_HEADERS
+from transfer.api.resumable import add_resumable_routes, is_resumable_path, problem_response
 from transfer.api.sessions import add_session_routes
 from transfer.api.streaming import DownloadResponse, combined_headers, request_body
 from transfer.api.trust import BrowserPolicy, HostPolicy, TrustBoundary
@@ -47,6 +50,7 @@ from transfer.errors import (
     from_storage_error,
     storage_errors_translated,
 )
+from transfer.service.authorizations import Authorizations
 from transfer.service.container import Services
 from transfer.service.files import LIST_DEFAULT, LIST_MAX
 from transfer.service.ingest import UploadRequest
@@ -88,6 +92,8 @@ EXPOSED_HEADERS: tuple[str, ...] = (
     "upload-concat",
     "upload-defer-length",
     "upload-file-id",
+    # IETF resumable uploads (draft-ietf-httpbis-resumable-upload)
+    *RESUMABLE_HEADERS,
 )
 
 ERROR_SCHEMA: dict[str, Any] = {
@@ -211,6 +217,7 @@ def create_app(
 
     sessions = services.sessions
     tus = services.tus
+    authorizations = Authorizations(service)
 
     async def sweep_sessions() -> None:
         while True:
@@ -218,6 +225,7 @@ def create_app(
             try:
                 await sessions.collect_garbage()
                 await tus.collect_garbage()
+                await authorizations.sweep_authorizations()
                 if isinstance(service.storage, SupportsAbandonedUploads):
                     with storage_errors_translated():
                         aborted = await service.storage.abort_abandoned_uploads(settings.s3_abandoned_upload_age)
@@ -255,12 +263,14 @@ def create_app(
     app.state.lifespan_contexts = []  # front doors that need to run something for the app's lifetime (MCP)
 
     @app.exception_handler(TransferError)
-    async def _transfer_error(request: Request, exc: TransferError) -> JSONResponse:
+    async def _transfer_error(request: Request, exc: TransferError) -> Response:
+        if is_resumable_path(request.url.path):  # that protocol's errors are RFC 9457 problem details
+            return problem_response(exc)
         return error_response(exc)
 
     @app.exception_handler(StorageError)
-    async def _storage_error(request: Request, exc: StorageError) -> JSONResponse:
-        return error_response(from_storage_error(exc))
+    async def _storage_error(request: Request, exc: StorageError) -> Response:
+        return await _transfer_error(request, from_storage_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -288,6 +298,8 @@ def create_app(
     add_session_routes(app, sessions, service, base_url, needs)
     add_bundle_routes(app, services.bundles, base_url, needs)
     add_tus_routes(app, tus, service, base_url, needs)
+    add_resumable_routes(app, tus, service, base_url, needs)
+    add_authorized_routes(app, authorizations, base_url)
     add_job_routes(app, services, base_url, needs)
     add_tp_routes(app, services, auth, base_url)
     add_a2a_routes(app, services, auth, base_url)

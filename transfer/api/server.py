@@ -25,9 +25,9 @@ from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+from transfer.api.informational import InformationalProtocol
 from transfer.errors import RequestTimeout
 from transfer.settings import Settings
 
@@ -65,7 +65,7 @@ def _timeout_body(message: str) -> bytes:
     return json.dumps(RequestTimeout(message).to_payload(), separators=(",", ":")).encode("ascii")
 
 
-class HeadTimeoutProtocol(HttpToolsProtocol):
+class HeadTimeoutProtocol(InformationalProtocol):
     """uvicorn's httptools protocol with a deadline for each request head (set ``header_timeout`` in a subclass:
     :func:`head_timeout_protocol`)."""
 

@@ -47,12 +47,14 @@ from transfer.bindings.mcp_schemas import (
     Bundle,
     ChunkReceipt,
     Descriptor,
+    DownloadAuthorization,
     FileList,
     Messages,
     OpenedSession,
     Resolved,
     SessionStatus,
     TpAnswer,
+    UploadAuthorization,
     tool_texts,
 )
 from transfer.client.resolver import ResolveOptions, Resolver
@@ -82,6 +84,7 @@ from transfer.errors import (
     TransferError,
     UploadForbidden,
 )
+from transfer.service.authorizations import Authorizations
 from transfer.service.container import Services
 from transfer.service.files import LIST_DEFAULT, LIST_MAX
 from transfer.service.ingest import UploadRequest
@@ -196,6 +199,7 @@ class McpBinding:
         self.http = http
         self.root = root.resolve() if root is not None else None
         self.served_at = base_url
+        self._authorizations = Authorizations(services.files)
 
     # -- context: who calls, where URLs point, which paths are allowed ------------------------------------------
 
@@ -411,6 +415,42 @@ class McpBinding:
         items = [(await files.describe(r, base, inline=False)).to_json() for r in page.records]
         return {"files": items, "next_cursor": page.next_cursor}
 
+    async def authorize_upload(
+        self,
+        name: Annotated[str | None, Field(description="file name for the descriptor", max_length=1024)] = None,
+        content_type: Annotated[str | None, Field(description="media type (default: sniffed)")] = None,
+        max_size: Annotated[int | None, Field(gt=0, description="largest size to accept, bytes")] = None,
+        start_ttl: Annotated[int | None, Field(gt=0, description="seconds to start the PUT (default 900)")] = None,
+        ctx: Context | None = None,
+    ) -> dict[str, Any]:
+        """An expiring signed URL to PUT a file to, outside MCP (SEP-2631 ``files/authorizeUpload``)."""
+        grant = self.grant(ctx)
+        grant(KeyScope.UPLOAD)
+        return await self._authorizations.authorize_upload(
+            grant, self.base_url(ctx), name=name, content_type=content_type, max_size=max_size, start_ttl=start_ttl
+        )
+
+    async def confirm_upload(
+        self,
+        authorization_id: Annotated[str, Field(description="the az_ id from authorize_upload")],
+        ctx: Context | None = None,
+    ) -> dict[str, Any]:
+        """The descriptor of the file an upload authorisation received."""
+        grant = self.grant(ctx)
+        grant(KeyScope.UPLOAD)
+        return await self._authorizations.confirm(authorization_id, grant, self.base_url(ctx))
+
+    async def authorize_download(
+        self,
+        file_id: Annotated[str, Field(description="the f_ id of a stored file")],
+        ttl: Annotated[int | None, Field(gt=0, description="seconds the URL lives (default 900, at most 3600)")] = None,
+        ctx: Context | None = None,
+    ) -> dict[str, Any]:
+        """An expiring GET URL for a stored file (SEP-2631 ``files/authorizeDownload``)."""
+        grant = self.grant(ctx)
+        grant(KeyScope.READ)
+        return await self._authorizations.authorize_download(file_id, grant, self.base_url(ctx), ttl=ttl)
+
     async def resolve(
         self,
         descriptor: DescriptorArgument,
@@ -537,6 +577,9 @@ def build_mcp(
         ("session_status", binding.session_status, SessionStatus),
         ("describe", binding.describe, Descriptor),
         ("list_files", binding.list_files, FileList),
+        ("authorize_upload", binding.authorize_upload, UploadAuthorization),
+        ("confirm_upload", binding.confirm_upload, Descriptor),
+        ("authorize_download", binding.authorize_download, DownloadAuthorization),
         ("resolve", binding.resolve if file_tools else binding.resolve_inline, Resolved),
         ("create_bundle", binding.create_bundle, Bundle),
         ("tp_poll_messages", binding.tp_poll_messages, Messages),

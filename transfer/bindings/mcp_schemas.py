@@ -92,6 +92,35 @@ class FileList(_Result):
     next_cursor: str | None = None
 
 
+class HttpRequestPlan(_Result):
+    """How to transfer the bytes outside MCP: one HTTP request to an expiring URL (SEP-2631 style)."""
+
+    url: str
+    method: Literal["PUT", "GET"]
+    headers: dict[str, str]
+    expires_at: str = Field(description="RFC 3339: the request must start before this")
+
+
+class UploadAuthorization(_Result):
+    """Where to PUT a file (its bytes never travel in MCP), the size limit, and until when to confirm it."""
+
+    authorization_id: str
+    upload: HttpRequestPlan
+    max_size: int = Field(description="largest body the URL accepts, in bytes")
+    expires_at: str = Field(description="RFC 3339: confirm_upload answers until then")
+    direct: bool = Field(description="the URL is the storage bucket's own: confirm_upload verifies and publishes")
+
+
+class DownloadAuthorization(_Result):
+    """An expiring URL to GET a stored file, with the size and SHA-256 to check what arrives."""
+
+    download: HttpRequestPlan
+    size: int
+    checksum: str = Field(description="sha256:<hex> of the bytes the URL serves")
+    content_type: str
+    name: str
+
+
 class SessionUrls(_Result):
     chunk: str
     status: str
@@ -279,6 +308,23 @@ def tool_texts(*, inline: int, message: int, file_tools: bool) -> dict[str, tupl
         "create_bundle": (
             "Group stored files (by f_ id) and inline text, JSON or code into a Synapse ContentBundle.",
             _hints(),
+        ),
+        "authorize_upload": (
+            "Get a place to put a file without sending its bytes through MCP: an expiring signed URL, the method "
+            "(PUT) and header fields to use, and the size limit. Upload with any HTTP client before upload.expires_at;"
+            " then call confirm_upload for the file's descriptor (with its SHA-256). When direct is true the URL is "
+            "the storage bucket's own and confirm_upload is what verifies and publishes the file.",
+            _hints(),
+        ),
+        "confirm_upload": (
+            "The FileContent descriptor (checksum = SHA-256) of the file uploaded to an authorize_upload URL; an "
+            "error with code conflict while nothing was uploaded yet.",
+            _hints(read_only=True, idempotent=True),
+        ),
+        "authorize_download": (
+            "Get an expiring URL to fetch a stored file (by its f_ id) with any HTTP client, with its size and "
+            "SHA-256 to verify what arrives: the bytes never travel through MCP.",
+            _hints(read_only=True),
         ),
         "tp_poll_messages": (
             "TP messages waiting for a receiver, oldest first. Each message is delivered once.",

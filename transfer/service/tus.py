@@ -32,6 +32,7 @@ from transfer.core.content import ContentEncoding
 from transfer.core.mime import is_media_type, require_media_type
 from transfer.core.naming import resolve_content_type, sanitize_filename
 from transfer.errors import (
+    ChecksumMismatch,
     ClientDisconnected,
     Conflict,
     Gone,
@@ -61,6 +62,9 @@ def new_upload_id() -> str:
 def is_upload_id(value: str) -> bool:
     return value.startswith("t_") and len(value) == 34 and all(c in "0123456789abcdef" for c in value[2:])
 
+
+# Upload metadata key holding the SHA-256 (hex) the whole upload must have: checked before anything is published
+DECLARED_SHA256 = "sha256"
 
 MAX_METADATA = 4096  # bytes of Upload-Metadata: it is stored with the upload and echoed on every HEAD
 
@@ -353,6 +357,14 @@ class TusService:
                 sha_hex, head = hasher.sha.hexdigest(), b""
             else:
                 sha_hex, head = await self._hash_sources(sources)
+            declared = upload.metadata.get(DECLARED_SHA256)
+            if declared and declared.lower().removeprefix("sha256:") != sha_hex:
+                # Repr-Digest at creation (IETF front door) or a tus client's ``sha256`` metadata: nothing is published
+                # and the upload ends, its bytes freed (draft-ietf-httpbis-resumable-upload §10.1: consider it failed)
+                await self.terminate(upload.id, TRUSTED)
+                raise ChecksumMismatch(
+                    f"the upload's SHA-256 {sha_hex} is not the declared {declared}", actual="sha256:" + sha_hex
+                )
             if not head:
                 _, head = await self._hash_sources(sources[:1], limit=4096)
             name = upload.metadata.get("filename") or upload.metadata.get("name")

@@ -1,0 +1,142 @@
+"""MCP authorize_upload / confirm_upload / authorize_download (shaped after SEP-2631 files/authorizeUpload and
+authorizeDownload) through the official SDK client: the bytes go by plain HTTP to expiring signed URLs, never inside
+an MCP message; the SHA-256 of what comes back equals what went in; an expired authorisation is refused."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from mcp import Client
+
+from tests.conftest import Clock, LiveServer, running
+from tests.test_mcp import structured, tool_error
+from transfer.service.authorizations import Authorizations
+from transfer.settings import Settings
+
+pytestmark = pytest.mark.anyio
+
+BIG = 200 << 20
+
+
+@pytest.fixture
+def live(tmp_path: Path, clock: Clock) -> Iterator[LiveServer]:
+    settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"})
+    with running(settings, clock) as server:
+        yield server
+
+
+@pytest.fixture
+def on_s3(tmp_path: Path, s3_env: dict[str, str]) -> Iterator[LiveServer]:
+    settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"}, storage="s3")
+    with running(settings) as server:
+        yield server
+
+
+async def _pieces(seed: bytes, total: int, sha: Any) -> AsyncIterator[bytes]:
+    block = hashlib.sha256(seed).digest() * (1 << 15)  # 1 MiB, not all the same byte
+    sent = 0
+    while sent < total:
+        piece = block[: min(len(block), total - sent)]
+        sha.update(piece)
+        sent += len(piece)
+        yield piece
+
+
+async def test_authorize_put_200_mib_confirm_and_download(live: LiveServer) -> None:
+    async with Client(f"{live.url}/mcp") as client:
+        tools = {t.name for t in (await client.list_tools()).tools}
+        assert {"authorize_upload", "confirm_upload", "authorize_download"} <= tools
+        plan = structured(
+            await client.call_tool("authorize_upload", {"name": "big.bin", "max_size": BIG, "start_ttl": 600})
+        )
+        assert plan["upload"]["method"] == "PUT" and plan["max_size"] == BIG
+        assert plan["upload"]["expires_at"] < plan["expires_at"]  # a short start, a longer life
+        pending = tool_error(await client.call_tool("confirm_upload", {"authorization_id": plan["authorization_id"]}))
+        assert pending["code"] == "conflict"
+
+        sent = hashlib.sha256()
+        async with httpx.AsyncClient(timeout=120) as http:  # plain HTTP, no key: the URL is the capability
+            put = await http.request(
+                plan["upload"]["method"],
+                plan["upload"]["url"],
+                headers=plan["upload"]["headers"],
+                content=_pieces(b"seed", BIG, sent),
+            )
+        assert put.status_code == 201, put.text
+        assert put.json()["checksum"] == "sha256:" + sent.hexdigest()
+
+        confirmed = structured(await client.call_tool("confirm_upload", {"authorization_id": plan["authorization_id"]}))
+        assert confirmed["checksum"] == "sha256:" + sent.hexdigest() and confirmed["size"] == BIG
+        file_id = confirmed["metadata"]["file_id"]
+        fetch = structured(await client.call_tool("authorize_download", {"file_id": file_id}))
+        assert fetch["checksum"] == confirmed["checksum"] and fetch["download"]["method"] == "GET"
+
+    got = hashlib.sha256()
+    async with httpx.AsyncClient(timeout=120) as http:
+        async with http.stream("GET", fetch["download"]["url"]) as response:
+            assert response.status_code == 200
+            async for piece in response.aiter_bytes():
+                got.update(piece)
+    assert got.hexdigest() == sent.hexdigest()
+    # one PUT per authorisation
+    again = httpx.put(plan["upload"]["url"], content=b"other bytes")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "conflict"
+
+
+async def test_expired_or_oversized_or_tampered_authorization_is_refused(live: LiveServer, clock: Clock) -> None:
+    async with Client(f"{live.url}/mcp") as client:
+        plan = structured(await client.call_tool("authorize_upload", {"max_size": 10, "start_ttl": 60}))
+        too_big = httpx.put(plan["upload"]["url"], content=os.urandom(11))
+        assert too_big.status_code == 413, too_big.text
+        tampered = httpx.put(plan["upload"]["url"].replace("/az_", "/az_0"), content=b"x")
+        assert tampered.status_code in (403, 404)
+        clock.advance(61)
+        late = httpx.put(plan["upload"]["url"], content=b"in time?")
+        assert late.status_code == 403 and late.json()["error"]["code"] == "url_expired"
+        unknown = tool_error(await client.call_tool("authorize_download", {"file_id": "f_" + "0" * 32}))
+        assert unknown["code"] == "not_found"
+        clock.advance(24 * 3600)  # past the authorisation's life: the sweep removes its record
+        swept = await Authorizations(live.app.state.services.files).sweep_authorizations()
+        assert swept == 1
+        gone = tool_error(await client.call_tool("confirm_upload", {"authorization_id": plan["authorization_id"]}))
+        assert gone["code"] == "not_found"
+    assert not [name for name in live.objects() if name.startswith("files/")]
+
+
+@pytest.mark.s3
+async def test_on_s3_the_put_goes_to_the_bucket_and_confirm_publishes(
+    on_s3: LiveServer, s3_env: dict[str, str]
+) -> None:
+    size = 12 << 20
+    async with Client(f"{on_s3.url}/mcp") as client:
+        plan = structured(
+            await client.call_tool("authorize_upload", {"name": "direct.bin", "max_size": size, "start_ttl": 600})
+        )
+        assert plan["direct"] is True
+        assert plan["upload"]["url"].startswith(s3_env["TRANSFER_S3_ENDPOINT_URL"])  # not the service's address
+        sent = hashlib.sha256()
+        async with httpx.AsyncClient(timeout=120) as http:
+            put = await http.put(
+                plan["upload"]["url"], headers=plan["upload"]["headers"], content=_pieces(b"s3", size, sent)
+            )
+        assert put.status_code == 200, put.text
+        confirmed = structured(await client.call_tool("confirm_upload", {"authorization_id": plan["authorization_id"]}))
+        assert confirmed["checksum"] == "sha256:" + sent.hexdigest() and confirmed["size"] == size
+        again = structured(await client.call_tool("confirm_upload", {"authorization_id": plan["authorization_id"]}))
+        assert again["metadata"] == confirmed["metadata"]  # one file, whichever confirm came first
+        fetch = structured(await client.call_tool("authorize_download", {"file_id": confirmed["metadata"]["file_id"]}))
+        got = httpx.get(fetch["download"]["url"], timeout=120)
+        assert hashlib.sha256(got.content).hexdigest() == sent.hexdigest()
+
+        small = structured(await client.call_tool("authorize_upload", {"max_size": 10}))
+        assert (
+            httpx.put(small["upload"]["url"], headers=small["upload"]["headers"], content=b"x" * 11).status_code == 200
+        )
+        over = tool_error(await client.call_tool("confirm_upload", {"authorization_id": small["authorization_id"]}))
+        assert over["code"] == "payload_too_large"  # checked before anything is published

@@ -1,0 +1,286 @@
+"""Upload and download authorisations (shaped after MCP SEP-2631 ``files/authorizeUpload`` /
+``files/authorizeDownload``): a caller asks for a place to put a file, or a way to fetch one, and gets an expiring
+URL, the method and header fields to use and the size limit. The bytes never travel inside the asking protocol.
+
+An upload authorisation is one record in the storage backend::
+
+    authz/<id>/grant.json     owner, name, content type, size limit, start deadline, keep-until
+    authz/<id>/result.json    the stored file's id, created if-absent by the one PUT (or confirm) that succeeded
+    authz/<id>/object         on a backend with presigned PUTs (S3): where the client's PUT lands
+
+Two expiries: the signed PUT URL must be *started* before ``start_by`` (short: a leaked URL is soon worthless); the
+authorisation and its result are kept until ``keep_until`` (longer: time to upload a large file and confirm it).
+Where the backend presigns PUTs (S3), the URL is the bucket's own: the bytes never pass through the service, and
+``confirm`` checks the size, hashes the object by reading it back, and publishes it by a server-side copy. Elsewhere
+(local storage) the URL is the service's ``PUT /v1/authorized/{id}``, signed like a download URL, which streams
+through :meth:`FileService.upload` (hashing, size limit, atomic publish). Either way nothing is published before its
+SHA-256 is known, and ``confirm`` answers the descriptor with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from storage.base import Capability, SupportsPresignPut
+from transfer.core.auth import TRUSTED, Grant
+from transfer.core.content import ContentEncoding
+from transfer.core.mime import require_media_type
+from transfer.core.naming import resolve_content_type, sanitize_filename
+from transfer.errors import Conflict, Gone, InvalidRequest, NotFound, TooLarge, storage_errors_translated
+from transfer.service.documents import publish_composed, read_document, write_document
+from transfer.service.files import FileService
+from transfer.service.ingest import UploadRequest
+from transfer.service.records import FileRecord
+
+START_TTL = 15 * 60  # seconds to start the PUT (default; at most ``MAX_START_TTL``)
+MAX_START_TTL = 3600
+KEEP_TTL = 24 * 3600  # seconds the authorisation and its result are kept
+
+
+def new_authorization_id() -> str:
+    return "az_" + secrets.token_hex(16)
+
+
+def is_authorization_id(value: str) -> bool:
+    return value.startswith("az_") and len(value) == 35 and all(c in "0123456789abcdef" for c in value[3:])
+
+
+def _staged(aid: str) -> str:
+    return f"authz/{aid}/object"
+
+
+def upload_path(aid: str) -> str:
+    return f"/v1/authorized/{aid}"
+
+
+@dataclass(frozen=True, slots=True)
+class UploadGrant:
+    id: str
+    owner: str | None
+    name: str | None
+    content_type: str | None
+    max_size: int
+    start_by: int
+    keep_until: int
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def _bounded(body: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    received = 0
+    async for piece in body:
+        received += len(piece)
+        if received > limit:
+            raise TooLarge(f"the body is larger than the authorised {limit} bytes", limit=limit)
+        yield piece
+
+
+class Authorizations:
+    """Upload/download authorisations over the one FileService (state in its storage backend: any replica)."""
+
+    def __init__(self, files: FileService) -> None:
+        self.files = files
+        self.storage = files.storage
+
+    async def authorize_upload(
+        self,
+        caller: Grant,
+        base_url: str,
+        *,
+        name: str | None = None,
+        content_type: str | None = None,
+        max_size: int | None = None,
+        start_ttl: int | None = None,
+    ) -> dict[str, Any]:
+        """A new upload authorisation for the caller's key: where to PUT, until when, how much."""
+        limit = self.files.settings.max_upload_size
+        if max_size is not None and not 0 < max_size <= limit:
+            raise InvalidRequest(f"max_size must be between 1 and {limit}", limit=limit)
+        if content_type is not None:
+            require_media_type(content_type, "content_type")
+        if start_ttl is not None and not 0 < start_ttl <= MAX_START_TTL:
+            raise InvalidRequest(f"start_ttl must be between 1 and {MAX_START_TTL} seconds")
+        now = int(self.files.clock())
+        grant = UploadGrant(
+            id=new_authorization_id(),
+            owner=caller.owner,
+            name=sanitize_filename(name, default="upload") if name else None,
+            content_type=content_type,
+            max_size=max_size or limit,
+            start_by=now + (start_ttl or START_TTL),
+            keep_until=now + KEEP_TTL,
+        )
+        await write_document(self.storage, f"authz/{grant.id}/grant.json", asdict(grant), if_absent=True)
+        headers = {"content-type": content_type or "application/octet-stream"}
+        if self.direct:
+            # straight to the bucket: the service never sees the bytes; confirm_upload verifies and publishes
+            assert isinstance(self.storage, SupportsPresignPut)
+            with storage_errors_translated():
+                url = await self.storage.presign_put(
+                    _staged(grant.id), expires_in=grant.start_by - now, content_type=headers["content-type"]
+                )
+        else:
+            url, _ = self.files.signed_url_for_path(base_url, upload_path(grant.id), "PUT", grant.start_by - now)
+        return {
+            "authorization_id": grant.id,
+            "upload": {"url": url, "method": "PUT", "headers": headers, "expires_at": _iso(grant.start_by)},
+            "max_size": grant.max_size,
+            "expires_at": _iso(grant.keep_until),
+            "direct": self.direct,
+        }
+
+    @property
+    def direct(self) -> bool:
+        """Whether uploads go straight to the backend (presigned PUT) rather than through the service."""
+        return isinstance(self.storage, SupportsPresignPut) and Capability.PRESIGN in self.storage.capabilities
+
+    async def _grant(self, aid: str) -> UploadGrant:
+        if not is_authorization_id(aid):
+            raise NotFound(f"no authorization {aid!r}")
+        try:
+            doc = await read_document(self.storage, f"authz/{aid}/grant.json")
+        except NotFound:
+            raise NotFound(f"no authorization {aid!r}") from None
+        grant = UploadGrant(**doc)
+        if self.files.clock() >= grant.keep_until:
+            raise Gone(f"authorization {aid} has expired")
+        return grant
+
+    async def receive(self, aid: str, query: str, body: AsyncIterator[bytes], *, content_length: int | None) -> str:
+        """The PUT of a signed upload URL (the URL is the capability: no key): verify the signature and the start
+        deadline (``url_expired`` after it), stream the body into a new file, record it. One PUT succeeds per
+        authorisation; a second is refused and its file removed. Returns the new file's id."""
+        self.files.signer.verify("PUT", upload_path(aid), query, self.files.clock())
+        grant = await self._grant(aid)
+        if content_length is not None and content_length > grant.max_size:
+            raise TooLarge(f"Content-Length {content_length} exceeds the authorised {grant.max_size} bytes")
+        request = UploadRequest(
+            name=grant.name, content_type=grant.content_type, owner=grant.owner, declared_length=content_length
+        )
+        record = await self.files.upload(_bounded(body, grant.max_size), request)
+        try:
+            await write_document(self.storage, f"authz/{aid}/result.json", {"file_id": record.id}, if_absent=True)
+        except Conflict:  # the storage's ObjectExists: another PUT won
+            await self.files.delete(record.id, TRUSTED)
+            raise Conflict(f"authorization {aid} was already used") from None
+        return record.id
+
+    async def descriptor(self, file_id: str, base_url: str) -> dict[str, Any]:
+        """The url-mode descriptor of a file an authorisation received (its owner was checked by the caller)."""
+        record = await self.files.record(file_id, TRUSTED)
+        return (await self.files.describe(record, base_url, inline=False)).to_json()
+
+    async def confirm(self, aid: str, caller: Grant, base_url: str) -> dict[str, Any]:
+        """The descriptor (with its SHA-256) of the file an authorisation received; Conflict while nothing is."""
+        grant = await self._grant(aid)
+        if not caller.sees(grant.owner):
+            raise NotFound(f"no authorization {aid!r}")
+        try:
+            result = await read_document(self.storage, f"authz/{aid}/result.json")
+        except NotFound:
+            if not self.direct:
+                raise Conflict(
+                    f"nothing was uploaded to authorization {aid} yet", start_by=_iso(grant.start_by)
+                ) from None
+            return await self.descriptor(await self._publish_staged(grant), base_url)
+        return await self.descriptor(str(result["file_id"]), base_url)
+
+    async def _publish_staged(self, grant: UploadGrant) -> str:
+        """Verify and publish what a presigned PUT left in the bucket: its size against the limit, its SHA-256 by
+        streaming it back inside the service's network (S3 keeps no whole-object SHA-256 of a plain PUT that we
+        could trust without the client's declaration), then a server-side copy under the file's name. The file id
+        follows from the authorisation id, so two confirms publish the same file once."""
+        staged = _staged(grant.id)
+        try:
+            with storage_errors_translated():
+                info = await self.storage.stat(staged)
+        except NotFound:
+            raise Conflict(
+                f"nothing was uploaded to authorization {grant.id} yet", start_by=_iso(grant.start_by)
+            ) from None
+        if info.size > grant.max_size:
+            with storage_errors_translated():
+                await self.storage.delete(staged)
+            raise TooLarge(f"the upload is {info.size} bytes, more than the authorised {grant.max_size}")
+        sha = hashlib.sha256()
+        head = bytearray()
+        with storage_errors_translated():
+            async with await self.storage.open(staged) as reader:
+                async for piece in reader.read():
+                    await asyncio.to_thread(sha.update, piece)
+                    if len(head) < 4096:
+                        head += piece[: 4096 - len(head)]
+        content_type = await asyncio.to_thread(
+            resolve_content_type, bytes(head), grant.name, declared=grant.content_type, hinted=None
+        )
+        file_id = "f_" + grant.id[3:]
+        record = FileRecord(
+            id=file_id,
+            name=grant.name or file_id,
+            content_type=content_type,
+            size=info.size,
+            sha256=sha.hexdigest(),
+            encoding=ContentEncoding.NONE,
+            encoded_size=info.size,
+            encoded_sha256=sha.hexdigest(),
+            created_at=datetime.fromtimestamp(self.files.clock(), UTC).replace(microsecond=0),
+            owner=grant.owner,
+        )
+        await publish_composed(self.storage, record, [staged])
+        try:
+            await write_document(self.storage, f"authz/{grant.id}/result.json", {"file_id": file_id}, if_absent=True)
+        except Conflict:
+            pass  # a concurrent confirm recorded the same file id
+        with storage_errors_translated():
+            await self.storage.delete(staged)
+        return file_id
+
+    async def authorize_download(
+        self, file_id: str, caller: Grant, base_url: str, *, ttl: int | None = None
+    ) -> dict[str, Any]:
+        """An expiring GET URL for one of the caller's files, with its size and SHA-256 to check."""
+        record = await self.files.record(file_id, caller)
+        url, expires = self.files.signed_url(base_url, record.id, "GET", min(ttl or START_TTL, MAX_START_TTL))
+        return {
+            "download": {
+                "url": url,
+                "method": "GET",
+                "headers": {},
+                "expires_at": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            },
+            "size": record.size,
+            "checksum": "sha256:" + record.sha256,
+            "content_type": record.content_type,
+            "name": record.name,
+        }
+
+    async def sweep_authorizations(self) -> int:
+        """Delete what expired authorisations left (their record, result and any staged object that was never
+        confirmed); published files stay. Returns how many authorisations were removed."""
+        now = self.files.clock()
+        keys: dict[str, list[str]] = {}
+        with storage_errors_translated():
+            async for info in self.storage.list("authz/"):
+                keys.setdefault(info.key.split("/")[1], []).append(info.key)
+        removed = 0
+        for aid, owned in keys.items():
+            try:
+                doc = await read_document(self.storage, f"authz/{aid}/grant.json")
+                expired = now >= float(doc["keep_until"])
+            except NotFound:
+                expired = True  # a staged object or result without its record
+            if not expired:
+                continue
+            with storage_errors_translated():
+                for key in owned:
+                    await self.storage.delete(key)
+            removed += 1
+        return removed

@@ -86,7 +86,7 @@ class Descriptor(_Result):
 
 
 class FileList(_Result):
-    """A page of stored files in file-id order; ``next_cursor`` fetches the next page (null: the last one)."""
+    """A page of stored files in file-id order; next_cursor fetches the next page (null: the last one)."""
 
     files: list[Descriptor]
     next_cursor: str | None = None

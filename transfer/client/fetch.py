@@ -53,6 +53,10 @@ def lean_path_possible(http: httpx.AsyncClient, url: str) -> bool:
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         return False
+    # a client with its own transport (the service's destination guard against SSRF, a fault injector) must see
+    # every request: only httpx's plain transport may be bypassed
+    if type(getattr(http, "_transport", None)) is not httpx.AsyncHTTPTransport or getattr(http, "_mounts", None):
+        return False
     if http.trust_env and urllib.request.getproxies().get("http") and not urllib.request.proxy_bypass(parts.hostname):
         return False
     return True

@@ -126,6 +126,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.execve(sys.executable, [sys.executable, "-m", "transfer", *sys.argv[1:]], env)
     os.environ.update(env)
 
+    import logging
+
     from pydantic import ValidationError
 
     from storage.errors import StorageError
@@ -154,10 +156,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     sock = _listen(settings.host, settings.port)
     port = sock.getsockname()[1]
-    print(
-        f"transfer {__version__}: serving {where} on {_http_base(settings.host, port)} (OpenAPI docs at /docs)",
-        file=sys.stderr,
-    )
+    banner = f"transfer {__version__}: serving {where} on {_http_base(settings.host, port)} (OpenAPI docs at /docs)"
+    if settings.log_format == "json":  # every line of a JSON log is a JSON object
+        logging.getLogger("transfer.ops").warning("%s", banner)
+    else:
+        print(banner, file=sys.stderr)
     # logging is configured above (one format for every logger); uvicorn must not install its own
     config = uvicorn_config(app, settings, host=settings.host, port=port, log_level=args.log_level, log_config=None)
     server = GracefulServer(

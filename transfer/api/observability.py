@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from functools import wraps
 from typing import Any, Literal
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from storage.errors import StorageError
@@ -207,7 +207,7 @@ class Observability:
         now = time.monotonic()
         for name, interval in self.sweeps.items():
             last = max(metrics.last_sweep(name) or self.started, self.started)
-            limit = 3 * interval + 10
+            limit = 3 * interval + 1
             if now - last > limit:
                 checks[f"sweep:{name}"] = f"no run for {now - last:.0f} s (expected every {interval:g} s)"
                 ok = False
@@ -485,9 +485,11 @@ def install(app: FastAPI, settings: Settings, storage: Any, needs: Callable[[Key
     app.state.observability = obs
 
     @app.get("/metrics", dependencies=[needs(KeyScope.ADMIN)], tags=["service"], include_in_schema=True)
-    async def prometheus_metrics() -> Response:
-        """Prometheus exposition format (text 0.0.4) of this process's metrics; admin key when keys are on."""
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    async def prometheus_metrics(request: Request) -> Response:
+        """This process's metrics in the exposition format the scraper's Accept asks for (Prometheus text or
+        OpenMetrics); an admin key when keys are configured."""
+        encode, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encode(metrics.registry), headers={"content-type": content_type})
 
     @app.get("/readyz", tags=["service"], responses={503: {"description": "not ready: see checks"}})
     async def readyz() -> JSONResponse:

@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from functools import wraps
+from functools import partial, wraps
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -70,6 +70,9 @@ def redact(text: str) -> str:
     return text
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str)  # built once, not per line
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time (RFC 3339 UTC), level, logger, message, the request's fields when the record
     is an access record, and the exception text; all of it redacted."""
@@ -86,7 +89,7 @@ class JsonFormatter(logging.Formatter):
             entry.update(fields)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return redact(json.dumps(entry, separators=(",", ":"), ensure_ascii=False, default=str))
+        return redact(_ENCODER.encode(entry))
 
 
 class TextFormatter(logging.Formatter):
@@ -114,6 +117,15 @@ def configure_logging(fmt: Literal["json", "text"], level: str = "info") -> None
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
     access_log.setLevel(logging.INFO)  # one line per request, whatever the root level
+    # what no formatter here prints, and each record would otherwise look up (the logging HOWTO's "Optimization")
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+    logging._srcfile = None  # no caller lookup (a stack walk per record)
+
+
+UPLOAD_KINDS = ("file", "session", "tus")
+DOWNLOAD_KINDS = ("file", "session")
 
 
 def _kind(method: str, path: str) -> tuple[str | None, str | None]:
@@ -138,7 +150,8 @@ def _kind(method: str, path: str) -> tuple[str | None, str | None]:
 class InFlight:
     """One request being served: the task waiting in its ``receive`` (if any), and whether shutdown stopped it."""
 
-    upload: bool
+    upload: str | None  # its kind (file, session, tus), if it carries upload bytes
+    download: str | None
     waiter: asyncio.Task[Any] | None = None
     stopped: bool = False
 
@@ -185,8 +198,19 @@ class Observability:
             handle.stop()
         return len(self.in_flight)
 
-    def uploads_in_flight(self) -> int:
-        return sum(1 for h in self.in_flight if h.upload)
+    def uploads_in_flight(self, kind: str | None = None) -> int:
+        return sum(1 for h in self.in_flight if h.upload is not None and (kind is None or h.upload == kind))
+
+    def downloads_in_flight(self, kind: str) -> int:
+        return sum(1 for h in self.in_flight if h.download == kind)
+
+    def export_gauges(self) -> None:
+        """The in-progress gauges are read from the in-flight set when scraped, not kept up to date per request."""
+        metrics.requests_in_progress.set_function(lambda: len(self.in_flight))
+        for kind in UPLOAD_KINDS:
+            metrics.uploads_in_progress.labels(kind).set_function(partial(self.uploads_in_flight, kind))
+        for kind in DOWNLOAD_KINDS:
+            metrics.downloads_in_progress.labels(kind).set_function(partial(self.downloads_in_flight, kind))
 
     # --- readiness ---
 
@@ -340,6 +364,31 @@ def _counted_list(listing: Callable[..., Any]) -> Callable[..., Any]:
 # --- the middleware ---
 
 
+@dataclass(frozen=True, slots=True)
+class _Series:
+    requests: Any
+    received: Any
+    sent: Any
+
+
+_SERIES: dict[tuple[str, str, int], _Series] = {}
+
+
+def _series(method: str, route: str, status: int) -> _Series:
+    """The label children of one (method, route, status), looked up once (``labels()`` costs microseconds)."""
+    key = (method, route, status)
+    found = _SERIES.get(key)
+    if found is None:
+        if len(_SERIES) > 10_000:  # bounded whatever happens: methods are free text
+            _SERIES.clear()
+        found = _SERIES[key] = _Series(
+            metrics.requests.labels(method, route, str(status)),
+            metrics.received_bytes.labels(route),
+            metrics.sent_bytes.labels(route),
+        )
+    return found
+
+
 class ObservabilityMiddleware:
     """Request id, metrics, the access log line and the in-flight set, for every HTTP request (pure ASGI)."""
 
@@ -363,16 +412,8 @@ class ObservabilityMiddleware:
         if request_id is None:
             request_id = os.urandom(12).hex().encode("ascii")
         obs = self.obs
-        handle = InFlight(upload_kind is not None)
+        handle = InFlight(upload_kind, download_kind)
         obs.in_flight.add(handle)
-        metrics.requests_in_progress.inc()
-        progress = None
-        if upload_kind is not None:
-            progress = metrics.uploads_in_progress.labels(upload_kind)
-        elif download_kind is not None:
-            progress = metrics.downloads_in_progress.labels(download_kind)
-        if progress is not None:
-            progress.inc()
         received = sent = 0
         status = 0
         replaced = False  # shutdown stopped the request: our 503 went out instead of the application's answer
@@ -435,24 +476,22 @@ class ObservabilityMiddleware:
             raise
         finally:
             obs.in_flight.discard(handle)
-            metrics.requests_in_progress.dec()
-            if progress is not None:
-                progress.dec()
             if status == 0:
                 status = 500 if failed else 499  # no answer: an error, or a client gone before one was sent
             route_obj = scope.get("route")
             route = getattr(route_obj, "path", None) or ("unmatched" if status == 404 else "other")
             duration = time.perf_counter() - start
-            metrics.requests.labels(method, route, str(status)).inc()
+            series = _series(method, route, status)
+            series.requests.inc()
             if received:
-                metrics.received_bytes.labels(route).inc(received)
+                series.received.inc(received)
             if sent:
-                metrics.sent_bytes.labels(route).inc(sent)
-            outcome = "ok" if status < 400 else "error"
-            if upload_kind is not None and route_obj is not None:
-                metrics.upload_duration.labels(upload_kind, outcome).observe(duration)
-            elif download_kind is not None and route_obj is not None:
-                metrics.download_duration.labels(download_kind, outcome).observe(duration)
+                series.sent.inc(sent)
+            if route_obj is not None:
+                if upload_kind is not None:
+                    metrics.upload_duration.labels(upload_kind, "ok" if status < 400 else "error").observe(duration)
+                elif download_kind is not None:
+                    metrics.download_duration.labels(download_kind, "ok" if status < 400 else "error").observe(duration)
             if access_log.isEnabledFor(logging.INFO):
                 grant = scope.get("state", {}).get("grant")
                 key = grant.key.name if isinstance(grant, Grant) and grant.key is not None else None
@@ -481,6 +520,7 @@ def install(app: FastAPI, settings: Settings, storage: Any, needs: Callable[[Key
     ``create_app``: the middleware must be outermost). ``needs`` is the app's scope dependency: ``/metrics`` takes
     an admin key when keys are configured, as the other admin endpoints do."""
     obs = Observability(settings, probe=storage_probe(storage))
+    obs.export_gauges()
     instrument_storage(storage)
     app.state.observability = obs
 

@@ -442,7 +442,9 @@ class ObservabilityMiddleware:
                 return
             kind = message["type"]
             if kind == "http.response.start":
-                if handle.stopped:  # the application's answer to a client it was told had left: say why instead
+                if handle.stopped and message["status"] >= 400:
+                    # the application's error for a client it was told had left: say why instead (a success that
+                    # raced the stop, e.g. an upload already published, goes out as it is)
                     replaced = True
                     error = ShuttingDown("the server is shutting down and its grace period ended; retry")
                     body = json.dumps(error.to_payload(), separators=(",", ":")).encode("ascii")

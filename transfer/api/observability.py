@@ -112,10 +112,12 @@ def configure_logging(fmt: Literal["json", "text"], level: str = "info") -> None
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+    # ``level`` is for the service and its server; libraries (botocore, mcp, …) say only warnings unless debugging
+    root.setLevel(logging.DEBUG if level.lower() == "debug" else logging.WARNING)
+    for name in ("transfer", "uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
+        logging.getLogger(name).setLevel(level.upper())
     access_log.setLevel(logging.INFO)  # one line per request, whatever the root level
     # what no formatter here prints, and each record would otherwise look up (the logging HOWTO's "Optimization")
     logging.logThreads = False

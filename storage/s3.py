@@ -331,6 +331,15 @@ class S3Storage:
                 read_timeout=config.read_timeout,
             ),
         )
+        # Retries happen inside botocore (standard mode); each attempt after the first builds a new request whose
+        # context carries the attempt number. Whoever runs this storage may count them (``on_retry(operation)``).
+        self.on_retry: Callable[[str], None] | None = None
+        self.client.meta.events.register("request-created.s3", self._request_created)
+
+    def _request_created(self, request: Any, operation_name: str = "", **_: Any) -> None:
+        attempt = getattr(request, "context", {}).get("retries", {}).get("attempt", 1)
+        if attempt > 1 and self.on_retry is not None:
+            self.on_retry(operation_name)
 
     @property
     def capabilities(self) -> frozenset[Capability]:

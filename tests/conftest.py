@@ -22,6 +22,10 @@ from transfer.api.app import create_app
 from transfer.api.server import uvicorn_config
 from transfer.settings import Settings
 
+# `transfer serve` processes the tests start end with SIGTERM: without the drain (readiness 503 while still accepting,
+# for load balancers) each would take 5 s to stop. tests/test_observability.py sets it where it is the subject.
+os.environ.setdefault("TRANSFER_SHUTDOWN_DRAIN", "0")
+
 
 @pytest.fixture
 def anyio_backend() -> str:

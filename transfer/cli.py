@@ -116,8 +116,8 @@ def _http_base(host: str, port: int) -> str:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     env = dict(os.environ)
-    for flag, var in _SERVICE_FLAGS:
-        value = getattr(args, flag)
+    for flag, var in (*_SERVICE_FLAGS, *_OPS_FLAGS):
+        value = getattr(args, flag, None)
         if value is not None:
             env[var] = str(value)
     if any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()) and not os.environ.get("TRANSFER_NO_REEXEC"):
@@ -126,17 +126,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.execve(sys.executable, [sys.executable, "-m", "transfer", *sys.argv[1:]], env)
     os.environ.update(env)
 
-    import uvicorn
+    import logging
+
     from pydantic import ValidationError
 
     from storage.errors import StorageError
     from transfer.api.app import create_app
+    from transfer.api.observability import configure_logging
     from transfer.api.server import uvicorn_config
+    from transfer.api.shutdown import GracefulServer
     from transfer.service.backends import make_storage
     from transfer.settings import Settings
 
     try:
         settings = Settings()
+        configure_logging(settings.log_format, args.log_level)
         storage = make_storage(settings)
         asyncio.run(storage.start())  # fail here, in one line, rather than in uvicorn's lifespan with a traceback
         app = create_app(settings, storage)
@@ -152,14 +156,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     sock = _listen(settings.host, settings.port)
     port = sock.getsockname()[1]
-    print(
-        f"transfer {__version__}: serving {where} on {_http_base(settings.host, port)} (OpenAPI docs at /docs)",
-        file=sys.stderr,
+    banner = f"transfer {__version__}: serving {where} on {_http_base(settings.host, port)} (OpenAPI docs at /docs)"
+    if settings.log_format == "json":  # every line of a JSON log is a JSON object
+        logging.getLogger("transfer.ops").warning("%s", banner)
+    else:
+        print(banner, file=sys.stderr)
+    # logging is configured above (one format for every logger); uvicorn must not install its own
+    config = uvicorn_config(app, settings, host=settings.host, port=port, log_level=args.log_level, log_config=None)
+    server = GracefulServer(
+        config, app.state.observability, drain=settings.shutdown_drain, grace=settings.shutdown_grace
     )
-    config = uvicorn_config(
-        app, settings, host=settings.host, port=port, log_level=args.log_level, timeout_graceful_shutdown=5
-    )
-    uvicorn.Server(config).run(sockets=[sock])
+    server.run(sockets=[sock])
     return 0
 
 
@@ -224,6 +231,12 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
     return asyncio.run(run())
 
+
+_OPS_FLAGS = (  # serve only
+    ("log_format", "TRANSFER_LOG_FORMAT"),
+    ("shutdown_grace", "TRANSFER_SHUTDOWN_GRACE"),
+    ("shutdown_drain", "TRANSFER_SHUTDOWN_DRAIN"),
+)
 
 _SERVICE_FLAGS = (
     ("host", "TRANSFER_HOST"),
@@ -520,6 +533,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--s3-bucket", help="bucket for --storage s3 (TRANSFER_S3_BUCKET)")
     p.add_argument("--s3-endpoint-url", help="S3 endpoint (TRANSFER_S3_ENDPOINT_URL; default AWS_ENDPOINT_URL)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--log-format", choices=["json", "text"], help="log lines (TRANSFER_LOG_FORMAT, default text)")
+    p.add_argument(
+        "--shutdown-grace",
+        type=float,
+        help="seconds from SIGTERM until requests still running are stopped (TRANSFER_SHUTDOWN_GRACE, default 25)",
+    )
+    p.add_argument(
+        "--shutdown-drain",
+        type=float,
+        help="seconds after SIGTERM with /readyz at 503 before the port closes (TRANSFER_SHUTDOWN_DRAIN, default 5)",
+    )
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("mcp", help="MCP server: tools to upload, open sessions, resolve, describe, bundle, TP")

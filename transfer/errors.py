@@ -60,6 +60,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── ClientDisconnected             499 client_disconnected   (nobody is left to read it; logged only)
     ├── InsufficientStorage            507 insufficient_storage
     ├── StorageUnavailable             503 storage_unavailable
+    ├── ShuttingDown                   503 shutting_down         (the grace after SIGTERM ran out; retry elsewhere)
     ├── AssetsMissing                  503 assets_missing        (web page / docs libraries not installed)
     ├── HeartbeatTimeout               408 TP-TRA010             (WebSocket: two pongs missed)
     ├── RequestTimeout                 408 request_timeout       (header fields or body sent too slowly)
@@ -250,10 +251,16 @@ class CrossSiteRefused(AccessDenied):
 
 class SignatureInvalid(AccessDenied):
     code = "signature_invalid"
+    reason = "mismatch"  # a metrics label: malformed, unknown_key, mismatch, path_variant (not sent to clients)
+
+    def __init__(self, message: str, *, reason: str = "mismatch", **detail: Any) -> None:
+        super().__init__(message, **detail)
+        self.reason = reason
 
 
 class UrlExpired(AccessDenied):
     code = "url_expired"
+    reason = "expired"
 
 
 class InsufficientScope(AccessDenied):
@@ -378,6 +385,13 @@ class InsufficientStorage(TransferError):
 
 class StorageUnavailable(TransferError):
     code = "storage_unavailable"
+    status = 503
+
+
+class ShuttingDown(TransferError):
+    """The server stopped this request at the end of its shutdown grace; nothing of it was kept."""
+
+    code = "shutting_down"
     status = 503
 
 

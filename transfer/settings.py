@@ -135,6 +135,25 @@ class Settings(BaseSettings):
     tp_ping_interval: float = Field(default=30.0, gt=0, description="WebSocket ping interval (TP: 30 s)")
     tp_pong_timeout: float = Field(default=10.0, gt=0, description="time allowed for each pong (TP: 10 s)")
     tp_mailbox_ttl: int = Field(default=24 * 3600, gt=0, description="seconds an undelivered TP message is kept")
+    # operations: logs, readiness, shutdown
+    log_format: Literal["json", "text"] = Field(
+        default="text", description="log lines: json (one object per line) or text"
+    )
+    readiness_probe_interval: float = Field(
+        default=10.0, gt=0, description="seconds between storage write probes of /readyz (answers are cached between)"
+    )
+    readiness_probe_timeout: float = Field(default=5.0, gt=0, description="seconds a readiness storage probe may take")
+    shutdown_drain: float = Field(
+        default=5.0,
+        ge=0,
+        description="seconds after SIGTERM during which /readyz answers 503 while requests are still accepted "
+        "(load balancers stop sending new ones)",
+    )
+    shutdown_grace: float = Field(
+        default=25.0,
+        ge=0,
+        description="seconds from SIGTERM until requests still running are stopped (uploads abort, nothing is kept)",
+    )
     # MCP
     mcp_root: Path | None = Field(
         default=None,

@@ -20,7 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from storage.base import Storage, SupportsAbandonedUploads
 from storage.errors import StorageError
-from transfer import __version__
+from transfer import __version__, metrics
+from transfer.api import observability
 from transfer.api.authorized import add_authorized_routes
 from transfer.api.bundles import add_bundle_routes
 from transfer.api.caller import caller_of
@@ -222,17 +223,23 @@ def create_app(
     async def sweep_sessions() -> None:
         while True:
             await asyncio.sleep(settings.session_gc_interval)
+            removed = 0
             try:
-                await sessions.collect_garbage()
-                await tus.collect_garbage()
-                await authorizations.sweep_authorizations()
+                collected = await sessions.collect_garbage()
+                removed += sum(collected.values())
+                removed += await tus.collect_garbage()
+                removed += await authorizations.sweep_authorizations()
                 if isinstance(service.storage, SupportsAbandonedUploads):
                     with storage_errors_translated():
                         aborted = await service.storage.abort_abandoned_uploads(settings.s3_abandoned_upload_age)
+                    removed += aborted
                     if aborted:
                         log.warning("aborted %d abandoned multipart upload(s) (their writers had died)", aborted)
             except TransferError:
+                metrics.sweep_ran("sessions", removed, ok=False)
                 log.exception("session garbage collection failed; retrying at the next interval")
+            else:
+                metrics.sweep_ran("sessions", removed)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -323,6 +330,8 @@ def create_app(
         hosts=HostPolicy.build(settings.host, settings.public_url, settings.allowed_hosts),
         browsers=BrowserPolicy.build(settings.cors_allow_origins, settings.public_url),
     )
+    # outermost of all: metrics, the access log and X-Request-ID see every answer, refusals included
+    observability.install(app, settings, service.storage, needs).expect_sweep("sessions", settings.session_gc_interval)
 
     @app.get("/healthz", tags=["service"])
     async def healthz() -> dict[str, str]:

@@ -204,5 +204,8 @@ def uvicorn_config(app: Any, settings: Settings, *, host: str, port: int, **kwar
         # longer than clients keep idle connections (httpx: 5 s): otherwise a client reusing a connection the server
         # is closing at that moment sees a reset (found by the soak at 300 clients)
         timeout_keep_alive=settings.http_keep_alive,
+        # uvicorn's access line carries the path with its query, i.e. the signature of a signed URL; the
+        # application's own line (transfer.api.observability) names the route template instead
+        access_log=False,
         **kwargs,
     )

@@ -35,7 +35,6 @@ from transfer.core.delivery import CONTENT_SAFETY_HEADERS
 from transfer.core.digests import sha256_from_digest_field
 from transfer.core.mime import validate_media_type
 from transfer.core.numerals import decimal
-from transfer.core.signing import require_signed_path
 from transfer.errors import InvalidRequest, SessionIncomplete
 from transfer.service import session_views
 from transfer.service.files import FileService
@@ -197,8 +196,9 @@ def add_session_routes(
 
     @app.get("/v1/sessions/{sid}/chunks", tags=["sessions"], summary="Status through a streaming descriptor's URL")
     async def signed_status(request: Request, sid: str) -> dict[str, Any]:
-        require_signed_path(request.scope.get("raw_path"), (chunks_path(sid),))
-        files.signer.verify("GET", chunks_path(sid), request.url.query, files.clock())
+        files.check_signed(
+            "GET", chunks_path(sid), request.url.query, request.scope.get("raw_path"), (chunks_path(sid),)
+        )
         return await sessions.status(sid, TRUSTED)  # the signature is the authority
 
     chunk_doc: dict[str, Any] = dict(
@@ -213,8 +213,10 @@ def add_session_routes(
         request: Request, sid: str, index: int, prefer: Annotated[str | None, Header()] = None
     ) -> Response:
         # the signature covers the chunks path; a chunk's path is that path and the index, written canonically
-        require_signed_path(request.scope.get("raw_path"), (f"{chunks_path(sid)}/{index}",))
-        files.signer.verify(request.method, chunks_path(sid), request.url.query, files.clock())
+        raw_path = request.scope.get("raw_path")
+        files.check_signed(
+            request.method, chunks_path(sid), request.url.query, raw_path, (f"{chunks_path(sid)}/{index}",)
+        )
         wait = parse_prefer_wait(prefer, settings.live_read_timeout, max(settings.live_read_timeout, 300))
         _session, stream, length, xxh3 = await sessions.open_chunk(sid, index, wait)
         headers = {

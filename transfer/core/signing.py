@@ -36,7 +36,9 @@ def require_signed_path(raw_path: bytes | str | None, signed_paths: tuple[str, .
         return
     text = raw_path.decode("latin-1") if isinstance(raw_path, bytes) else raw_path
     if text not in signed_paths:
-        raise SignatureInvalid("the URL's path is not the path that was signed (an encoded variant is another URL)")
+        raise SignatureInvalid(
+            "the URL's path is not the path that was signed (an encoded variant is another URL)", reason="path_variant"
+        )
 
 
 def _b64url(raw: bytes) -> str:
@@ -85,16 +87,16 @@ class UrlSigner:
         # different URL and fails, as every other change does.
         pairs = [part.partition("=") for part in query_string.split("&")] if query_string else []
         if sorted(k for k, _, _ in pairs) != sorted(_PARAMS) or any(not sep for _, sep, _ in pairs):
-            raise SignatureInvalid("signed URL must carry exactly the parameters exp, kid and sig")
+            raise SignatureInvalid("signed URL must carry exactly the parameters exp, kid and sig", reason="malformed")
         params = {k: v for k, _, v in pairs}
         kid, sig, exp_text = params["kid"], params["sig"], params["exp"]
         if not all(_SAFE_RE.match(v) for v in (kid, sig)):
-            raise SignatureInvalid("malformed key id or signature in signed URL")
+            raise SignatureInvalid("malformed key id or signature in signed URL", reason="malformed")
         if not _EXP_RE.match(exp_text):
-            raise SignatureInvalid("malformed expiry in signed URL")
+            raise SignatureInvalid("malformed expiry in signed URL", reason="malformed")
         expires = int(exp_text)
         if kid not in self._keys:
-            raise SignatureInvalid("signed URL names an unknown key id")
+            raise SignatureInvalid("signed URL names an unknown key id", reason="unknown_key")
         expected = self._mac(kid, method, path, expires)
         if not hmac.compare_digest(expected.encode("ascii"), sig.encode("ascii")):
             raise SignatureInvalid("signature does not match this URL")

@@ -20,6 +20,7 @@ import pybase64
 
 from storage.base import Capability, ObjectReader, Storage, SupportsPresign
 from storage.errors import StorageError
+from transfer import metrics
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode
 from transfer.core.delivery import DeliveryPlan, DeliveryPolicy, Representation, plan_delivery
@@ -32,8 +33,10 @@ from transfer.errors import (
     InvalidRequest,
     MethodNotAllowed,
     NotFound,
+    SignatureInvalid,
     StorageUnavailable,
     TransferError,
+    UrlExpired,
     storage_errors_translated,
 )
 from transfer.service.backends import load_signing_keys
@@ -346,10 +349,21 @@ class FileService:
         method = method.upper()
         if method not in ("GET", "HEAD", "POST"):
             raise MethodNotAllowed(f"{method} is not allowed here", headers={"allow": "GET, HEAD, POST"})
-        require_signed_path(raw_path, (content_path(file_id),))
-        self.signer.verify(method, content_path(file_id), query_string, self.clock())
+        self.check_signed(method, content_path(file_id), query_string, raw_path, (content_path(file_id),))
         expires = _expiry_of(query_string)
         return await self._open_planned(file_id, method, headers, max(0, expires - int(self.clock())), TRUSTED)
+
+    def check_signed(
+        self, method: str, signed_path: str, query_string: str, raw_path: bytes | str | None, paths: tuple[str, ...]
+    ) -> None:
+        """Every signed-URL check of the service: the raw path must be one of ``paths`` and the query a valid,
+        unexpired signature of ``method signed_path``; SignatureInvalid / UrlExpired otherwise, counted by reason."""
+        try:
+            require_signed_path(raw_path, paths)
+            self.signer.verify(method, signed_path, query_string, self.clock())
+        except (SignatureInvalid, UrlExpired) as exc:
+            metrics.signed_url_rejected(exc.reason)
+            raise
 
     async def open_owned(self, file_id: str, method: str, headers: Mapping[str, str], caller: Grant) -> Download:
         """Plan the response to a GET or HEAD (RFC 9110: ranges, conditionals) for a caller who may see the file

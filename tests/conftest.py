@@ -18,8 +18,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from transfer.api.app import create_app
 from transfer.api.server import uvicorn_config
+from transfer.hosts import create_app
 from transfer.settings import Settings
 
 

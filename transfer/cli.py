@@ -130,8 +130,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from storage.errors import StorageError
-    from transfer.api.app import create_app
     from transfer.api.server import uvicorn_config
+    from transfer.hosts import create_app
     from transfer.service.backends import make_storage
     from transfer.settings import Settings
 
@@ -176,8 +176,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
     from pydantic import ValidationError
 
-    from transfer.bindings.mcp import build_mcp
-    from transfer.service.container import Services
+    from transfer.hosts import run_mcp_stdio
     from transfer.settings import Settings
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -197,32 +196,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         base_url = settings.public_url or _http_base(settings.host, sock.getsockname()[1])
         print(f"transfer mcp: descriptors' URLs are served by this process at {base_url}", file=sys.stderr)
 
-    async def run() -> int:
-        services = Services.build(settings)
-        await services.start()
-        server = build_mcp(services, None, http=False, root=root, base_url=base_url)
-        http_server = http_task = None
-        if sock is not None:
-            import uvicorn
-
-            from transfer.api.app import create_app
-            from transfer.api.server import uvicorn_config
-
-            app = create_app(settings, services=services)
-            port = sock.getsockname()[1]
-            config = uvicorn_config(app, settings, host=settings.host, port=port, log_level="warning")
-            http_server = uvicorn.Server(config)
-            http_task = asyncio.create_task(http_server.serve(sockets=[sock]))
-        try:
-            await server.run_stdio_async()
-        finally:
-            if http_server is not None and http_task is not None:
-                http_server.should_exit = True  # a clean shutdown: lifespan ends, open responses finish
-                await asyncio.wait([http_task], timeout=5)
-            await services.close()
-        return 0
-
-    return asyncio.run(run())
+    return asyncio.run(run_mcp_stdio(settings, root=root, base_url=base_url, sock=sock))
 
 
 _SERVICE_FLAGS = (

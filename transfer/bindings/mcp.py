@@ -54,7 +54,6 @@ from transfer.bindings.mcp_schemas import (
     TpAnswer,
     tool_texts,
 )
-from transfer.client.resolver import ResolveOptions, Resolver
 from transfer.core.auth import Authenticator, Grant
 from transfer.core.auth import Scope as KeyScope
 from transfer.core.content import (
@@ -63,7 +62,6 @@ from transfer.core.content import (
     DownloadMethod,
     FileContent,
     FileRole,
-    TransferMode,
     load_descriptor,
     normalize_checksum,
 )
@@ -409,8 +407,7 @@ class McpBinding:
         if path is not None:
             grant(KeyScope.UPLOAD)  # it writes to the server's disk
         parsed = load_descriptor(descriptor, inline_threshold=self.settings.inline_threshold)
-        async with self._http() as http:
-            resolver = Resolver(http, ResolveOptions(max_decoded_size=self.settings.max_upload_size))
+        async with self.services.resolve.resolver(guarded=self.http) as resolver:
             if isinstance(parsed, ContentBundle):
                 if path is None:
                     raise InvalidRequest("a bundle resolves into a directory: give path")
@@ -421,18 +418,8 @@ class McpBinding:
                     placed = _place_all([(p, target / p.name) for p in resolved], overwrite=overwrite)
                 return {"directory": str(target), "files": [str(p) for p in placed]}
             if path is None:
-                size = parsed.size if isinstance(parsed, FileContent) else None
-                threshold = self.settings.inline_threshold
-                if (
-                    isinstance(parsed, FileContent)
-                    and parsed.type is not TransferMode.INLINE
-                    and (size is None or size > threshold)
-                ):
-                    raise InvalidRequest(
-                        f"content of {size if size is not None else 'unknown'} bytes is above the inline threshold "
-                        f"({threshold}); give path"
-                    )
-                data = await resolver.to_bytes(parsed, max_size=threshold)
+                self.services.resolve.check_small(parsed)
+                data = await resolver.to_bytes(parsed, max_size=self.settings.inline_threshold)
                 media = parsed.content_type if isinstance(parsed, FileContent) else "text/plain"
                 if isinstance(parsed, SynapseText) or is_textual(media or ""):
                     try:
@@ -489,11 +476,6 @@ class McpBinding:
     ) -> dict[str, Any]:
         """TP messages waiting for ``receiver`` (oldest first; each is delivered once)."""
         return {"messages": await self.services.tp.poll(receiver, self.grant(ctx), limit)}
-
-    def _http(self) -> httpx.AsyncClient:
-        if self.http:  # the server fetches on behalf of a remote caller: SSRF-guarded
-            return self.services.imports.http_client()
-        return httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0), follow_redirects=True)
 
 
 def build_mcp(

@@ -27,6 +27,7 @@ from transfer.service.imports import ImportService
 from transfer.service.journal import JobJournal
 from transfer.service.progress import Job, ProgressHub
 from transfer.service.quota import SessionQuota
+from transfer.service.resolve import ResolveService
 from transfer.service.sessions import SessionService, is_session_id
 from transfer.service.tp import TPService
 from transfer.service.tus import TusService
@@ -57,6 +58,7 @@ class Services:
     hub: ProgressHub
     journal: JobJournal
     imports: ImportService
+    resolve: ResolveService
     tp: TPService
     a2a: A2AService
     _users: int = 0  # hosts that started the set and have not closed it yet (stdio MCP + its HTTP server: two)
@@ -87,6 +89,7 @@ class Services:
             hub=hub,
             journal=journal,
             imports=imports,
+            resolve=ResolveService(settings, imports),
             tp=TPService(files, sessions, imports, clock=clock),
             a2a=A2AService(files, imports, clock=clock),
         )

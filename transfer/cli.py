@@ -25,6 +25,7 @@ from transfer.client.chunks import state_dir
 from transfer.client.client import DEFAULT_SERVER, AsyncTransferClient
 from transfer.client.resolver import Progress, ResolveOptions
 from transfer.core.content import ContentBundle, FileContent, TransferMode, load_descriptor
+from transfer.core.encodings import CODECS
 from transfer.errors import TransferError
 
 # PERF-NOTES: uvloop hands Python a fresh ~256 KiB bytes per socket read; with glibc's default thresholds a 1 GiB
@@ -504,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--content-type", help="media type (default: sniffed)")
     p.add_argument("--role", choices=["reference", "result", "attachment"])
     p.add_argument("--description")
-    p.add_argument("--encoding", default="none", choices=["none", "gzip", "deflate", "zstd"])
+    p.add_argument("--encoding", default="none", choices=CODECS.storage_names())
     p.add_argument("--download-method", choices=["GET", "POST", "signed_url"])
     p.add_argument("--ttl", type=int, help="seconds the signed URL lives")
     p.add_argument("--url", action="store_true", help="always url mode, even for small files")

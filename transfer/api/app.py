@@ -33,7 +33,7 @@ from transfer.api.tus import TusMiddleware, add_tus_routes
 from transfer.core.auth import Authenticator, Scope
 from transfer.core.content import DownloadMethod, FileRole, normalize_checksum
 from transfer.core.digests import sha256_from_digest_field
-from transfer.core.encodings import coding_from_http, storage_encoding
+from transfer.core.encodings import CODECS, coding_from_http, storage_encoding
 from transfer.core.naming import filename_from_content_disposition
 from transfer.core.numerals import parse_count
 from transfer.errors import (
@@ -135,7 +135,7 @@ def upload_options(
     checksum: Annotated[str | None, Query(description="sha256:<hex> of the original bytes, verified")] = None,
     size: Annotated[int | None, Query(ge=0, description="original size in bytes, verified")] = None,
     encoding: Annotated[
-        str, Query(description="how to store and serve it: none, gzip, deflate (zlib) or zstd")
+        str, Query(description=f"how to store and serve it: {', '.join(CODECS.storage_names())}")
     ] = "none",
     download_method: DownloadMethod | None = None,
     ttl: Annotated[int | None, Query(gt=0, description="seconds the signed URL lives (max 7 days)")] = None,

@@ -68,7 +68,7 @@ from transfer.core.content import (
 from transfer.core.content import (
     TextContent as SynapseText,
 )
-from transfer.core.encodings import storage_encoding
+from transfer.core.encodings import CODECS, storage_encoding
 from transfer.core.mime import is_textual
 from transfer.core.tp import Binding, validate_envelope
 from transfer.errors import (
@@ -256,7 +256,8 @@ class McpBinding:
         role: FileRole | None = None,
         description: Annotated[str | None, Field(max_length=1024)] = None,
         encoding: Annotated[
-            Literal["none", "gzip", "deflate", "zstd"], Field(description="how to store and serve it")
+            str,
+            Field(description="how to store and serve it", json_schema_extra={"enum": list(CODECS.storage_names())}),
         ] = "none",
         ttl: Annotated[int | None, Field(gt=0, description="seconds the signed URL lives")] = None,
         ctx: Context | None = None,

@@ -23,7 +23,7 @@ from storage.errors import StorageError
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode
 from transfer.core.delivery import DeliveryPlan, DeliveryPolicy, Representation, plan_delivery
-from transfer.core.encodings import HTTP_CODINGS, DecodeLimits, make_decoder
+from transfer.core.encodings import DecodeLimits, http_coding, make_decoder
 from transfer.core.mime import is_active_type, is_compressible, is_media_type
 from transfer.core.naming import content_disposition
 from transfer.core.signing import UrlSigner, require_signed_path
@@ -239,7 +239,7 @@ class FileService:
                 object_key(record.id),
                 expires_in=ttl,
                 content_type=record.content_type,
-                content_encoding=HTTP_CODINGS.get(record.encoding),
+                content_encoding=http_coding(record.encoding),
                 content_disposition=content_disposition(disposition, record.name),
             )
         expires = parse_qs(urlsplit(url).query).get("X-Amz-Expires", [str(ttl)])[0]
@@ -309,7 +309,7 @@ class FileService:
                 sha256_hex=record.encoded_sha256,
                 last_modified=record.created_at,
                 filename=record.name,
-                content_encoding=HTTP_CODINGS.get(record.encoding),
+                content_encoding=http_coding(record.encoding),
                 compressible=record.encoding is ContentEncoding.NONE and is_compressible(record.content_type),
             )
             policy = DeliveryPolicy(

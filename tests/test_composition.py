@@ -74,7 +74,7 @@ def test_every_capability_has_a_reader() -> None:
 
 
 def _settings(tmp_path: Path, **extra: object) -> Settings:
-    return Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"}, **extra)  # type: ignore[arg-type]
+    return Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"}, **extra)
 
 
 @pytest.mark.anyio
@@ -143,3 +143,46 @@ def test_stdio_mcp_runs_the_maintenance(tmp_path: Path) -> None:
         if proc.stderr is not None:
             proc.stderr.close()
     assert proc.returncode == 0
+
+
+@pytest.mark.anyio
+async def test_websocket_subscription_rules_are_the_tp_services(tmp_path: Path) -> None:
+    """What a subscriber may hear is decided by TPService.subscription, with no WebSocket involved: the read scope,
+    the shape of ``payload.subscribe``, and per id: a file id the caller cannot see is refused (the others go
+    on); a relay channel is heard; every accepted id is followed."""
+    from transfer.core.auth import Authenticator, new_token, parse_keys, token_hash
+    from transfer.core.tp import Binding, Envelope, make_envelope
+    from transfer.errors import InsufficientScope, InvalidEnvelope, NotFound
+
+    reader, uploader = new_token(), new_token()
+    keys = {
+        "reader": {"sha256": token_hash(reader), "scopes": ["read"]},
+        "uploader": {"sha256": token_hash(uploader), "scopes": ["upload"]},
+    }
+    auth = Authenticator(parse_keys(keys))
+    services = Services.build(_settings(tmp_path))
+    await services.start()
+    try:
+
+        def notify(subscribe: object) -> Envelope:
+            return make_envelope(
+                "resource_notify", {"subscribe": subscribe}, sender="agent:a", binding=Binding.NATIVE_TP, timestamp=0
+            )
+
+        tp = services.tp
+        grant = auth.authorizer(f"Bearer {reader}")
+        sub = await tp.subscription(notify(["chan-1", "f_" + "0" * 32]), grant)
+        assert sub is not None
+        assert sub.subscribed == ["chan-1"] and sub.follow == ["chan-1"]
+        assert "resource:chan-1" in sub.topics
+        assert [(rid, type(exc)) for rid, exc in sub.refused] == [("f_" + "0" * 32, NotFound)]
+        with pytest.raises(InvalidEnvelope):
+            await tp.subscription(notify("chan-1"), grant)
+        with pytest.raises(InsufficientScope):
+            await tp.subscription(notify(["chan-1"]), auth.authorizer(f"Bearer {uploader}"))
+        plain = make_envelope(
+            "resource_notify", {"resource_id": "x"}, sender="a", binding=Binding.NATIVE_TP, timestamp=0
+        )
+        assert await tp.subscription(plain, grant) is None  # a message, not a subscription
+    finally:
+        await services.close()

@@ -372,9 +372,12 @@ def rest_app(
         except BaseException as exc:  # the job must end whatever happened (cancelled: the client went away)
             if job is not None:
                 job.fail(exc if isinstance(exc, TransferError) else ClientDisconnected("upload interrupted"))
+                if isinstance(exc, TransferError):
+                    await job.settled()  # the answer comes once every replica can read the job's end
             raise
         if job is not None:
             job.succeed({"file_id": record.id, "descriptor": descriptor.to_json()})
+            await job.settled()
         return descriptor.to_json()
 
     # PUT on the collection too: `curl -T file http://host/v1/files` names no file, so curl sends exactly that

@@ -74,11 +74,12 @@ class JobJournal:
 
     def record(self, job: Job) -> None:
         """Record ``job`` until it ends (a ProgressHub ``on_open`` hook: called when a writer opens a job)."""
-        task = asyncio.create_task(self._record(job))
+        finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(self._record(job, job.recording(finished), finished))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _record(self, job: Job) -> None:
+    async def _record(self, job: Job, first: asyncio.Event, done: asyncio.Future[None]) -> None:
         written_state = -1  # index of the last state event recorded
         written_progress = -1
         progress_at = -PROGRESS_RECORD_INTERVAL
@@ -102,6 +103,7 @@ class JobJournal:
                 if state_due:
                     await self._write_state(job, states)
                     written_state = states[-1].index
+                    first.set()
                 if final and any(e.kind == "done" for e in states) and written_state == states[-1].index:
                     return
                 if wait is None:
@@ -114,6 +116,10 @@ class JobJournal:
         except (TransferError, StorageError):
             # the job itself goes on here; readers on other replicas stop hearing of it (and say so on timeout)
             log.exception("recording job %s failed; it is followed on this replica only", job.id)
+        finally:
+            first.set()  # nobody waits for a record that will not come
+            if not done.done():
+                done.set_result(None)
 
     async def _write_state(self, job: Job, states: list[ProgressEvent]) -> None:
         doc = {

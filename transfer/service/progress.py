@@ -67,6 +67,25 @@ class Job:
     expires: float | None = None  # monotonic time the hub forgets it (None: running, kept)
     owner: str | None = None  # the API key whose upload/import it reports on, or whose reader opened it waiting
     _on_end: Callable[[Job], None] | None = None
+    _recorded: asyncio.Event | None = None  # set once the journal has written the job's first record
+    _recorder: asyncio.Future[None] | None = None  # the journal's task recording the job
+
+    def recording(self, recorder: asyncio.Future[None]) -> asyncio.Event:
+        """The journal records this job with ``recorder``; it sets the event returned once the job's first record
+        is written (see :meth:`recorded`)."""
+        self._recorder = recorder
+        self._recorded = asyncio.Event()
+        return self._recorded
+
+    async def recorded(self) -> None:
+        """Wait until other replicas can find this job (at once when nothing records it)."""
+        if self._recorded is not None:
+            await self._recorded.wait()
+
+    async def settled(self) -> None:
+        """Wait until the records of this finished job are written, so that any replica reads its end."""
+        if self._recorder is not None:
+            await asyncio.shield(self._recorder)
 
     @property
     def finished(self) -> bool:

@@ -233,7 +233,7 @@ class TPService:
                 record = await self.imports.fetch_and_store(descriptor, authorize)
                 fresh = await self.files.describe(record, base_url, download_method=method, ttl=ttl)
                 return self._mounted(envelope, binding, record.id, fresh)
-            job = self.imports.start(descriptor, base_url, authorize)
+            job = await self.imports.start(descriptor, base_url, authorize)
             self._spawn(self._announce_when_done(job, envelope, binding))
             return TPOutcome(202, correlation_id=job.id)
         raise InvalidEnvelope("resource_mount payload needs resource_id, resource or upload")

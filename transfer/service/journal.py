@@ -37,6 +37,7 @@ log = logging.getLogger("transfer.jobs")
 PREFIX = "jobs/"
 PROGRESS_RECORD_INTERVAL = 0.5  # seconds between two writes of a job's progress record
 FOLLOW_POLL = 0.5  # seconds between a follower's looks at the records
+WAIT_POLL_MAX = 2.0  # a job not recorded yet is looked for less and less often, up to this interval
 IDLE_STOP = 10.0  # a follower nobody reads stops after this long (the next reader starts it again)
 STALLED = 24 * 3600.0  # an unfinished job not recorded for this long lost its process: the sweep removes it
 EVENT_KINDS: frozenset[str] = frozenset({"start", "progress", "result", "error", "end", "done"})
@@ -161,25 +162,29 @@ class JobJournal:
         deadline = loop.time() + wait
         idle = 0.0
         started = False
+        pause = FOLLOW_POLL
         while True:
             doc = await self.load(job.id)
             if doc is None:
                 if loop.time() >= deadline:
                     raise NotFound(f"no job {job.id!r}")
-            else:
-                if job.owner is not None and doc.get("owner") != job.owner:
-                    raise NotFound(f"no job {job.id!r}")
-                events = [_event(e) for e in doc.get("events", [])]
-                progress = await self._progress(job.id)
-                if progress is not None:
-                    events.append(progress)
-                if not started and events and adopt is not None:
-                    adopt(job)
-                started = started or bool(events)
-                for event in sorted(events, key=lambda e: e.index):
-                    job.replay(event)
-                if job.finished and any(e.kind == "done" for e in job.events):
-                    return
+                # bounded cost per waiting reader (each is one of max_waiting): fewer looks as the wait goes on
+                await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+                pause = min(pause * 1.5, WAIT_POLL_MAX)
+                continue
+            if job.owner is not None and doc.get("owner") != job.owner:
+                raise NotFound(f"no job {job.id!r}")
+            events = [_event(e) for e in doc.get("events", [])]
+            progress = await self._progress(job.id)
+            if progress is not None:
+                events.append(progress)
+            if not started and events and adopt is not None:
+                adopt(job)
+            started = started or bool(events)
+            for event in sorted(events, key=lambda e: e.index):
+                job.replay(event)
+            if job.finished and any(e.kind == "done" for e in job.events):
+                return
             idle = 0.0 if job.watchers else idle + FOLLOW_POLL
             if idle >= IDLE_STOP and started:
                 return

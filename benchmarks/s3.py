@@ -30,8 +30,7 @@ else:
 
 def run_s3(size: int, reps: int, workdir: Path, endpoint: Any = None, memory_size: int = 0) -> dict[str, Any]:
     """Upload/download ``size`` bytes through the service on S3 and with boto3 directly; returns rows + memory."""
-    from tests.conftest import s3_client
-    from tests.s3server import swift_s3_server
+    from devtools.s3server import s3_client, swift_s3_server
 
     with ExitStack() as stack:
         if endpoint is None:

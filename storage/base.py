@@ -13,7 +13,8 @@ Core (every backend):
 
 Capabilities (tusd's composer idea): a backend declares at start-up which optional interfaces it implements, in
 ``capabilities``; the service checks the set, never the backend's class. Extension interfaces are one-method
-protocols below (``SupportsPresign``).
+protocols below (``SupportsPresign``); :func:`capable` gives the backend as one of them when, and only when, it
+declares the capability. Every capability has a reader in the service; one nobody reads is removed.
 
 The backend stores bytes and a flat ``dict[str, str]`` of metadata (ASCII, as S3 user metadata). It knows nothing
 of descriptors, checksums or HTTP: the service decides what to write and when it is verified enough to commit.
@@ -23,11 +24,11 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import Protocol, Self, TypeVar, cast, runtime_checkable
 
 from storage.errors import InvalidKey
 
@@ -45,11 +46,11 @@ def validate_key(key: str) -> str:
 class Capability(enum.Enum):
     """Optional abilities a backend may declare."""
 
-    RANGED_READ = "ranged_read"  # read(start, end) costs O(end - start), not O(start)
     PRESIGN = "presign"  # the backend can mint its own time-limited GET URLs (SupportsPresign)
     MULTIPART = "multipart"  # parts uploaded independently and combined server-side
-    COMPOSE = "compose"  # concatenate existing objects into a new one
+    COMPOSE = "compose"  # concatenate existing objects into a new one (SupportsCompose)
     ATOMIC_IF_ABSENT = "atomic_if_absent"  # create(if_absent=True) holds under concurrent writers too
+    ABANDONED_UPLOADS = "abandoned_uploads"  # unfinished uploads outlive dead writers (SupportsAbandonedUploads)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,3 +220,15 @@ class SupportsPresign(Protocol):
     ) -> str:
         """A GET URL valid for ``expires_in`` seconds (the backend may cap it) whose responses carry the given
         Content-Type, Content-Encoding and Content-Disposition."""
+
+
+Interface = TypeVar("Interface")
+
+
+def capable(storage: Storage, capability: Capability, interface: Callable[..., Interface]) -> Interface | None:
+    """``storage`` as ``interface`` when it declares ``capability``, else None. The declaration decides (a backend
+    may implement a method yet declare it unusable, as S3 without an atomic check); ``interface`` (a runtime
+    protocol) only types the result."""
+    if capability in storage.capabilities and isinstance(storage, interface):  # type: ignore[arg-type]
+        return cast(Interface, storage)
+    return None

@@ -266,7 +266,7 @@ class LocalStorage:
 
     @property
     def capabilities(self) -> frozenset[Capability]:
-        return frozenset({Capability.RANGED_READ, Capability.COMPOSE, Capability.ATOMIC_IF_ABSENT})
+        return frozenset({Capability.COMPOSE, Capability.ATOMIC_IF_ABSENT})
 
     def object_path(self, key: str) -> Path:
         return self.objects_dir / validate_key(key)

@@ -343,7 +343,7 @@ class S3Storage:
 
     @property
     def capabilities(self) -> frozenset[Capability]:
-        caps = {Capability.RANGED_READ, Capability.PRESIGN, Capability.MULTIPART, Capability.COMPOSE}
+        caps = {Capability.PRESIGN, Capability.MULTIPART, Capability.COMPOSE, Capability.ABANDONED_UPLOADS}
         if self.config.atomic_if_absent:
             caps.add(Capability.ATOMIC_IF_ABSENT)
         return frozenset(caps)

@@ -18,8 +18,9 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from transfer.api.app import create_app
+from devtools.s3server import S3Endpoint, s3_client, swift_s3_server
 from transfer.api.server import uvicorn_config
+from transfer.hosts import create_app
 from transfer.settings import Settings
 
 # `transfer serve` processes the tests start end with SIGTERM: without the drain (readiness 503 while still accepting,
@@ -109,7 +110,6 @@ S3_ENV = "TRANSFER_TEST_S3_ENDPOINT"
 def s3_endpoint() -> Iterator[Any]:
     """``TRANSFER_TEST_S3_ENDPOINT`` (+ ``TRANSFER_TEST_S3_ACCESS_KEY``, ``..._SECRET_KEY``, ``..._REGION``), e.g. the
     MinIO of ``docker compose up``; otherwise a Swift s3api server started for this test session."""
-    from tests.s3server import S3Endpoint, swift_s3_server
 
     if os.environ.get(S3_ENV):
         yield S3Endpoint(
@@ -121,20 +121,6 @@ def s3_endpoint() -> Iterator[Any]:
         return
     with swift_s3_server() as endpoint:
         yield endpoint
-
-
-def s3_client(endpoint: Any) -> Any:
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint.url,
-        aws_access_key_id=endpoint.access_key,
-        aws_secret_access_key=endpoint.secret_key,
-        region_name=endpoint.region,
-        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
-    )
 
 
 def in_progress_uploads(endpoint: Any, bucket: str) -> list[Any]:

@@ -15,9 +15,9 @@ import pytest
 
 from tests.conftest import Clock, LiveServer, running
 from tests.test_api_upload import assert_error
-from transfer.api.app import create_app
 from transfer.client import AsyncTransferClient
 from transfer.core.auth import new_token, token_hash
+from transfer.hosts import create_app
 from transfer.settings import Settings
 
 TOKENS = {name: new_token() for name in ("uploader", "reader", "admin")}

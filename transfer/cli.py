@@ -25,6 +25,7 @@ from transfer.client.chunks import state_dir
 from transfer.client.client import DEFAULT_SERVER, AsyncTransferClient
 from transfer.client.resolver import Progress, ResolveOptions
 from transfer.core.content import ContentBundle, FileContent, TransferMode, load_descriptor
+from transfer.core.encodings import CODECS
 from transfer.errors import TransferError
 
 # PERF-NOTES: uvloop hands Python a fresh ~256 KiB bytes per socket read; with glibc's default thresholds a 1 GiB
@@ -131,10 +132,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from storage.errors import StorageError
-    from transfer.api.app import create_app
     from transfer.api.observability import configure_logging
     from transfer.api.server import uvicorn_config
     from transfer.api.shutdown import GracefulServer
+    from transfer.hosts import create_app
     from transfer.service.backends import make_storage
     from transfer.settings import Settings
 
@@ -183,8 +184,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
     from pydantic import ValidationError
 
-    from transfer.bindings.mcp import build_mcp
-    from transfer.service.container import Services
+    from transfer.hosts import run_mcp_stdio
     from transfer.settings import Settings
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -204,32 +204,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         base_url = settings.public_url or _http_base(settings.host, sock.getsockname()[1])
         print(f"transfer mcp: descriptors' URLs are served by this process at {base_url}", file=sys.stderr)
 
-    async def run() -> int:
-        services = Services.build(settings)
-        await services.start()
-        server = build_mcp(services, None, http=False, root=root, base_url=base_url)
-        http_server = http_task = None
-        if sock is not None:
-            import uvicorn
-
-            from transfer.api.app import create_app
-            from transfer.api.server import uvicorn_config
-
-            app = create_app(settings, services=services)
-            port = sock.getsockname()[1]
-            config = uvicorn_config(app, settings, host=settings.host, port=port, log_level="warning")
-            http_server = uvicorn.Server(config)
-            http_task = asyncio.create_task(http_server.serve(sockets=[sock]))
-        try:
-            await server.run_stdio_async()
-        finally:
-            if http_server is not None and http_task is not None:
-                http_server.should_exit = True  # a clean shutdown: lifespan ends, open responses finish
-                await asyncio.wait([http_task], timeout=5)
-            await services.close()
-        return 0
-
-    return asyncio.run(run())
+    return asyncio.run(run_mcp_stdio(settings, root=root, base_url=base_url, sock=sock))
 
 
 _OPS_FLAGS = (  # serve only
@@ -570,7 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--content-type", help="media type (default: sniffed)")
     p.add_argument("--role", choices=["reference", "result", "attachment"])
     p.add_argument("--description")
-    p.add_argument("--encoding", default="none", choices=["none", "gzip", "deflate", "zstd"])
+    p.add_argument("--encoding", default="none", choices=CODECS.storage_names())
     p.add_argument("--download-method", choices=["GET", "POST", "signed_url"])
     p.add_argument("--ttl", type=int, help="seconds the signed URL lives")
     p.add_argument("--url", action="store_true", help="always url mode, even for small files")

@@ -1,13 +1,13 @@
-"""The HTTP front door (FastAPI): a thin adapter over :class:`FileService`. Every error leaves as JSON
-``{"error": {"code", "message", "status"}}`` with the status of its class in ``transfer.errors``."""
+"""The REST front door (FastAPI): routes over the service layer, nothing else. Every error leaves as JSON
+``{"error": {"code", "message", "status"}}`` with the status of its class in ``transfer.errors``. The application a
+host serves (this plus the bindings and the web page, and the lifetime of the services) is assembled in
+:mod:`transfer.hosts`."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -18,9 +18,8 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from storage.base import Storage, SupportsAbandonedUploads
 from storage.errors import StorageError
-from transfer import __version__, metrics
+from transfer import __version__
 from transfer.api import observability
 from transfer.api.authorized import add_authorized_routes
 from transfer.api.bundles import add_bundle_routes
@@ -35,13 +34,10 @@ from transfer.api.sessions import add_session_routes
 from transfer.api.streaming import DownloadResponse, combined_headers, request_body
 from transfer.api.trust import BrowserPolicy, HostPolicy, TrustBoundary
 from transfer.api.tus import TusMiddleware, add_tus_routes
-from transfer.bindings.a2a import add_a2a_routes
-from transfer.bindings.mcp import add_mcp_endpoint
-from transfer.bindings.tp import add_tp_routes
-from transfer.core.auth import Authenticator, Scope, parse_keys
+from transfer.core.auth import Authenticator, Scope
 from transfer.core.content import DownloadMethod, FileRole, normalize_checksum
 from transfer.core.digests import sha256_from_digest_field
-from transfer.core.encodings import coding_from_http, storage_encoding
+from transfer.core.encodings import CODECS, coding_from_http, storage_encoding
 from transfer.core.naming import filename_from_content_disposition
 from transfer.core.numerals import parse_bounded, parse_count
 from transfer.errors import (
@@ -49,15 +45,12 @@ from transfer.errors import (
     InvalidRequest,
     TransferError,
     from_storage_error,
-    storage_errors_translated,
 )
-from transfer.service.authorizations import Authorizations
 from transfer.service.container import Services
 from transfer.service.files import LIST_DEFAULT, LIST_MAX
 from transfer.service.ingest import UploadRequest
 from transfer.service.progress import counted
 from transfer.settings import Settings
-from transfer.web import add_web_routes
 
 log = logging.getLogger("transfer.api")
 
@@ -149,7 +142,7 @@ def upload_options(
     checksum: Annotated[str | None, Query(description="sha256:<hex> of the original bytes, verified")] = None,
     size: Annotated[int | None, Query(ge=0, description="original size in bytes, verified")] = None,
     encoding: Annotated[
-        str, Query(description="how to store and serve it: none, gzip, deflate (zlib) or zstd")
+        str, Query(description=f"how to store and serve it: {', '.join(CODECS.storage_names())}")
     ] = "none",
     download_method: DownloadMethod | None = None,
     ttl: Annotated[int | None, Query(gt=0, description="seconds the signed URL lives (max 7 days)")] = None,
@@ -187,25 +180,35 @@ def error_response(exc: TransferError) -> JSONResponse:
     return AsciiJSONResponse(exc.to_payload(), status_code=exc.status, headers=exc.headers or None)
 
 
-def create_app(
-    settings: Settings | None = None,
-    storage: Storage | None = None,
+def public_base_url(settings: Settings) -> Callable[[Request], str]:
+    """Where descriptors point: the public URL, else the request's Host, which TrustBoundary has checked against
+    the allow-list (a forged Host never reaches a route)."""
+
+    def base_url(request: Request) -> str:
+        return settings.public_url or str(request.base_url).rstrip("/")
+
+    return base_url
+
+
+def rest_app(
+    services: Services,
+    auth: Authenticator,
     *,
-    clock: Callable[[], float] = time.time,
-    services: Services | None = None,
+    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
 ) -> FastAPI:
-    """Build the ASGI application; storage defaults to the local data directory of ``settings``; ``clock`` (Unix
-    seconds) decides URL expiry, so tests can move time."""
-    settings = settings or Settings()
-    auth = Authenticator(parse_keys(settings.api_keys or {}))
-    services = services or Services.build(settings, storage, clock=clock)
+    """The REST front door over ``services``: its routes (files, sessions, bundles, tus, jobs), error handlers and
+    the middleware every front door of the application shares (trust boundary, CORS, limits). It routes only: the
+    other front doors and the lifetime of ``services`` are the host's (transfer.hosts.create_app)."""
+    settings = services.settings
     service = services.files
+    sessions = services.sessions
+    tus = services.tus
     bearer = HTTPBearer(auto_error=False, description="an API key (`transfer keys new`)")
 
     def needs(scope: Scope) -> Any:
         """A route dependency: the request's API key must carry ``scope`` (open when no keys are configured)."""
 
-        # a default, not an Annotated string: `bearer` is local to create_app, out of reach of postponed annotations
+        # a default, not an Annotated string: `bearer` is local to rest_app, out of reach of postponed annotations
         async def check(
             request: Request,
             credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
@@ -215,44 +218,6 @@ def create_app(
             request.state.grant = grant  # what the route's operations act as (see caller_of)
 
         return Depends(check)
-
-    sessions = services.sessions
-    tus = services.tus
-    authorizations = Authorizations(service)
-
-    async def sweep_sessions() -> None:
-        while True:
-            await asyncio.sleep(settings.session_gc_interval)
-            removed = 0
-            try:
-                collected = await sessions.collect_garbage()
-                removed += sum(collected.values())
-                removed += await tus.collect_garbage()
-                removed += await authorizations.sweep_authorizations()
-                if isinstance(service.storage, SupportsAbandonedUploads):
-                    with storage_errors_translated():
-                        aborted = await service.storage.abort_abandoned_uploads(settings.s3_abandoned_upload_age)
-                    removed += aborted
-                    if aborted:
-                        log.warning("aborted %d abandoned multipart upload(s) (their writers had died)", aborted)
-            except TransferError:
-                metrics.sweep_ran("sessions", removed, ok=False)
-                log.exception("session garbage collection failed; retrying at the next interval")
-            else:
-                metrics.sweep_ran("sessions", removed)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if not auth.enabled:
-            log.warning("no API keys configured (TRANSFER_API_KEYS): anyone who reaches this port may upload")
-        await services.start()
-        sweeper = asyncio.create_task(sweep_sessions())
-        async with AsyncExitStack() as stack:
-            for context in app.state.lifespan_contexts:
-                await stack.enter_async_context(context())
-            yield
-        sweeper.cancel()
-        await services.close()
 
     app = FastAPI(
         title="Agent large-content transfer service",
@@ -265,8 +230,6 @@ def create_app(
         redoc_url=None,
     )
     app.state.services = services
-    app.state.service = service
-    app.state.sessions = sessions
     app.state.lifespan_contexts = []  # front doors that need to run something for the app's lifetime (MCP)
 
     @app.exception_handler(TransferError)
@@ -297,21 +260,13 @@ def create_app(
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return error_response(TransferError("internal error; see the server log"))
 
-    def base_url(request: Request) -> str:
-        """Where descriptors point: the public URL, else the request's Host, which TrustBoundary has checked
-        against the allow-list (a forged Host never reaches a route)."""
-        return settings.public_url or str(request.base_url).rstrip("/")
-
+    base_url = public_base_url(settings)
     add_session_routes(app, sessions, service, base_url, needs)
     add_bundle_routes(app, services.bundles, base_url, needs)
     add_tus_routes(app, tus, service, base_url, needs)
     add_resumable_routes(app, tus, service, base_url, needs)
-    add_authorized_routes(app, authorizations, base_url)
+    add_authorized_routes(app, services.authorizations, base_url)
     add_job_routes(app, services, base_url, needs)
-    add_tp_routes(app, services, auth, base_url)
-    add_a2a_routes(app, services, auth, base_url)
-    add_mcp_endpoint(app, services, auth)
-    add_web_routes(app, settings, keys_enabled=auth.enabled)
     app.add_middleware(TusMiddleware)
     app.add_middleware(ControlBodyLimit, limit=settings.max_json_body)
     app.add_middleware(HeaderLimit, limit=settings.max_header_size)
@@ -331,7 +286,9 @@ def create_app(
         browsers=BrowserPolicy.build(settings.cors_allow_origins, settings.public_url),
     )
     # outermost of all: metrics, the access log and X-Request-ID see every answer, refusals included
-    observability.install(app, settings, service.storage, needs).expect_sweep("sessions", settings.session_gc_interval)
+    watch = observability.install(app, settings, service.storage, needs)
+    for sweep in services.maintenance():
+        watch.expect_sweep(sweep.name, sweep.interval)
 
     @app.get("/healthz", tags=["service"])
     async def healthz() -> dict[str, str]:
@@ -430,9 +387,12 @@ def create_app(
         except BaseException as exc:  # the job must end whatever happened (cancelled: the client went away)
             if job is not None:
                 job.fail(exc if isinstance(exc, TransferError) else ClientDisconnected("upload interrupted"))
+                if isinstance(exc, TransferError):
+                    await job.settled()  # the answer comes once every replica can read the job's end
             raise
         if job is not None:
             job.succeed({"file_id": record.id, "descriptor": descriptor.to_json()})
+            await job.settled()
         return descriptor.to_json()
 
     # PUT on the collection too: `curl -T file http://host/v1/files` names no file, so curl sends exactly that
@@ -561,8 +521,3 @@ def create_app(
         return DownloadResponse(download, settings.gzip_level, settings.zstd_level)
 
     return app
-
-
-def default_app() -> FastAPI:
-    """Entry point for ``uvicorn --factory transfer.api.app:default_app``: settings from the environment."""
-    return create_app(Settings())

@@ -180,7 +180,7 @@ def add_job_routes(
     async def start_import(request: Request, body: ImportRequest) -> dict[str, Any]:
         descriptor = services.imports.parse(body.descriptor, settings.inline_threshold)
         base = base_url(request)
-        job = services.imports.start(descriptor, base, caller_of(request), job_id=body.job_id)
+        job = await services.imports.start(descriptor, base, caller_of(request), job_id=body.job_id)
         return {
             "job_id": job.id,
             "status_url": f"{base}/v1/jobs/{job.id}",

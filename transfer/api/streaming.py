@@ -12,8 +12,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from transfer.core.content import ContentEncoding
 from transfer.core.delivery import CompressedBody, MultipartBody, NoBody, RangeBody
+from transfer.core.encodings import coding_from_http as coding_of
 from transfer.core.encodings import make_encoder
 from transfer.errors import ClientDisconnected, UnsupportedEncoding
 from transfer.service.files import Download
@@ -64,7 +64,7 @@ async def plan_body(download: Download, gzip_level: int, zstd_level: int) -> Asy
                 yield chunk
         yield body.plan.tail
     elif isinstance(body, CompressedBody):
-        encoder = make_encoder(ContentEncoding(body.coding), gzip_level=gzip_level, zstd_level=zstd_level)
+        encoder = make_encoder(coding_of(body.coding), gzip_level=gzip_level, zstd_level=zstd_level)
         async for chunk in reader.read():
             out = await asyncio.to_thread(encoder.encode, chunk)
             if out:

@@ -57,7 +57,6 @@ from transfer.bindings.mcp_schemas import (
     UploadAuthorization,
     tool_texts,
 )
-from transfer.client.resolver import ResolveOptions, Resolver
 from transfer.core.auth import Authenticator, Grant
 from transfer.core.auth import Scope as KeyScope
 from transfer.core.content import (
@@ -66,14 +65,13 @@ from transfer.core.content import (
     DownloadMethod,
     FileContent,
     FileRole,
-    TransferMode,
     load_descriptor,
     normalize_checksum,
 )
 from transfer.core.content import (
     TextContent as SynapseText,
 )
-from transfer.core.encodings import storage_encoding
+from transfer.core.encodings import CODECS, storage_encoding
 from transfer.core.mime import is_textual
 from transfer.core.tp import Binding, validate_envelope
 from transfer.errors import (
@@ -84,7 +82,6 @@ from transfer.errors import (
     TransferError,
     UploadForbidden,
 )
-from transfer.service.authorizations import Authorizations
 from transfer.service.container import Services
 from transfer.service.files import LIST_DEFAULT, LIST_MAX
 from transfer.service.ingest import UploadRequest
@@ -199,7 +196,7 @@ class McpBinding:
         self.http = http
         self.root = root.resolve() if root is not None else None
         self.served_at = base_url
-        self._authorizations = Authorizations(services.files)
+        self._authorizations = services.authorizations
 
     # -- context: who calls, where URLs point, which paths are allowed ------------------------------------------
 
@@ -264,7 +261,8 @@ class McpBinding:
         role: FileRole | None = None,
         description: Annotated[str | None, Field(max_length=1024)] = None,
         encoding: Annotated[
-            Literal["none", "gzip", "deflate", "zstd"], Field(description="how to store and serve it")
+            str,
+            Field(description="how to store and serve it", json_schema_extra={"enum": list(CODECS.storage_names())}),
         ] = "none",
         ttl: Annotated[int | None, Field(gt=0, description="seconds the signed URL lives")] = None,
         ctx: Context | None = None,
@@ -468,8 +466,7 @@ class McpBinding:
         if path is not None:
             grant(KeyScope.UPLOAD)  # it writes to the server's disk
         parsed = load_descriptor(descriptor, inline_threshold=self.settings.inline_threshold)
-        async with self._http() as http:
-            resolver = Resolver(http, ResolveOptions(max_decoded_size=self.settings.max_upload_size))
+        async with self.services.resolve.resolver(guarded=self.http) as resolver:
             if isinstance(parsed, ContentBundle):
                 if path is None:
                     raise InvalidRequest("a bundle resolves into a directory: give path")
@@ -480,18 +477,8 @@ class McpBinding:
                     placed = _place_all([(p, target / p.name) for p in resolved], overwrite=overwrite)
                 return {"directory": str(target), "files": [str(p) for p in placed]}
             if path is None:
-                size = parsed.size if isinstance(parsed, FileContent) else None
-                threshold = self.settings.inline_threshold
-                if (
-                    isinstance(parsed, FileContent)
-                    and parsed.type is not TransferMode.INLINE
-                    and (size is None or size > threshold)
-                ):
-                    raise InvalidRequest(
-                        f"content of {size if size is not None else 'unknown'} bytes is above the inline threshold "
-                        f"({threshold}); give path"
-                    )
-                data = await resolver.to_bytes(parsed, max_size=threshold)
+                self.services.resolve.check_small(parsed)
+                data = await resolver.to_bytes(parsed, max_size=self.settings.inline_threshold)
                 media = parsed.content_type if isinstance(parsed, FileContent) else "text/plain"
                 if isinstance(parsed, SynapseText) or is_textual(media or ""):
                     try:
@@ -548,11 +535,6 @@ class McpBinding:
     ) -> dict[str, Any]:
         """TP messages waiting for ``receiver`` (oldest first; each is delivered once)."""
         return {"messages": await self.services.tp.poll(receiver, self.grant(ctx), limit)}
-
-    def _http(self) -> httpx.AsyncClient:
-        if self.http:  # the server fetches on behalf of a remote caller: SSRF-guarded
-            return self.services.imports.http_client()
-        return httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0), follow_redirects=True)
 
 
 def build_mcp(

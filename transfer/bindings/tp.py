@@ -34,7 +34,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from transfer.bindings.a2a import answer_a2a, dumps, is_a2a_method
 from transfer.core.a2a_protocol import RpcCode
-from transfer.core.auth import Authenticator, Scope
+from transfer.core.auth import Authenticator
 from transfer.core.numerals import decimal
 from transfer.core.tp import (
     MEDIA_TYPE,
@@ -67,7 +67,7 @@ from transfer.errors import (
 )
 from transfer.service.container import Services
 from transfer.service.progress import ProgressEvent
-from transfer.service.tp import TPOutcome, identity_key, identity_text
+from transfer.service.tp import TPOutcome, receiver_topic
 
 JSON_TYPES = (MEDIA_TYPE, "application/json")
 PARSE_IN_THREAD = 1 << 20  # JSON bodies larger than this are decoded and parsed off the event loop
@@ -205,7 +205,7 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
     ) -> Response:
         try:
             grant = auth.authorizer(request.headers.get("authorization"))
-            topic = f"receiver:{identity_key(receiver)}"
+            topic = receiver_topic(receiver)
             queue = tp.subscribe(topic)  # before the first look (which checks the key), so nothing slips between
             try:
                 messages = await tp.poll(receiver, grant, limit)
@@ -401,28 +401,20 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
                 envelope = None
                 try:
                     envelope = parse_envelope(message["text"].encode("utf-8"), cap)
-                    sender = envelope.sender
-                    if sender is not None and authorize.may_receive_as(identity_text(sender)):
-                        listen(f"receiver:{identity_key(sender)}")  # messages for this sender come here too
-                    subscribe = envelope.payload.get("subscribe")
-                    if envelope.message_type == "resource_notify" and subscribe is not None:
-                        authorize(Scope.READ)
-                        if not isinstance(subscribe, list) or not all(isinstance(s, str) for s in subscribe):
-                            raise InvalidEnvelope("payload.subscribe must be a list of resource ids")
-                        subscribed = []
-                        for rid in subscribe[:100]:
-                            try:
-                                topics_of_rid = await tp.resource_topics(rid, authorize)
-                            except TransferError as exc:  # not the caller's to follow: said per id, others go on
-                                await outbox.put(error_frame(exc, envelope.message_id, envelope.sender))
-                                continue
-                            for topic in topics_of_rid:
-                                listen(topic)
-                            subscribed.append(rid)
+                    inbox = tp.inbox_topic(envelope.sender, authorize)
+                    if inbox is not None:
+                        listen(inbox)  # messages for this sender come here too
+                    subscription = await tp.subscription(envelope, authorize)
+                    if subscription is not None:
+                        for _rid, refusal in subscription.refused:
+                            await outbox.put(error_frame(refusal, envelope.message_id, envelope.sender))
+                        for topic in subscription.topics:
+                            listen(topic)
+                        for rid in subscription.follow:
                             spawn(follow(rid, envelope.sender))
                         ack = make_envelope(
                             "resource_notify",
-                            {"status": "subscribed", "subscribe": subscribed},
+                            {"status": "subscribed", "subscribe": subscription.subscribed},
                             sender=settings.tp_identity,
                             receiver=envelope.sender,
                             binding=Binding.NATIVE_TP,
@@ -434,8 +426,9 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
                     outcome = await tp.handle(envelope, Binding.NATIVE_TP, authorize, base)
                     reply = tp.as_envelope(outcome, envelope, Binding.NATIVE_TP)
                     await outbox.put(reply.raw.decode("utf-8"))
-                    if outcome.correlation_id and outcome.status == 202 and outcome.correlation_id.startswith("j_"):
-                        spawn(follow(outcome.correlation_id, envelope.sender))
+                    job_id = tp.job_of(outcome)
+                    if job_id is not None:
+                        spawn(follow(job_id, envelope.sender))
                 except TransferError as exc:
                     related = envelope.message_id if envelope is not None else None
                     await outbox.put(error_frame(exc, related, envelope.sender if envelope else None))

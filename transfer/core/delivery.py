@@ -70,7 +70,7 @@ class MultipartBody:
 
 @dataclass(frozen=True, slots=True)
 class CompressedBody:
-    coding: str  # "gzip" or "zstd", applied to the whole stored representation
+    coding: str  # a served codec's HTTP token (encodings.CODECS), applied to the whole stored representation
 
 
 Body = NoBody | RangeBody | MultipartBody | CompressedBody

@@ -10,13 +10,19 @@ gzip/deflate use python-isal (~1 GB/s, versus ~80-200 MB/s for zlib); zstd encod
 decoding uses ``backports.zstd`` (the stdlib ``compression.zstd`` API), whose ``decompress`` takes ``max_length`` —
 ``zstandard``'s push decoder has no output bound, so one crafted input chunk could expand to gigabytes.
 
+Every coding is one :class:`Codec` entry in :data:`CODECS` (storage name, HTTP token and aliases, decoder and
+encoder factories, level setting, whether responses may be compressed with it); every list of codings in the
+service (what an upload may send, what a 415 offers, what a download may be compressed with, what the CLI and MCP
+accept) is read from it. A new coding is its ``ContentEncoding`` member (the descriptor's name), its codec classes
+and its entry here.
+
 Pure computation, no I/O: callers decide where (which thread) the CPU work runs.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,19 +44,6 @@ ZSTD_MAX_WINDOW_LOG = 23  # 8 MiB, RFC 9659 §3
 DEFAULT_PIECE = 1 << 20
 _INPUT_WINDOW = 256 << 10  # compressed bytes handed to zlib/isal per call (see _ZlibFamilyDecoder._run)
 
-# HTTP content-coding names (RFC 9110 §8.4.1) for our encodings
-HTTP_CODINGS = {ContentEncoding.GZIP: "gzip", ContentEncoding.DEFLATE: "deflate", ContentEncoding.ZSTD: "zstd"}
-# what an upload's Content-Encoding may be, as a 415 lists it in Accept-Encoding (RFC 9110 §15.5.16); identity too
-DECODED_CODINGS = (*HTTP_CODINGS.values(), "identity")
-_CODING_ALIASES = {
-    "gzip": ContentEncoding.GZIP,
-    "x-gzip": ContentEncoding.GZIP,
-    "deflate": ContentEncoding.DEFLATE,
-    "zstd": ContentEncoding.ZSTD,
-    "identity": ContentEncoding.NONE,
-    "none": ContentEncoding.NONE,
-}
-
 
 def coding_from_http(value: str) -> ContentEncoding:
     """The encoding named by a ``Content-Encoding`` value (one coding); UnsupportedEncoding otherwise."""
@@ -58,26 +51,42 @@ def coding_from_http(value: str) -> ContentEncoding:
     if not codings:
         return ContentEncoding.NONE
     if len(codings) > 1:
-        raise UnsupportedEncoding(f"stacked content codings are not supported: {value!r}", accepted=DECODED_CODINGS)
-    try:
-        return _CODING_ALIASES[codings[0]]
-    except KeyError:
+        raise UnsupportedEncoding(f"stacked content codings are not supported: {value!r}", accepted=accepted_codings())
+    codec = CODECS.from_token(codings[0])
+    if codec is None:
         raise UnsupportedEncoding(
-            f"unsupported content coding {codings[0]!r}; use gzip, deflate or zstd", accepted=DECODED_CODINGS
-        ) from None
+            f"unsupported content coding {codings[0]!r}; use {_names(CODECS.http_tokens())}",
+            accepted=accepted_codings(),
+        )
+    return codec.encoding
 
 
 def storage_encoding(value: str) -> ContentEncoding:
-    """The encoding a client asks the service to store (``none``, ``gzip``, ``deflate``, ``zstd``)."""
-    try:
-        enc = ContentEncoding(value.strip().lower())
-    except ValueError:
+    """The encoding a client asks the service to store (one of :meth:`CodecRegistry.storage_names`)."""
+    name = value.strip().lower()
+    codec = next((c for c in CODECS if c.encoding.value == name), None)
+    if codec is None:
+        if name == ContentEncoding.BASE64.value:
+            raise UnsupportedEncoding("base64 is only for inline content", accepted=accepted_codings())
         raise UnsupportedEncoding(
-            f"unknown encoding {value!r}; use none, gzip, deflate or zstd", accepted=DECODED_CODINGS
-        ) from None
-    if enc is ContentEncoding.BASE64:
-        raise UnsupportedEncoding("base64 is only for inline content", accepted=DECODED_CODINGS)
-    return enc
+            f"unknown encoding {value!r}; use {_names(CODECS.storage_names())}", accepted=accepted_codings()
+        )
+    return codec.encoding
+
+
+def accepted_codings() -> tuple[str, ...]:
+    """What an upload's Content-Encoding may be, as a 415 lists it in Accept-Encoding (RFC 9110 §15.5.16)."""
+    return (*CODECS.http_tokens(), "identity")
+
+
+def http_coding(encoding: ContentEncoding) -> str | None:
+    """The Content-Encoding token (RFC 9110 §8.4.1) of a stored encoding; None for none (identity)."""
+    codec = CODECS.get(encoding)
+    return None if codec is None or codec.encoding is ContentEncoding.NONE else codec.http_token
+
+
+def _names(names: tuple[str, ...]) -> str:
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,13 +263,10 @@ class _IdentityDecoder:
 
 def make_decoder(encoding: ContentEncoding, limits: DecodeLimits, piece_size: int = DEFAULT_PIECE) -> StreamDecoder:
     """A streaming decoder for ``encoding`` (``none`` passes bytes through, still counted against the limits)."""
-    if encoding in (ContentEncoding.GZIP, ContentEncoding.DEFLATE):
-        return _ZlibFamilyDecoder(encoding, limits, piece_size)
-    if encoding is ContentEncoding.ZSTD:
-        return _ZstdDecoder(limits, piece_size)
-    if encoding is ContentEncoding.NONE:
-        return _IdentityDecoder(limits)
-    raise UnsupportedEncoding(f"cannot decode {encoding.value!r} as a stream", accepted=DECODED_CODINGS)
+    codec = CODECS.get(encoding)
+    if codec is None:
+        raise UnsupportedEncoding(f"cannot decode {encoding.value!r} as a stream", accepted=accepted_codings())
+    return codec.decoder(limits, piece_size)
 
 
 class StreamEncoder(Protocol):
@@ -304,14 +310,72 @@ class _IdentityEncoder:
 
 
 def make_encoder(encoding: ContentEncoding, *, gzip_level: int = 1, zstd_level: int = 3) -> StreamEncoder:
-    """A streaming encoder; gzip/deflate levels are python-isal's (0-3), zstd levels zstandard's."""
-    if encoding in (ContentEncoding.GZIP, ContentEncoding.DEFLATE):
-        return _ZlibFamilyEncoder(encoding, gzip_level)
-    if encoding is ContentEncoding.ZSTD:
-        return _ZstdEncoder(zstd_level)
-    if encoding is ContentEncoding.NONE:
-        return _IdentityEncoder()
-    raise UnsupportedEncoding(f"cannot encode {encoding.value!r} as a stream")
+    """A streaming encoder; gzip/deflate levels are python-isal's (0-3), zstd levels zstandard's. Each codec takes
+    the level its entry names (``level_setting``), else its own default."""
+    codec = CODECS.get(encoding)
+    if codec is None:
+        raise UnsupportedEncoding(f"cannot encode {encoding.value!r} as a stream")
+    levels = {"gzip_level": gzip_level, "zstd_level": zstd_level}
+    return codec.encoder(levels.get(codec.level_setting or ""))
+
+
+@dataclass(frozen=True, slots=True)
+class Codec:
+    """One content coding, everything the service needs to know of it."""
+
+    encoding: ContentEncoding  # its name in descriptors and records (``encoding``)
+    http_token: str  # its Content-Encoding / Accept-Encoding token (RFC 9110 §8.4.1)
+    decoder: Callable[[DecodeLimits, int], StreamDecoder]  # (limits, piece size)
+    encoder: Callable[[int | None], StreamEncoder]  # (level or None: the codec's default)
+    aliases: tuple[str, ...] = ()  # other tokens accepted on input (RFC 9110 §8.4.1.3: x-gzip)
+    level_setting: str | None = None  # the Settings field with its level
+    serve_rank: int | None = None  # responses may be compressed with it on the fly: lower ranks preferred
+
+
+class CodecRegistry:
+    """The codings of the service, in registration order."""
+
+    def __init__(self, codecs: list[Codec]) -> None:
+        self._codecs: dict[ContentEncoding, Codec] = {}
+        for codec in codecs:
+            self.register(codec)
+
+    def register(self, codec: Codec) -> Codec | None:
+        """Add ``codec`` (replacing the entry of its encoding, which is returned)."""
+        previous = self._codecs.get(codec.encoding)
+        self._codecs[codec.encoding] = codec
+        return previous
+
+    def __iter__(self) -> Iterator[Codec]:
+        return iter(list(self._codecs.values()))
+
+    def get(self, encoding: ContentEncoding) -> Codec | None:
+        return self._codecs.get(encoding)
+
+    def from_token(self, token: str) -> Codec | None:
+        """The codec an HTTP coding token names (its token or an alias)."""
+        token = token.lower()
+        for codec in self._codecs.values():
+            if token in (codec.http_token, *codec.aliases):
+                return codec
+        return None
+
+    def http_tokens(self) -> tuple[str, ...]:
+        """The tokens of the real codings (not identity)."""
+        return tuple(c.http_token for c in self._codecs.values() if c.encoding is not ContentEncoding.NONE)
+
+    def storage_names(self) -> tuple[str, ...]:
+        """What a client may ask the service to store content as."""
+        return tuple(c.encoding.value for c in self._codecs.values())
+
+    def served(self) -> tuple[str, ...]:
+        """The tokens responses may be compressed with, preferred first."""
+        ranked = [(c.serve_rank, c.http_token) for c in self._codecs.values() if c.serve_rank is not None]
+        return tuple(token for _rank, token in sorted(ranked))
+
+    def aliases_of(self, token: str) -> tuple[str, ...]:
+        codec = self.from_token(token)
+        return () if codec is None else codec.aliases
 
 
 _B64_PIECE = 3 * (64 << 10)  # input bytes per pybase64 call: a multiple of 3, output small enough to stay cached
@@ -364,16 +428,57 @@ def parse_accept_encoding(value: str) -> dict[str, float]:
     return out
 
 
-def choose_response_coding(accept_encoding: str | None, available: tuple[str, ...] = ("zstd", "gzip")) -> str | None:
-    """The best of ``available`` the client accepts (highest q, ties in ``available`` order); None: identity."""
+def choose_response_coding(accept_encoding: str | None, available: tuple[str, ...] | None = None) -> str | None:
+    """The best of ``available`` (default: the codecs that serve responses, preferred first) the client accepts
+    (highest q, ties in ``available`` order); None: identity."""
     if not accept_encoding:
         return None
+    if available is None:
+        available = CODECS.served()
     prefs = parse_accept_encoding(accept_encoding)
     best: tuple[float, int, str] | None = None
     for rank, coding in enumerate(available):
-        q = prefs.get(coding, prefs.get("*", 0.0) if coding not in prefs else 0.0)
-        if coding == "gzip" and "x-gzip" in prefs and coding not in prefs:
-            q = prefs["x-gzip"]
+        q = prefs.get(coding, prefs.get("*", 0.0))
+        alias = next((a for a in CODECS.aliases_of(coding) if a in prefs), None)
+        if coding not in prefs and alias is not None:
+            q = prefs[alias]
         if q > 0 and (best is None or (q, -rank) > (best[0], -best[1])):
             best = (q, rank, coding)
     return None if best is None else best[2]
+
+
+CODECS = CodecRegistry(
+    [
+        Codec(
+            ContentEncoding.NONE,
+            "identity",
+            lambda limits, _piece: _IdentityDecoder(limits),
+            lambda _l: _IdentityEncoder(),
+            aliases=("none",),  # our storage name, taken as identity on input too
+        ),
+        Codec(
+            ContentEncoding.GZIP,
+            "gzip",
+            lambda limits, piece: _ZlibFamilyDecoder(ContentEncoding.GZIP, limits, piece),
+            lambda level: _ZlibFamilyEncoder(ContentEncoding.GZIP, 1 if level is None else level),
+            aliases=("x-gzip",),
+            level_setting="gzip_level",
+            serve_rank=2,
+        ),
+        Codec(
+            ContentEncoding.DEFLATE,
+            "deflate",
+            lambda limits, piece: _ZlibFamilyDecoder(ContentEncoding.DEFLATE, limits, piece),
+            lambda level: _ZlibFamilyEncoder(ContentEncoding.DEFLATE, 1 if level is None else level),
+            level_setting="gzip_level",
+        ),
+        Codec(
+            ContentEncoding.ZSTD,
+            "zstd",
+            lambda limits, piece: _ZstdDecoder(limits, piece),
+            lambda level: _ZstdEncoder(3 if level is None else level),
+            level_setting="zstd_level",
+            serve_rank=1,
+        ),
+    ]
+)

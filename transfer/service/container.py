@@ -1,30 +1,53 @@
 """All services over one storage backend, built once and shared by every front door (REST, tus, SSE, TP bindings,
-MCP): there is exactly one FileService, SessionService, … per process."""
+MCP): there is exactly one FileService, SessionService, … per process.
+
+The set owns its background work and its shutdown. Every host (``transfer serve``, ``transfer mcp`` over stdio, the
+tests) calls :meth:`Services.start` and :meth:`Services.close` and so runs the same maintenance: the sweeps listed in
+:meth:`Services.maintenance`, each an ``async def sweep_x(self) -> int`` of a service returning how many things it
+removed, run every ``interval`` seconds. To add one, write the method on its service and add one line there.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
-from storage.base import Storage
+from storage.base import Capability, Storage
+from transfer import metrics
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.sessions import SessionState
-from transfer.errors import NotFound, SessionAborted, SessionExpired
+from transfer.errors import NotFound, SessionAborted, SessionExpired, TransferError
 from transfer.service.a2a import A2AService
+from transfer.service.authorizations import Authorizations
 from transfer.service.backends import make_storage
 from transfer.service.bundles import BundleService
 from transfer.service.files import FileService
 from transfer.service.imports import ImportService
+from transfer.service.journal import JobJournal
 from transfer.service.progress import Job, ProgressHub
 from transfer.service.quota import SessionQuota
+from transfer.service.resolve import ResolveService
 from transfer.service.sessions import SessionService, is_session_id
 from transfer.service.tp import TPService
 from transfer.service.tus import TusService
 from transfer.settings import Settings
 
+log = logging.getLogger("transfer.maintenance")
+
 SESSION_POLL = 0.5  # seconds between looks at a session record changed by another replica
 IDLE_STOP = 10.0  # a session follower nobody reads stops after this long
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """One piece of background work: ``run`` every ``interval`` seconds; it returns how many things it removed."""
+
+    name: str
+    interval: float
+    run: Callable[[], Awaitable[int]]
 
 
 @dataclass
@@ -35,9 +58,14 @@ class Services:
     tus: TusService
     bundles: BundleService
     hub: ProgressHub
+    journal: JobJournal
     imports: ImportService
+    resolve: ResolveService
     tp: TPService
     a2a: A2AService
+    authorizations: Authorizations
+    _users: int = 0  # hosts that started the set and have not closed it yet (stdio MCP + its HTTP server: two)
+    _sweepers: list[asyncio.Task[None]] = field(default_factory=list)
 
     @classmethod
     def build(
@@ -46,11 +74,13 @@ class Services:
         files = FileService(storage or make_storage(settings), settings, clock=clock)
         quota = SessionQuota(files.storage, settings.max_open_sessions_per_key)
         sessions = SessionService(files.storage, settings, clock=clock, quota=quota)
+        journal = JobJournal(files.storage, retention=settings.job_retention, clock=clock)
         hub = ProgressHub(
             max_jobs=settings.max_jobs,
             retention=settings.job_retention,
             max_waiting=settings.max_waiting_jobs,
             wait_ttl=settings.job_wait_ttl,
+            on_open=journal.record,
         )
         imports = ImportService(files, hub)
         return cls(
@@ -60,18 +90,71 @@ class Services:
             tus=TusService(files.storage, settings, clock=clock, quota=quota),
             bundles=BundleService(files.storage, files, clock=clock),
             hub=hub,
+            journal=journal,
             imports=imports,
+            resolve=ResolveService(settings, imports),
             tp=TPService(files, sessions, imports, clock=clock),
             a2a=A2AService(files, imports, clock=clock),
+            authorizations=Authorizations(files),
         )
 
+    def maintenance(self) -> list[Sweep]:
+        """The background work of every host, in one place: a new sweep is one line here."""
+        every = self.settings.session_gc_interval
+        return [
+            Sweep("sessions", every, self.sweep_sessions),
+            Sweep("tus", every, self.tus.collect_garbage),
+            Sweep("abandoned_uploads", every, self.files.sweep_abandoned_uploads),
+            Sweep("jobs", every, self.journal.sweep_jobs),
+            Sweep("authorizations", every, self.authorizations.sweep_authorizations),
+        ]
+
+    async def sweep_sessions(self) -> int:
+        """Expired sessions ended and ended ones forgotten (SessionService.collect_garbage), counted."""
+        return sum((await self.sessions.collect_garbage()).values())
+
     async def start(self) -> None:
+        """Open the backend and start the maintenance. A host that shares a started set (stdio MCP serving HTTP
+        too) may start it again: only the first start and the last close act."""
+        self._users += 1
+        if self._users > 1:
+            return
         await self.files.start()
+        if Capability.ATOMIC_IF_ABSENT not in self.files.storage.capabilities:
+            log.warning(
+                "the storage backend does not guarantee atomic create-if-absent: run one replica on it "
+                "(two replicas may both take the same new id)"
+            )
+        self._sweepers = [
+            asyncio.create_task(self._repeat(sweep), name=f"sweep:{sweep.name}") for sweep in self.maintenance()
+        ]
+
+    async def _repeat(self, sweep: Sweep) -> None:
+        while True:
+            await asyncio.sleep(sweep.interval)
+            try:
+                removed = await sweep.run()
+            except TransferError:
+                metrics.sweep_ran(sweep.name, 0, ok=False)
+                log.exception("sweep %s failed; retrying at the next interval", sweep.name)
+                continue
+            metrics.sweep_ran(sweep.name, removed)
+            if removed:
+                log.info("sweep %s removed %d", sweep.name, removed)
 
     async def close(self) -> None:
+        """Stop the maintenance and every background task, then close the backend (by the last host to close)."""
+        self._users -= 1
+        if self._users > 0:
+            return
+        sweepers, self._sweepers = self._sweepers, []
+        for task in sweepers:
+            task.cancel()
+        await asyncio.gather(*sweepers, return_exceptions=True)
         await self.tp.close()
         await self.imports.close()
         await self.hub.close()
+        await self.journal.close()
         await self.files.close()
 
     async def job(self, job_id: str, base_url: str, caller: Grant, *, wait: bool = True) -> Job:
@@ -86,11 +169,25 @@ class Services:
         try:
             job = self.hub.find(job_id)
         except NotFound:
-            if not wait or job_id.startswith(("j_", "f_", "b_")):
-                raise  # server-made ids: it is not (or no longer) in this process
-            return self.hub.find(ProgressHub.check_id(job_id), wait_for="upload", owner=caller.owner)
+            job = await self._recorded_job(job_id, caller, wait=wait)
         if not caller.sees(job.owner):
-            raise NotFound(f"no job {job_id!r} in this process")
+            raise NotFound(f"no job {job_id!r}")
+        return job
+
+    async def _recorded_job(self, job_id: str, caller: Grant, *, wait: bool) -> Job:
+        """A job this process does not hold: one another replica runs (followed through its records), else, with
+        ``wait`` and a client-chosen id, one opened waiting for its upload, here or on any replica."""
+        doc = await self.journal.load(job_id) if ProgressHub.is_id(job_id) else None
+        if doc is not None:
+            owner = doc.get("owner")
+            if not caller.sees(owner if isinstance(owner, str) else None):
+                raise NotFound(f"no job {job_id!r}")
+            return self.hub.derived(job_id, str(doc.get("kind")), self.journal.follow, owner=owner)
+        if not wait or job_id.startswith(("j_", "f_", "b_")):
+            raise NotFound(f"no job {job_id!r}")  # server-made ids are recorded before anyone can know them
+        job = self.hub.find(ProgressHub.check_id(job_id), wait_for="upload", owner=caller.owner)
+        hub, journal, ttl = self.hub, self.journal, self.settings.job_wait_ttl
+        self.hub.watch(job, lambda job: journal.follow(job, wait=ttl, adopt=hub.adopt))
         return job
 
     async def _follow_session(self, job: Job, base_url: str) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import json
 from typing import Any
 
-from storage.base import Capability, Storage, SupportsCompose
+from storage.base import Capability, Storage, SupportsCompose, capable
 from storage.errors import ObjectChanged
 from transfer.errors import storage_errors_translated
 from transfer.service.records import FileRecord, object_key, owner_files_prefix
@@ -61,13 +61,13 @@ async def publish_composed(storage: Storage, record: FileRecord, sources: list[s
     S3, where every source but the last is at least 5 MiB), else a streamed copy; then enter it in its owner's
     file index."""
     with storage_errors_translated():
-        composable = isinstance(storage, SupportsCompose) and Capability.COMPOSE in storage.capabilities
-        if composable and Capability.MULTIPART in storage.capabilities:
+        composer = capable(storage, Capability.COMPOSE, SupportsCompose)
+        if composer is not None and Capability.MULTIPART in storage.capabilities:
             sizes = [(await storage.stat(source)).size for source in sources[:-1]]
-            composable = all(size >= S3_MIN_PART for size in sizes)
-        if composable and sources:
-            assert isinstance(storage, SupportsCompose)
-            await storage.compose(object_key(record.id), sources, record.to_metadata())
+            if not all(size >= S3_MIN_PART for size in sizes):
+                composer = None
+        if composer is not None and sources:
+            await composer.compose(object_key(record.id), sources, record.to_metadata())
             await index_file(storage, record)
             return
         async with storage.create(object_key(record.id), size_hint=record.size) as writer:

@@ -18,13 +18,13 @@ from urllib.parse import parse_qs, urlsplit
 
 import pybase64
 
-from storage.base import Capability, ObjectReader, Storage, SupportsPresign
+from storage.base import Capability, ObjectReader, Storage, SupportsAbandonedUploads, SupportsPresign, capable
 from storage.errors import StorageError
 from transfer import metrics
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode
 from transfer.core.delivery import DeliveryPlan, DeliveryPolicy, Representation, plan_delivery
-from transfer.core.encodings import HTTP_CODINGS, DecodeLimits, make_decoder
+from transfer.core.encodings import DecodeLimits, http_coding, make_decoder
 from transfer.core.mime import is_active_type, is_compressible, is_media_type
 from transfer.core.naming import content_disposition
 from transfer.core.signing import UrlSigner, require_signed_path
@@ -125,6 +125,16 @@ class FileService:
 
     async def close(self) -> None:
         await self.storage.close()
+
+    async def sweep_abandoned_uploads(self) -> int:
+        """Abort the backend's unfinished uploads older than ``s3_abandoned_upload_age`` (their writers died: a
+        SIGKILL leaves S3 multipart uploads that cost storage forever); how many. Nothing to do on a backend that
+        does not declare Capability.ABANDONED_UPLOADS."""
+        backend = capable(self.storage, Capability.ABANDONED_UPLOADS, SupportsAbandonedUploads)
+        if backend is None:
+            return 0
+        with storage_errors_translated():
+            return await backend.abort_abandoned_uploads(self.settings.s3_abandoned_upload_age)
 
     @property
     def signer(self) -> UrlSigner:
@@ -284,8 +294,9 @@ class FileService:
                 **common,  # type: ignore[arg-type]
             )
         method = download_method or s.default_download_method
-        if method is DownloadMethod.SIGNED_URL and Capability.PRESIGN in self.storage.capabilities:
-            url, expires_at = await self._presigned_url(record, ttl)
+        presigner = capable(self.storage, Capability.PRESIGN, SupportsPresign)
+        if method is DownloadMethod.SIGNED_URL and presigner is not None:
+            url, expires_at = await self._presigned_url(presigner, record, ttl)
         else:  # GET, POST, or signed_url on a backend that cannot presign: our own signed URL
             http_method = "POST" if method is DownloadMethod.POST else "GET"
             url, expires_at = self.signed_url(base_url, record.id, http_method, ttl)
@@ -300,10 +311,8 @@ class FileService:
             **common,  # type: ignore[arg-type]
         )
 
-    async def _presigned_url(self, record: FileRecord, ttl: int) -> tuple[str, datetime]:
+    async def _presigned_url(self, storage: SupportsPresign, record: FileRecord, ttl: int) -> tuple[str, datetime]:
         """A URL the backend serves itself (S3 presigned GET), with our content headers forced onto its response."""
-        storage = self.storage
-        assert isinstance(storage, SupportsPresign)
         active = is_active_type(record.content_type) and not self.settings.serve_active_types_inline
         disposition = "attachment" if active else "inline"
         with storage_errors_translated():
@@ -311,7 +320,7 @@ class FileService:
                 object_key(record.id),
                 expires_in=ttl,
                 content_type=record.content_type,
-                content_encoding=HTTP_CODINGS.get(record.encoding),
+                content_encoding=http_coding(record.encoding),
                 content_disposition=content_disposition(disposition, record.name),
             )
         expires = parse_qs(urlsplit(url).query).get("X-Amz-Expires", [str(ttl)])[0]
@@ -392,7 +401,7 @@ class FileService:
                 sha256_hex=record.encoded_sha256,
                 last_modified=record.created_at,
                 filename=record.name,
-                content_encoding=HTTP_CODINGS.get(record.encoding),
+                content_encoding=http_coding(record.encoding),
                 compressible=record.encoding is ContentEncoding.NONE and is_compressible(record.content_type),
             )
             policy = DeliveryPolicy(

@@ -81,14 +81,16 @@ class ImportService:
             )
         return descriptor
 
-    def start(self, descriptor: FileContent, base_url: str, caller: Grant, *, job_id: str | None = None) -> Job:
+    async def start(self, descriptor: FileContent, base_url: str, caller: Grant, *, job_id: str | None = None) -> Job:
         """Begin importing in the background for the caller's key (the job and the file are its own); the job
-        reports progress and the new descriptor."""
+        reports progress and the new descriptor. Returns once the job is recorded, so that the id it returns can
+        be followed from any replica at once."""
         job = self.hub.open(job_id or self.hub.new_id("j"), "import", owner=caller.owner)
         job.start(descriptor.name, descriptor.size)
         task = asyncio.create_task(self._run(job, descriptor, base_url, caller))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        await job.recorded()
         return job
 
     async def _run(self, job: Job, descriptor: FileContent, base_url: str, caller: Grant) -> None:

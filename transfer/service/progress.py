@@ -10,8 +10,9 @@ follow it and resume after the last index they saw. Events are protocol-neutral;
     end       {"state": "completed" | "failed"}
     done      {"bytes", "duration_ms", "throughput_bps"}     always last
 
-Upload and import jobs live in the process that runs them (a reader on another replica sees not_found).
-Session jobs are derived from the session record in the storage backend, so any replica can follow any session.
+Upload and import jobs run in one process; their events are recorded in the storage backend as they happen (see
+:mod:`transfer.service.journal`), so a reader on any replica follows them with the same indexes. Session jobs are
+derived from the session record in the storage backend, so any replica can follow any session.
 
 Memory and time are bounded whatever ids readers send: at most ``MAX_EVENTS`` events per job (older progress events
 are dropped first); a job a reader opened before its upload started ("waiting") is one of at most ``max_waiting``
@@ -66,10 +67,54 @@ class Job:
     expires: float | None = None  # monotonic time the hub forgets it (None: running, kept)
     owner: str | None = None  # the API key whose upload/import it reports on, or whose reader opened it waiting
     _on_end: Callable[[Job], None] | None = None
+    _recorded: asyncio.Event | None = None  # set once the journal has written the job's first record
+    _recorder: asyncio.Future[None] | None = None  # the journal's task recording the job
+
+    def recording(self, recorder: asyncio.Future[None]) -> asyncio.Event:
+        """The journal records this job with ``recorder``; it sets the event returned once the job's first record
+        is written (see :meth:`recorded`)."""
+        self._recorder = recorder
+        self._recorded = asyncio.Event()
+        return self._recorded
+
+    async def recorded(self) -> None:
+        """Wait until other replicas can find this job (at once when nothing records it)."""
+        if self._recorded is not None:
+            await self._recorded.wait()
+
+    async def settled(self) -> None:
+        """Wait until the records of this finished job are written, so that any replica reads its end."""
+        if self._recorder is not None:
+            await asyncio.shield(self._recorder)
 
     @property
     def finished(self) -> bool:
         return self.state in ("completed", "failed")
+
+    @property
+    def signal(self) -> asyncio.Event:
+        """Set at the next event: take it before looking at ``events`` so that nothing slips in between."""
+        return self._changed
+
+    def replay(self, event: ProgressEvent) -> None:
+        """An event that the process running the job recorded, with its index (a follower on another replica).
+        Older indexes than the last one replayed are ignored, so replays may overlap."""
+        if event.index < self._next_index or self.finished and event.kind not in ("end", "done"):
+            return
+        if event.kind == "start":
+            self.state = "running"
+            self.total = event.data.get("total")
+        elif event.kind == "progress":
+            self.bytes = int(event.data.get("bytes", self.bytes))
+        elif event.kind == "done":
+            self.bytes = int(event.data.get("bytes", self.bytes))
+        self._next_index = event.index
+        self._publish(event.kind, event.data)
+        if event.kind in ("result", "error"):
+            self.state = "completed" if event.kind == "result" else "failed"
+            self.ended = time.monotonic()
+            if self._on_end is not None:
+                self._on_end(self)
 
     def _publish(self, kind: EventKind, data: dict[str, Any]) -> None:
         self.events.append(ProgressEvent(self._next_index, kind, data))
@@ -173,9 +218,16 @@ class ProgressHub:
     """The jobs of this process, bounded in number and lifetime (see the module docstring)."""
 
     def __init__(
-        self, *, max_jobs: int = 10_000, retention: float = 600.0, max_waiting: int = 1000, wait_ttl: float = 60.0
+        self,
+        *,
+        max_jobs: int = 10_000,
+        retention: float = 600.0,
+        max_waiting: int = 1000,
+        wait_ttl: float = 60.0,
+        on_open: Callable[[Job], None] | None = None,
     ) -> None:
         self._jobs: dict[str, Job] = {}
+        self.on_open = on_open  # told of every job a writer opens here (the journal records it for other replicas)
         self.max_jobs = max_jobs
         self.retention = retention
         self.max_waiting = max_waiting
@@ -190,6 +242,10 @@ class ProgressHub:
     @staticmethod
     def new_id(prefix: str) -> str:
         return f"{prefix}_{secrets.token_hex(16)}"
+
+    @staticmethod
+    def is_id(job_id: str) -> bool:
+        return JOB_ID.match(job_id) is not None
 
     @staticmethod
     def check_id(job_id: str) -> str:
@@ -274,11 +330,21 @@ class ProgressHub:
             job = None
         if job is None:
             self._make_room()
-            return self._add(Job(job_id, kind, owner=owner))
-        if self._waiting.get(job_id) is job:
-            del self._waiting[job_id]
-        job.expires = None
+            job = self._add(Job(job_id, kind, owner=owner))
+        else:
+            self.adopt(job)
+            source = self._sources.pop(job_id, None)
+            if source is not None:  # a reader was watching the journal for it: the writer is here after all
+                source.cancel()
+        if self.on_open is not None:
+            self.on_open(job)
         return job
+
+    def adopt(self, job: Job) -> None:
+        """``job`` has a writer now (here or on another replica): it is no longer waiting to start."""
+        if self._waiting.get(job.id) is job:
+            del self._waiting[job.id]
+        job.expires = None
 
     def find(self, job_id: str, *, wait_for: str | None = None, owner: str | None = None) -> Job:
         """A job to read; ``wait_for`` (a kind) opens a waiting one so a reader can subscribe before the upload
@@ -304,19 +370,27 @@ class ProgressHub:
         self._arm_timer()
         return job
 
-    def derived(self, job_id: str, kind: str, source: Callable[[Job], Awaitable[None]]) -> Job:
+    def derived(
+        self, job_id: str, kind: str, source: Callable[[Job], Awaitable[None]], owner: str | None = None
+    ) -> Job:
         """A job whose events come from ``source`` (e.g. polling a session record), run while it is unfinished;
         the source may return early when nobody watches (``job.watchers``); the next reader starts it again."""
         self._expire()
         job = self._jobs.get(job_id)
         if job is None:
             self._make_room()
-            job = self._add(Job(job_id, kind))
-        if job_id not in self._sources and not job.finished:
-            job.expires = None
-            task = asyncio.create_task(self._run_source(job, source))
-            self._sources[job_id] = task
+            job = self._add(Job(job_id, kind, owner=owner))
+        self.watch(job, source)
         return job
+
+    def watch(self, job: Job, source: Callable[[Job], Awaitable[None]]) -> None:
+        """Run ``source`` for ``job`` unless one runs already or the job is over. A waiting job keeps its deadline
+        (its source calls :meth:`adopt` once the job has started elsewhere)."""
+        if job.id not in self._sources and not job.finished:
+            if self._waiting.get(job.id) is not job:
+                job.expires = None
+            task = asyncio.create_task(self._run_source(job, source))
+            self._sources[job.id] = task
 
     async def _run_source(self, job: Job, source: Callable[[Job], Awaitable[None]]) -> None:
         try:
@@ -327,8 +401,10 @@ class ProgressHub:
             if never_started:  # e.g. an id that names no session: nothing worth keeping
                 self._forget(job)
         finally:
-            self._sources.pop(job.id, None)
-            if not job.finished and self._jobs.get(job.id) is job:
+            ours = self._sources.get(job.id) is asyncio.current_task()  # else a writer here took the job over
+            if ours:
+                del self._sources[job.id]
+            if ours and not job.finished and self._jobs.get(job.id) is job and self._waiting.get(job.id) is not job:
                 self._retire(job)  # stopped for lack of readers: forgotten later unless one comes back
 
     async def close(self) -> None:

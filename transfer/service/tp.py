@@ -26,7 +26,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from storage.base import Storage
@@ -71,6 +71,26 @@ class TPOutcome:
         if self.reply is not None:
             return self.reply.doc
         return {"correlation_id": self.correlation_id}
+
+
+@dataclass(slots=True)
+class Subscription:
+    """What a ``resource_notify`` with ``payload.subscribe`` asks for, as the service allows it: the topics to
+    hear, the jobs whose events are pushed, the ids accepted (for the acknowledgement) and those refused, each
+    with its error (said per id; the others go on)."""
+
+    topics: list[str] = field(default_factory=list)
+    follow: list[str] = field(default_factory=list)
+    subscribed: list[str] = field(default_factory=list)
+    refused: list[tuple[str, TransferError]] = field(default_factory=list)
+
+
+MAX_SUBSCRIBE = 100  # resource ids one subscription may name; more are ignored
+
+
+def receiver_topic(receiver: Any) -> str:
+    """The topic on which messages for ``receiver`` are pushed (WebSocket, long poll)."""
+    return f"receiver:{identity_key(receiver)}"
 
 
 def identity_text(identity: Any) -> str:
@@ -213,7 +233,7 @@ class TPService:
                 record = await self.imports.fetch_and_store(descriptor, authorize)
                 fresh = await self.files.describe(record, base_url, download_method=method, ttl=ttl)
                 return self._mounted(envelope, binding, record.id, fresh)
-            job = self.imports.start(descriptor, base_url, authorize)
+            job = await self.imports.start(descriptor, base_url, authorize)
             self._spawn(self._announce_when_done(job, envelope, binding))
             return TPOutcome(202, correlation_id=job.id)
         raise InvalidEnvelope("resource_mount payload needs resource_id, resource or upload")
@@ -285,7 +305,7 @@ class TPService:
             async with self.storage.create(key, size_hint=len(raw)) as writer:
                 await writer.write(raw)
                 await writer.commit({"expires": str(int(now) + self.settings.tp_mailbox_ttl)})
-        self.publish(f"receiver:{box}", raw)
+        self.publish(receiver_topic(receiver), raw)
 
     async def poll(self, receiver: Any, grant: Grant, limit: int = 50) -> list[dict[str, Any]]:
         """Take up to ``limit`` waiting messages for ``receiver``, oldest first (each delivered once); the key must
@@ -336,6 +356,41 @@ class TPService:
             if job is not None and not caller.sees(job.owner):
                 raise NotFound(f"no job {rid!r} in this process")
         return [f"resource:{rid}", f"job:{rid}"]
+
+    async def subscription(self, envelope: Envelope, caller: Grant) -> Subscription | None:
+        """The subscription ``envelope`` asks for (None: it is not one, handle it as a message). Subscribing needs
+        the read scope; each id is checked as :meth:`resource_topics` does, and the jobs among them are followed."""
+        subscribe = envelope.payload.get("subscribe")
+        if envelope.message_type != "resource_notify" or subscribe is None:
+            return None
+        caller(Scope.READ)
+        if not isinstance(subscribe, list) or not all(isinstance(s, str) for s in subscribe):
+            raise InvalidEnvelope("payload.subscribe must be a list of resource ids")
+        out = Subscription()
+        for rid in subscribe[:MAX_SUBSCRIBE]:
+            try:
+                topics = await self.resource_topics(rid, caller)
+            except TransferError as exc:  # not the caller's to follow
+                out.refused.append((rid, exc))
+                continue
+            out.topics.extend(topics)
+            out.subscribed.append(rid)
+            out.follow.append(rid)
+        return out
+
+    @staticmethod
+    def inbox_topic(sender: Any, caller: Grant) -> str | None:
+        """The topic of messages for ``sender``, if the caller may receive as that identity (its connection then
+        hears them too), else None."""
+        if sender is not None and caller.may_receive_as(identity_text(sender)):
+            return receiver_topic(sender)
+        return None
+
+    @staticmethod
+    def job_of(outcome: TPOutcome) -> str | None:
+        """The job a message started (an import answered 202), whose events its sender's connection hears."""
+        cid = outcome.correlation_id
+        return cid if outcome.status == 202 and cid is not None and cid.startswith("j_") else None
 
     def subscribe(self, topic: str) -> asyncio.Queue[bytes]:
         queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=1000)

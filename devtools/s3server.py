@@ -1,11 +1,12 @@
-"""A real S3-compatible server on loopback for the tests: OpenStack Swift with its s3api and tempauth middleware.
+"""A real S3-compatible server on loopback for the tests and the benchmarks: OpenStack Swift with its s3api and
+tempauth middleware.
 
 MinIO cannot be installed on these machines; moto checks no presigned signature and holds bodies in memory. Swift
 streams to disk and verifies SigV4, presigned URLs included. It is installed from PyPI into a virtual environment
 of its own (``.cache/swift-venv``: eventlet stays out of the project's environment), configured as one node with one
 replica under a throwaway directory, and every process it starts is stopped on exit, even on failure.
 
-Run ``python -m tests.s3server`` to keep one running by hand (prints the endpoint and credentials).
+Run ``python -m devtools.s3server`` to keep one running by hand (prints the endpoint and credentials).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -39,6 +41,21 @@ class S3Endpoint:
     access_key: str
     secret_key: str
     region: str
+
+
+def s3_client(endpoint: S3Endpoint) -> Any:
+    """A boto3 client for ``endpoint`` (SigV4, path-style addressing: what the service itself uses)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint.url,
+        aws_access_key_id=endpoint.access_key,
+        aws_secret_access_key=endpoint.secret_key,
+        region_name=endpoint.region,
+        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+    )
 
 
 def ensure_swift() -> Path:

@@ -215,8 +215,8 @@ def create_app(
         while True:
             await asyncio.sleep(settings.session_gc_interval)
             try:
-                await sessions.collect_garbage()
-                await tus.collect_garbage()
+                await sessions.sweep_expired()
+                await tus.sweep_expired()
                 if isinstance(service.storage, SupportsAbandonedUploads):
                     with storage_errors_translated():
                         aborted = await service.storage.abort_abandoned_uploads(settings.s3_abandoned_upload_age)

@@ -21,6 +21,7 @@ from transfer.service.quota import SessionQuota
 from transfer.service.sessions import SessionService, is_session_id
 from transfer.service.tp import TPService
 from transfer.service.tus import TusService
+from transfer.service.uploads import UploadEngine
 from transfer.settings import Settings
 
 SESSION_POLL = 0.5  # seconds between looks at a session record changed by another replica
@@ -45,7 +46,10 @@ class Services:
     ) -> Services:
         files = FileService(storage or make_storage(settings), settings, clock=clock)
         quota = SessionQuota(files.storage, settings.max_open_sessions_per_key)
-        sessions = SessionService(files.storage, settings, clock=clock, quota=quota)
+        engine = UploadEngine(files.storage)  # one engine (records, hashers, locks) behind tus and sessions
+        sessions = SessionService(
+            files.storage, settings, clock=clock, quota=quota, engine=engine, signer=lambda: files.signer
+        )
         hub = ProgressHub(
             max_jobs=settings.max_jobs,
             retention=settings.job_retention,
@@ -57,7 +61,7 @@ class Services:
             settings=settings,
             files=files,
             sessions=sessions,
-            tus=TusService(files.storage, settings, clock=clock, quota=quota),
+            tus=TusService(files.storage, settings, clock=clock, quota=quota, engine=engine),
             bundles=BundleService(files.storage, files, clock=clock),
             hub=hub,
             imports=imports,

@@ -10,10 +10,10 @@ Core (every backend):
     ``list(prefix)``     published objects only
 
 Compare-and-set: every published object has a version token, ``ObjectInfo.etag`` (opaque; changed by every
-publish of other bytes). ``create(key, if_match=etag)`` publishes only if the key's current version is still ``etag``, else its
-commit raises ObjectChanged and nothing changes; ``create(key, if_absent=True)`` publishes only if the key has no
-object (ObjectExists). A record that several requests, processes or replicas update (an upload's index of parts)
-is read with its etag and written back ``if_match``, retried on ObjectChanged.
+publish of other bytes). ``create(key, if_match=etag)`` publishes only if the key's current version is still
+``etag``, else its commit raises ObjectChanged and nothing changes; ``create(key, if_absent=True)`` publishes
+only if the key has no object (ObjectExists). A record that several requests, processes or replicas update (an
+upload's index of parts) is read with its etag and written back ``if_match``, retried on ObjectChanged.
 
 Capabilities (tusd's composer idea): a backend declares at start-up which optional interfaces it implements, in
 ``capabilities``; the service checks the set, never the backend's class. Extension interfaces are one-method

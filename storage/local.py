@@ -438,24 +438,6 @@ class LocalStorage:
         # the bytes keep their inode and mtime through the rename: a reader checks its pair against them
         record = {**record, "version": secrets.token_hex(12), "ino": st.st_ino, "mtime_ns": st.st_mtime_ns}
         key = final.relative_to(self.objects_dir).as_posix()
-        with self._key_locked(key):
-            if if_match is not None:
-                current = self._current_version(key)
-                if current != if_match:
-                    raise ObjectChanged(f"{key} is at version {current or 'none'}, not {if_match}")
-            self._publish_locked(tmp, tmp_meta, record, final, final_meta, if_absent=if_absent, durable=durable)
-
-    def _publish_locked(
-        self,
-        tmp: Path,
-        tmp_meta: Path,
-        record: dict[str, Any],
-        final: Path,
-        final_meta: Path,
-        *,
-        if_absent: bool,
-        durable: bool,
-    ) -> None:
         with open(tmp_meta, "x", encoding="ascii") as mf:
             json.dump(record, mf, ensure_ascii=True)
             mf.flush()
@@ -463,13 +445,18 @@ class LocalStorage:
                 os.fsync(mf.fileno())
         final.parent.mkdir(parents=True, exist_ok=True)
         final_meta.parent.mkdir(parents=True, exist_ok=True)
-        if if_absent:
-            os.link(tmp, final)  # FileExistsError: another writer published first
-            os.replace(tmp_meta, final_meta)
-            os.remove(tmp)  # last: a temp meta never outlives its part (see the sweep)
-        else:
-            os.replace(tmp_meta, final_meta)
-            os.replace(tmp, final)
+        with self._key_locked(key):  # the compare and the renames: one step for every process (microseconds)
+            if if_match is not None:
+                current = self._current_version(key)
+                if current != if_match:
+                    raise ObjectChanged(f"{key} is at version {current or 'none'}, not {if_match}")
+            if if_absent:
+                os.link(tmp, final)  # FileExistsError: another writer published first
+                os.replace(tmp_meta, final_meta)
+                os.remove(tmp)  # last: a temp meta never outlives its part (see the sweep)
+            else:
+                os.replace(tmp_meta, final_meta)
+                os.replace(tmp, final)
         if durable:
             _fsync_dir(final_meta.parent)
             _fsync_dir(final.parent)

@@ -17,6 +17,7 @@ import asyncio
 import hashlib
 import json
 import random
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -28,11 +29,11 @@ from storage.errors import ObjectChanged, ObjectExists, StorageError
 from storage.keyed import KeyedLocks
 from transfer.core.uploads import Part
 from transfer.errors import NotFound, VersionConflict, from_storage_error, storage_errors_translated
-from transfer.service.documents import read_document
 
 T = TypeVar("T")
 OFFLOAD_BYTES = 64 << 10  # pieces at least this long are hashed in a thread (below, the hop costs more than it saves)
 CAS_ATTEMPTS = 200  # compare-and-set rounds before a record update gives up (contention between replicas)
+SEEN_RECORDS = 4096  # record versions remembered per process (an optimistic start for updates; bounded)
 
 
 class _Digest(Protocol):
@@ -98,6 +99,17 @@ class UploadEngine:
         self.storage = storage
         self.locks = KeyedLocks()
         self.hashers: dict[str, PrefixHasher] = {}
+        # the last version of each record this process read or wrote: an update starts from it without reading
+        # (the compare-and-set refuses it if another writer got there since, and the update reads afresh)
+        self._seen: OrderedDict[str, tuple[Any, str]] = OrderedDict()
+
+    def _remember(self, key: str, doc: Any, etag: str) -> None:
+        if not etag:
+            return
+        self._seen[key] = (doc, etag)
+        self._seen.move_to_end(key)
+        while len(self._seen) > SEEN_RECORDS:
+            self._seen.popitem(last=False)
 
     # -- records -------------------------------------------------------------------------------------------------
 
@@ -108,7 +120,9 @@ class UploadEngine:
                 try:
                     async with await self.storage.open(key) as reader:
                         raw = b"".join([chunk async for chunk in reader.read()])
-                        return json.loads(raw), reader.info.etag
+                        doc = json.loads(raw)
+                        self._remember(key, doc, reader.info.etag)
+                        return doc, reader.info.etag
                 except ObjectChanged:  # replaced between open and read (S3 pins the ETag): read again
                     if attempt == 2:
                         raise
@@ -121,9 +135,14 @@ class UploadEngine:
 
     async def _write(self, key: str, doc: Any, *, if_absent: bool = False, if_match: str | None = None) -> None:
         with storage_errors_translated():
-            async with self.storage.create(key, if_absent=if_absent, if_match=if_match) as writer:
-                await writer.write(json.dumps(doc, ensure_ascii=True, separators=(",", ":")).encode())
-                await writer.commit({})
+            try:
+                async with self.storage.create(key, if_absent=if_absent, if_match=if_match) as writer:
+                    await writer.write(json.dumps(doc, ensure_ascii=True, separators=(",", ":")).encode())
+                    info = await writer.commit({})
+            except BaseException:
+                self._seen.pop(key, None)
+                raise
+        self._remember(key, doc, info.etag)
 
     async def update(
         self,
@@ -138,10 +157,18 @@ class UploadEngine:
         needless retries); between processes the backend's ``if_match`` decides and the loser tries again."""
         async with self.locks.hold(key):
             for attempt in range(CAS_ATTEMPTS):
-                doc, etag = await self.read(key)
+                seen = self._seen.get(key) if attempt == 0 else None
+                doc, etag = seen if seen is not None else await self.read(key)
                 current = decode(doc)
-                changed = change(current)
+                try:
+                    changed = change(current)
+                except Exception:
+                    if seen is not None:
+                        continue  # judged on a remembered version: judge again on the stored one
+                    raise
                 if changed is None:
+                    if seen is not None:
+                        continue  # the same: only the stored version may say "nothing to do"
                     return current
                 try:
                     await self._write(key, encode(changed), if_match=etag)
@@ -149,12 +176,6 @@ class UploadEngine:
                 except VersionConflict:
                     await asyncio.sleep(random.uniform(0, min(0.05, 0.002 * (attempt + 1))))  # noqa: S311
         raise VersionConflict(f"{key} kept changing; try again")
-
-    async def read_optional(self, key: str) -> Any | None:
-        try:
-            return await read_document(self.storage, key)
-        except NotFound:
-            return None
 
     # -- parts ---------------------------------------------------------------------------------------------------
 

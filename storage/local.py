@@ -206,7 +206,7 @@ class LocalWriter(WriterContext):
             if self._durable:
                 await asyncio.to_thread(os.fsync, f.fileno())
             # published while still open: our lock keeps a sweep off the temp file until it has its final name
-            await asyncio.to_thread(self._publish, record, final, final_meta)
+            info = await asyncio.to_thread(self._publish, record, final, final_meta)
             await f.close()
         except FileExistsError as exc:
             await self.abort()
@@ -218,10 +218,10 @@ class LocalWriter(WriterContext):
             await self.abort()
             raise _translate(exc, "publishing") from exc
         self._done = True
-        return await self._storage.stat(self._key)
+        return info
 
-    def _publish(self, record: dict[str, Any], final: Path, final_meta: Path) -> None:
-        self._storage.publish(
+    def _publish(self, record: dict[str, Any], final: Path, final_meta: Path) -> ObjectInfo:
+        return self._storage.publish(
             self._tmp,
             self._tmp_meta,
             record,
@@ -428,8 +428,9 @@ class LocalStorage:
         if_absent: bool,
         if_match: str | None = None,
         durable: bool = True,
-    ) -> None:
-        """Make a finished temp file the object: visible once both its bytes and its metadata are in place.
+    ) -> ObjectInfo:
+        """Make a finished temp file the object: visible once both its bytes and its metadata are in place;
+        returns what was published (not a stat afterwards, which may already see a later publish).
 
         Replace: metadata first, then the bytes (the visibility point). If absent: the bytes are hard-linked into
         place first — link fails if the name exists, which is the compare-and-set — then the metadata. If match:
@@ -460,13 +461,14 @@ class LocalStorage:
         if durable:
             _fsync_dir(final_meta.parent)
             _fsync_dir(final.parent)
+        return self._info(key, record, st)
 
     async def compose(self, key: str, sources: list[str], metadata: Mapping[str, str]) -> ObjectInfo:
         """Concatenate ``sources`` into ``key`` with copy_file_range (the bytes never enter this process)."""
         token = secrets.token_hex(12)
         tmp, tmp_meta = self.tmp_dir / f"{token}.part", self.tmp_dir / f"{token}.meta"
 
-        def run() -> None:
+        def run() -> ObjectInfo:
             try:
                 with os.fdopen(_create_locked(tmp, self.tmp_dir), "wb") as out:
                     for source in sources:
@@ -479,7 +481,7 @@ class LocalStorage:
                                 left -= n
                     out.flush()
                     os.fsync(out.fileno())
-                    self.publish(  # while the part is open and locked
+                    return self.publish(  # while the part is open and locked
                         tmp,
                         tmp_meta,
                         {"metadata": dict(metadata), "size": out.tell()},
@@ -495,12 +497,11 @@ class LocalStorage:
                         pass
 
         try:
-            await asyncio.to_thread(run)
+            return await asyncio.to_thread(run)
         except FileNotFoundError as exc:
             raise ObjectNotFound(f"compose source missing: {exc.filename}") from exc
         except OSError as exc:
             raise _translate(exc, f"composing {key}") from exc
-        return await self.stat(key)
 
     def _read_meta(self, key: str) -> dict[str, Any]:
         with open(self.meta_path(key), encoding="ascii") as mf:

@@ -231,7 +231,7 @@ class S3Writer(WriterContext):
             async with guard:
                 if compare_first:
                     await self._compare()
-                await self._publish_bytes(conditional)
+                etag = await self._publish_bytes(conditional)
                 if conditional_put:  # the bytes won the race, now the metadata makes them visible
                     await s.put_meta(self._key, record)
         except BaseException:
@@ -239,7 +239,8 @@ class S3Writer(WriterContext):
             raise
         self._done = True
         self._buf = bytearray()
-        return await s.stat(self._key)
+        # what was just published, from the PUT's own answer: no HEAD and metadata GET to learn it again
+        return ObjectInfo(self._key, self._written, datetime.now(UTC), dict(metadata), etag=etag)
 
     async def _compare(self) -> None:
         """The HEAD compare of a server without conditional PUTs (see the module's docstring)."""
@@ -253,12 +254,12 @@ class S3Writer(WriterContext):
         if str(head["ETag"]) != self._if_match:
             raise ObjectChanged(f"{self._key} is at version {head['ETag']}, not {self._if_match}")
 
-    async def _publish_bytes(self, conditional: dict[str, str]) -> None:
-        """PutObject (small) or CompleteMultipartUpload: the moment the bytes are published."""
+    async def _publish_bytes(self, conditional: dict[str, str]) -> str:
+        """PutObject (small) or CompleteMultipartUpload: the moment the bytes are published. Returns the ETag."""
         s = self._s
         try:
             if self._upload_id is None:  # small: one PutObject is the moment of publication
-                await s.call(
+                response = await s.call(
                     "publishing",
                     s.client.put_object,
                     Bucket=s.config.bucket,
@@ -268,7 +269,7 @@ class S3Writer(WriterContext):
                 )
             else:
                 parts = [{"PartNumber": n, "ETag": self._etags[n]} for n in sorted(self._etags)]
-                await s.call(
+                response = await s.call(
                     "completing the multipart upload",
                     s.client.complete_multipart_upload,
                     Bucket=s.config.bucket,
@@ -278,6 +279,7 @@ class S3Writer(WriterContext):
                     **conditional,
                 )
                 self._upload_id = None
+            return str(response["ETag"])
         except ObjectNotFound as exc:
             if "IfMatch" in conditional:  # If-Match on a key with no object: 404 (it was deleted meanwhile)
                 raise ObjectChanged(f"{self._key} has no object any more") from exc

@@ -405,7 +405,11 @@ class SessionService:
             file_id = "f_" + sid[2:]
             content_type = session.content_type
             if content_type is None:  # none declared at creation: what the first bytes show, as for other uploads
-                content_type = await self._sniffed_type(sid, session.name) if total else MIME_OCTET_STREAM
+                # (the hasher kept the first bytes as it went: no read)
+                head = bytes(hasher.head[:SNIFF_BYTES])
+                content_type = (
+                    await asyncio.to_thread(sniff_content_type, head, session.name) if total else MIME_OCTET_STREAM
+                )
             record = FileRecord(
                 id=file_id,
                 name=session.name,
@@ -436,16 +440,6 @@ class SessionService:
             self._arrived(sid)
             self._spawn(self._delete_chunks(sid, list(session.parts)))
             return done, record
-
-    async def _sniffed_type(self, sid: str, name: str | None) -> str:
-        """The media type the start of chunk 0 shows (one bounded ranged read)."""
-        head = b""
-        with storage_errors_translated():
-            reader = await self.storage.open(chunk_key(sid, 0))
-            async with reader:
-                async for piece in reader.read(0, SNIFF_BYTES):
-                    head += piece
-        return await asyncio.to_thread(sniff_content_type, head[:SNIFF_BYTES], name)  # a CPU scan: off the loop
 
     async def _delete_chunks(self, sid: str, indices: list[int]) -> None:
         await self.engine.delete([chunk_key(sid, index) for index in indices])

@@ -60,7 +60,7 @@ from transfer.errors import (
 from transfer.service.documents import publish_composed
 from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord
-from transfer.service.uploads import PartExists, PrefixHasher, StoredPart, UploadEngine
+from transfer.service.uploads import PartExists, StoredPart, UploadEngine
 from transfer.settings import Settings
 
 log = logging.getLogger("transfer.tus")
@@ -394,6 +394,7 @@ class TusService:
         if hasher is None and current == 0:
             hasher = self.engine.hasher(uid)
         feed = hasher if hasher is not None and hasher.position == current == hasher.next_part else None
+        staged = feed.staged() if feed is not None else None  # a PATCH that is not kept leaves the hasher as it was
         check = CHECKSUM_ALGORITHMS[checksum[0]]() if checksum else None
 
         def too_long(_: int) -> TooLarge:
@@ -413,21 +414,16 @@ class TusService:
                 too_long=too_long,
                 size_hint=None if length is None else limit,  # not the size limit: backends plan (and S3 parts) by it
                 extra=check,
-                live=feed,
+                live=staged,
                 verify=verify,
                 keep_partial=None if check is not None else ClientDisconnected,  # a cut body cannot be checked
             )
         except PartExists:
-            self._feed_failed(uid, feed)
             await self._adopt(upload)  # what another PATCH (or a process that stopped) stored there
             raise Conflict("another PATCH at this offset won the race; HEAD for the current offset") from None
-        except BaseException:
-            self._feed_failed(uid, feed)
-            raise
         if result.stored:
-            if feed is not None:
-                feed.position += result.size
-                feed.next_part = current + result.size
+            if feed is not None and staged is not None:
+                feed.advance(staged, result.size, current + result.size)
             upload = await self._record_segment(uid, current, Part(result.size, result.xxh3))
         new_offset = current + (result.size if result.stored else 0)
         if result.cut is not None:
@@ -435,11 +431,6 @@ class TusService:
         if upload.length is not None and new_offset == upload.length and upload.concat != "partial":
             upload = await self._finish(upload)
         return upload, new_offset
-
-    def _feed_failed(self, uid: str, feed: PrefixHasher | None) -> None:
-        """The live hasher saw bytes that were not kept: forget it (the whole is re-read at the end)."""
-        if feed is not None:
-            self.engine.forget(uid)
 
     async def _finish(self, upload: Upload) -> Upload:
         """Publish a complete upload as a stored file."""
@@ -468,7 +459,7 @@ class TusService:
                     offset=hasher.next_part,
                 )
             sha_hex = hasher.sha.hexdigest()
-            head = await self._head(sources)
+            head = bytes(hasher.head)
             name = latest.metadata.get("filename") or latest.metadata.get("name")
             # ``filetype`` is the browser's guess from the extension (Uppy sends application/octet-stream when it has
             # none): a hint, like a Content-Type header; ``content_type`` is the client's word. Either one from an
@@ -517,18 +508,6 @@ class TusService:
             lambda u: replace(u, segments={o: p for o, p in u.segments.items() if o < at}) if doomed else None,
         )
         await self.engine.delete([_segment_key(upload.id, off) for off in doomed])
-
-    async def _head(self, sources: list[str], limit: int = 4096) -> bytes:
-        """The first ``limit`` bytes of the upload (to sniff its media type)."""
-        head = bytearray()
-        with storage_errors_translated():
-            for source in sources:
-                async with await self.storage.open(source) as reader:
-                    async for piece in reader.read(0, limit - len(head)):
-                        head += piece
-                if len(head) >= limit:
-                    break
-        return bytes(head)
 
     async def terminate(self, uid: str, caller: Grant) -> None:
         """tus termination: the upload ends (ABORT) and its segments go; a PATCH in flight finds it ended."""

@@ -31,6 +31,7 @@ from transfer.core.uploads import Part
 from transfer.errors import NotFound, VersionConflict, from_storage_error, storage_errors_translated
 
 T = TypeVar("T")
+HEAD_BYTES = 4096  # the start of an upload kept by its hasher (media type sniffing)
 OFFLOAD_BYTES = 64 << 10  # pieces at least this long are hashed in a thread (below, the hop costs more than it saves)
 CAS_ATTEMPTS = 200  # compare-and-set rounds before a record update gives up (contention between replicas)
 SEEN_RECORDS = 4096  # record versions remembered per process (an optimistic start for updates; bounded)
@@ -66,7 +67,30 @@ class PrefixHasher:
         self.position = 0  # bytes hashed
         self.next_part = 0  # the address of the next part to hash (an index or an offset)
         self.sha = hashlib.sha256()
+        self.head = bytearray()  # the first HEAD_BYTES: what the media type is sniffed from
         self.lock = asyncio.Lock()
+
+    def staged(self) -> _Staged:
+        """A copy to feed one part into: it becomes the hasher's state only if the part is kept."""
+        return _Staged(self.sha.copy(), bytearray(self.head))
+
+    def advance(self, staged: _Staged, size: int, next_part: int) -> None:
+        self.sha, self.head = staged.sha, staged.head
+        self.position += size
+        self.next_part = next_part
+
+
+class _Staged:
+    """A running SHA-256 and the head bytes, fed one part's pieces."""
+
+    def __init__(self, sha: Any, head: bytearray) -> None:
+        self.sha = sha
+        self.head = head
+
+    def update(self, data: bytes, /) -> None:
+        self.sha.update(data)
+        if len(self.head) < HEAD_BYTES:
+            self.head += data[: HEAD_BYTES - len(self.head)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,13 +213,14 @@ class UploadEngine:
         size_hint: int | None,
         sha256: bool = False,
         extra: _Digest | None = None,
-        live: PrefixHasher | None = None,
+        live: _Staged | None = None,
         durable: bool = True,
         verify: Callable[[StoredPart], None] | None = None,
         keep_partial: type[Exception] | None = None,
     ) -> StoredPart:
         """Write one part if-absent at ``key`` from ``body`` (at most ``limit`` bytes, else ``too_long(n)``),
-        hashing it with xxh3-128 (and SHA-256 with ``sha256``; ``extra`` too, and ``live``'s running SHA-256);
+        hashing it with xxh3-128 (and SHA-256 with ``sha256``; ``extra`` and ``live`` too: a running hash staged
+        with :meth:`PrefixHasher.staged`, which the caller advances if the part is kept);
         ``verify`` may refuse the result before it is published (nothing is then kept). When the body raises
         ``keep_partial``, the bytes received so far are still published and the result carries the exception
         in ``cut`` (the caller records the part, then raises it). Raises PartExists when the key is taken,
@@ -203,7 +228,7 @@ class UploadEngine:
         into its object's metadata too, so a part whose record update was lost can be adopted later."""
         x3 = xxhash.xxh3_128()
         sha = hashlib.sha256() if sha256 else None
-        hasher = PieceHasher(x3, sha, extra, live.sha if live is not None else None)
+        hasher = PieceHasher(x3, sha, extra, live)
         size = 0
         cut: BaseException | None = None
         try:
@@ -262,7 +287,7 @@ class UploadEngine:
                 if address != hasher.next_part:
                     break
                 check = xxhash.xxh3_128()
-                staged = hasher.sha.copy()
+                staged = hasher.staged()
                 digest = PieceHasher(check, staged)
                 try:
                     with storage_errors_translated():
@@ -275,7 +300,5 @@ class UploadEngine:
                     with storage_errors_translated():
                         await self.storage.delete(key)
                     break
-                hasher.sha = staged
-                hasher.position += part.size
-                hasher.next_part = address + (part.size if by_offset else 1)
+                hasher.advance(staged, part.size, address + (part.size if by_offset else 1))
         return hasher

@@ -251,3 +251,35 @@ async def test_large_pieces_are_hashed_in_a_thread_small_ones_inline() -> None:
     await hasher.update(b"x" * 100)
     loop_thread = threading.get_ident()
     assert recorder.threads[0] != loop_thread and recorder.threads[1] == loop_thread
+
+
+# -- one expiry sweep per view, counting what it removed --------------------------------------------------------
+
+
+async def test_sweep_expired_ends_expired_uploads_and_sessions_and_counts_them(tmp_path: Path) -> None:
+    now = [1_000_000.0]
+    settings = Settings(data_dir=tmp_path / "data", signing_keys={"test": "0123456789abcdef0123456789abcdef"})
+    services = Services.build(settings, LocalStorage(tmp_path / "data"), clock=lambda: now[0])
+    await services.start()
+    storage = services.files.storage
+    try:
+        upload = await services.tus.create(length=10, metadata={}, caller=TRUSTED)
+        await services.tus.append(upload.id, 0, _body(b"12345"), TRUSTED)
+        session = await services.sessions.create(
+            name=None, content_type=None, size=2 * CHUNK, chunk_size=CHUNK, checksum=None, ttl=None
+        )
+        chunk = os.urandom(CHUNK)
+        await services.sessions.put_chunk(session.id, 0, _body(chunk), _digest(chunk), None, TRUSTED)
+        await asyncio.gather(*services.sessions._background)
+        assert await services.tus.sweep_expired() == 0 and await services.sessions.sweep_expired() == 0
+        now[0] += settings.session_ttl + settings.session_max_ttl + 1  # past both expiries
+        assert await services.tus.sweep_expired() == 1
+        assert await services.sessions.sweep_expired() == 1
+        left = [info.key async for info in storage.list("tus/")] + [
+            info.key async for info in storage.list("sessions/")
+        ]
+        assert not [key for key in left if "/seg/" in key or "/chunks/" in key]  # the bytes went, the records stay
+        status = await services.sessions.status(session.id, TRUSTED)
+        assert status["state"] == "expired" and status["stored"] == []
+    finally:
+        await services.close()

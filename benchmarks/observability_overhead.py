@@ -57,21 +57,26 @@ async def _in_process(n: int) -> tuple[float, float]:
 
 
 def _end_to_end(n: int, observed: bool) -> float:
-    from tests.conftest import serving
-    from transfer.api.app import create_app
+    from devtools.serving import serve_in_thread
+    from transfer.hosts import create_app
 
     settings = Settings(data_dir=Path(tempfile.mkdtemp()), signing_keys={"t": "0123456789abcdef0123"})
     app = create_app(settings)
     if not observed:
         app.user_middleware = [m for m in app.user_middleware if m.cls is not ObservabilityMiddleware]
     body = os.urandom(4096)
-    with serving(app, settings) as live, httpx.Client(base_url=live.url) as client:
-        times = []
-        for i in range(n):
-            began = time.perf_counter()
-            response = client.post("/v1/files", params={"name": f"s{i}"}, content=body)
-            times.append(time.perf_counter() - began)
-            assert response.status_code == 201
+    url, server, thread = serve_in_thread(app)
+    try:
+        with httpx.Client(base_url=url) as client:
+            times = []
+            for i in range(n):
+                began = time.perf_counter()
+                response = client.post("/v1/files", params={"name": f"s{i}"}, content=body)
+                times.append(time.perf_counter() - began)
+                assert response.status_code == 201
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
     return statistics.median(times[n // 10 :])  # the first tenth warms up
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,11 +13,10 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 
 from devtools.s3server import S3Endpoint, s3_client, swift_s3_server
-from transfer.api.server import uvicorn_config
+from devtools.serving import serve_in_thread
 from transfer.hosts import create_app
 from transfer.settings import Settings
 
@@ -59,13 +56,6 @@ def settings(tmp_path: Path) -> Settings:
 @pytest.fixture
 def app(settings: Settings, clock: Clock) -> FastAPI:
     return create_app(settings, clock=clock)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -147,6 +137,7 @@ def s3_config(endpoint: Any, bucket: str, **overrides: Any) -> Any:
     from storage.s3 import S3Config
 
     overrides.setdefault("atomic_if_absent", bool(os.environ.get(S3_ENV)))  # Swift's check is not atomic
+    overrides.setdefault("atomic_if_match", bool(os.environ.get(S3_ENV)))  # Swift refuses If-Match on PUT
     return S3Config(
         bucket=bucket,
         endpoint_url=endpoint.url,
@@ -168,6 +159,7 @@ def s3_env(s3_endpoint: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) ->
         "TRANSFER_S3_ADDRESSING_STYLE": "path",
         "TRANSFER_S3_PART_SIZE": str(5 << 20),
         "TRANSFER_S3_ATOMIC_IF_ABSENT": "true" if os.environ.get(S3_ENV) else "false",
+        "TRANSFER_S3_ATOMIC_IF_MATCH": "true" if os.environ.get(S3_ENV) else "false",
         "AWS_ACCESS_KEY_ID": s3_endpoint.access_key,
         "AWS_SECRET_ACCESS_KEY": s3_endpoint.secret_key,
         "AWS_REGION": s3_endpoint.region,
@@ -175,20 +167,6 @@ def s3_env(s3_endpoint: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) ->
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     return env
-
-
-def serve_in_thread(app: FastAPI) -> tuple[str, Any, threading.Thread]:
-    port = free_port()
-    settings = app.state.services.settings if hasattr(app.state, "services") else Settings()
-    server = uvicorn.Server(uvicorn_config(app, settings, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    return f"http://127.0.0.1:{port}", server, thread
 
 
 @contextmanager

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, field_validator
 from transfer.api.caller import caller_of
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.streaming import OwningStreamResponse, request_body
-from transfer.core.auth import TRUSTED, Scope
+from transfer.core.auth import Scope
 from transfer.core.content import (
     DownloadMethod,
     FileContent,
@@ -38,7 +38,6 @@ from transfer.core.numerals import decimal
 from transfer.errors import InvalidRequest, SessionIncomplete
 from transfer.service import session_views
 from transfer.service.files import FileService
-from transfer.service.session_views import chunks_path
 from transfer.service.sessions import ChunkDigest, SessionService
 
 
@@ -196,10 +195,7 @@ def add_session_routes(
 
     @app.get("/v1/sessions/{sid}/chunks", tags=["sessions"], summary="Status through a streaming descriptor's URL")
     async def signed_status(request: Request, sid: str) -> dict[str, Any]:
-        files.check_signed(
-            "GET", chunks_path(sid), request.url.query, request.scope.get("raw_path"), (chunks_path(sid),)
-        )
-        return await sessions.status(sid, TRUSTED)  # the signature is the authority
+        return await sessions.signed_status(sid, request.scope.get("raw_path"), request.url.query)
 
     chunk_doc: dict[str, Any] = dict(
         tags=["sessions"],
@@ -212,13 +208,10 @@ def add_session_routes(
     async def get_chunk(
         request: Request, sid: str, index: int, prefer: Annotated[str | None, Header()] = None
     ) -> Response:
-        # the signature covers the chunks path; a chunk's path is that path and the index, written canonically
-        raw_path = request.scope.get("raw_path")
-        files.check_signed(
-            request.method, chunks_path(sid), request.url.query, raw_path, (f"{chunks_path(sid)}/{index}",)
-        )
         wait = parse_prefer_wait(prefer, settings.live_read_timeout, max(settings.live_read_timeout, 300))
-        _session, stream, length, xxh3 = await sessions.open_chunk(sid, index, wait)
+        _session, stream, length, xxh3 = await sessions.open_signed_chunk(
+            sid, index, request.method, request.scope.get("raw_path"), request.url.query, wait
+        )
         headers = {
             "content-length": str(length),
             "chunk-checksum": f"xxh3-128:{xxh3}",

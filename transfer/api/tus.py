@@ -26,7 +26,7 @@ from transfer.core.negotiation import explicitly_accepts
 from transfer.core.numerals import parse_count
 from transfer.errors import InvalidRequest, NotFound, TusVersionUnsupported, UnsupportedMediaType
 from transfer.service.files import FileService
-from transfer.service.tus import CHECKSUM_ALGORITHMS, TusService, encode_metadata, http_date, parse_metadata
+from transfer.service.tus import CHECKSUM_ALGORITHMS, TusService, encode_metadata, http_date
 
 TUS_VERSION = "1.0.0"
 EXTENSIONS = "creation,creation-with-upload,creation-defer-length,checksum,termination,expiration,concatenation"
@@ -126,41 +126,21 @@ def add_tus_routes(
         upload_checksum: Annotated[str | None, Header()] = None,
         content_type: Annotated[str | None, Header()] = None,
     ) -> Response:
-        length = _non_negative(upload_length, "Upload-Length")
-        concat, parts = "", []
-        if upload_concat:
-            kind, _, urls = upload_concat.partition(";")
-            concat = kind.strip()
-            if concat == "final":
-                for url in urls.split():
-                    parts.append(url.rstrip("/").rsplit("/", 1)[-1])
-                if not parts:
-                    raise InvalidRequest("Upload-Concat: final needs the partial uploads' URLs")
-                if length is not None:
-                    raise InvalidRequest("a final upload takes no Upload-Length")
-            elif concat != "partial":
-                raise InvalidRequest("Upload-Concat must be 'partial' or 'final;<urls>'")
-        if concat != "final":
-            deferred = upload_defer_length is not None
-            if deferred and upload_defer_length != "1":
-                raise InvalidRequest("Upload-Defer-Length must be 1")
-            if (length is None) == (not deferred):
-                raise InvalidRequest("send exactly one of Upload-Length and Upload-Defer-Length: 1")
-        upload = await tus.create(
-            length=length,
-            metadata=parse_metadata(upload_metadata),
-            concat=concat,
-            parts=parts,
+        with_upload = (content_type or "").split(";")[0].strip() == OFFSET_TYPE  # tus §creation-with-upload
+        upload, offset = await tus.create_from_request(
+            length=_non_negative(upload_length, "Upload-Length"),
+            defer_length=upload_defer_length,
+            metadata=upload_metadata,
+            concat=upload_concat,
             caller=caller_of(request),
+            body=request_body(request) if with_upload else None,
+            checksum=_parse_checksum(upload_checksum) if with_upload else None,
         )
         headers = {
             "location": f"{base_url(request)}{PREFIX}/{upload.id}",
             "upload-expires": http_date(upload.expires_at),
         }
-        if (content_type or "").split(";")[0].strip() == OFFSET_TYPE and concat != "final":
-            upload, offset = await tus.append(
-                upload.id, 0, request_body(request), caller_of(request), checksum=_parse_checksum(upload_checksum)
-            )
+        if offset is not None:
             headers["upload-offset"] = str(offset)
         if upload.file_id:
             headers["upload-file-id"] = upload.file_id

@@ -1,6 +1,8 @@
-"""Chunked upload sessions (the seed's ``streaming`` mode): the state machine and the chunk arithmetic. Pure.
+"""Chunked upload sessions (the seed's ``streaming`` mode): the index-addressed view of the one upload state
+machine (:mod:`transfer.core.uploads`, whose transition table decides every state change) and the chunk
+arithmetic. Pure.
 
-States and transitions (anything not listed is refused with the error named):
+States and transitions, as sessions see them (anything not listed is refused with the error named):
 
     OPEN       --put chunk-->  OPEN
     OPEN       --complete-->   COMPLETED      all chunks present, lengths right, SHA-256 verified
@@ -17,28 +19,32 @@ chunk indices stop where ``max_size`` (the service's size limit) would end.
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from transfer.core.uploads import (
+    Part,
+    UploadEvent,
+    UploadState,
+    compact_ranges,
+    parts_from_json,
+    parts_to_json,
+    state_at,
+    transition,
+)
 from transfer.errors import (
     ChunkLengthMismatch,
     ChunkOutOfRange,
     InvalidRequest,
     SessionAborted,
-    SessionCompleted,
     SessionExpired,
     SessionIncomplete,
     TooLarge,
 )
 
+SessionState = UploadState  # a session's states are the upload engine's
 
-class SessionState(enum.StrEnum):
-    OPEN = "open"
-    COMPLETED = "completed"
-    ABORTED = "aborted"
-    EXPIRED = "expired"
+__all__ = ["Session", "SessionState", "compact_ranges", "plan_chunk_size", "total_chunks"]
 
 
 def total_chunks(size: int, chunk_size: int) -> int:
@@ -54,17 +60,6 @@ def plan_chunk_size(requested: int | None, *, default: int, minimum: int, maximu
             f"chunk_size must be between {minimum} and {maximum} bytes", minimum=minimum, maximum=maximum
         )
     return size
-
-
-def compact_ranges(indices: Iterable[int]) -> list[list[int]]:
-    """``[0, 1, 2, 5, 7, 8]`` -> ``[[0, 2], [5, 5], [7, 8]]`` (inclusive ranges)."""
-    out: list[list[int]] = []
-    for i in sorted(set(indices)):
-        if out and i == out[-1][1] + 1:
-            out[-1][1] = i
-        else:
-            out.append([i, i])
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +81,7 @@ class Session:
     chunk_digests: list[str] = field(default_factory=list)  # xxh3-128 hex per chunk, once completed
     owner: str | None = None  # the API key that opened it (open-session quota)
     max_size: int | None = None  # the largest file it may make (the service's limit when it was opened)
+    parts: dict[int, Part] = field(default_factory=dict)  # chunk index -> size and digests: the stored chunks
 
     @property
     def total_chunks(self) -> int | None:
@@ -100,18 +96,21 @@ class Session:
         return None if self.max_size is None else total_chunks(self.max_size, self.chunk_size)
 
     def state_at(self, now: float) -> SessionState:
-        if self.state is SessionState.OPEN and now >= self.expires_at:
-            return SessionState.EXPIRED
-        return self.state
+        return state_at(self.state, self.expires_at, now)
+
+    def after(self, event: UploadEvent, now: float) -> SessionState:
+        """The state ``event`` leads to at ``now`` (the transition table); the state's refusal if none."""
+        detail = {"file_id": self.file_id} if self.file_id else {}
+        return transition(self.state_at(now), event, upload_id=f"session {self.id}", **detail)
 
     def require_open(self, now: float) -> None:
-        state = self.state_at(now)
-        if state is SessionState.COMPLETED:
-            raise SessionCompleted(f"session {self.id} is already completed", file_id=self.file_id)
-        if state is SessionState.ABORTED:
-            raise SessionAborted(f"session {self.id} was aborted")
-        if state is SessionState.EXPIRED:
-            raise SessionExpired(f"session {self.id} expired")
+        """Refuse unless chunks may still be stored (the table's PUT_PART)."""
+        self.after(UploadEvent.PUT_PART, now)
+
+    @property
+    def stored(self) -> dict[int, int]:
+        """index -> length of every stored chunk (from the record's index, never a listing)."""
+        return {index: part.size for index, part in self.parts.items()}
 
     def require_readable(self, now: float) -> None:
         state = self.state_at(now)
@@ -187,8 +186,9 @@ class Session:
             "file_id": self.file_id,
             "chunk_digests": self.chunk_digests,
             "max_size": self.max_size,
+            "parts": parts_to_json(self.parts),
         }
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Session:
-        return cls(**{**doc, "state": SessionState(doc["state"])})
+        return cls(**{**doc, "state": SessionState(doc["state"]), "parts": parts_from_json(doc.get("parts"))})

@@ -33,6 +33,7 @@ from transfer.service.resolve import ResolveService
 from transfer.service.sessions import SessionService, is_session_id
 from transfer.service.tp import TPService
 from transfer.service.tus import TusService
+from transfer.service.uploads import UploadEngine
 from transfer.settings import Settings
 
 log = logging.getLogger("transfer.maintenance")
@@ -73,7 +74,10 @@ class Services:
     ) -> Services:
         files = FileService(storage or make_storage(settings), settings, clock=clock)
         quota = SessionQuota(files.storage, settings.max_open_sessions_per_key)
-        sessions = SessionService(files.storage, settings, clock=clock, quota=quota)
+        engine = UploadEngine(files.storage)  # one engine (records, hashers, locks) behind tus and sessions
+        sessions = SessionService(
+            files.storage, settings, clock=clock, quota=quota, engine=engine, check_signed=files.check_signed
+        )
         journal = JobJournal(files.storage, retention=settings.job_retention, clock=clock)
         hub = ProgressHub(
             max_jobs=settings.max_jobs,
@@ -87,7 +91,7 @@ class Services:
             settings=settings,
             files=files,
             sessions=sessions,
-            tus=TusService(files.storage, settings, clock=clock, quota=quota),
+            tus=TusService(files.storage, settings, clock=clock, quota=quota, engine=engine),
             bundles=BundleService(files.storage, files, clock=clock),
             hub=hub,
             journal=journal,
@@ -102,16 +106,12 @@ class Services:
         """The background work of every host, in one place: a new sweep is one line here."""
         every = self.settings.session_gc_interval
         return [
-            Sweep("sessions", every, self.sweep_sessions),
-            Sweep("tus", every, self.tus.collect_garbage),
+            Sweep("sessions", every, self.sessions.sweep_expired),
+            Sweep("tus", every, self.tus.sweep_expired),
             Sweep("abandoned_uploads", every, self.files.sweep_abandoned_uploads),
             Sweep("jobs", every, self.journal.sweep_jobs),
             Sweep("authorizations", every, self.authorizations.sweep_authorizations),
         ]
-
-    async def sweep_sessions(self) -> int:
-        """Expired sessions ended and ended ones forgotten (SessionService.collect_garbage), counted."""
-        return sum((await self.sessions.collect_garbage()).values())
 
     async def start(self) -> None:
         """Open the backend and start the maintenance. A host that shares a started set (stdio MCP serving HTTP

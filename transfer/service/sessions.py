@@ -1,21 +1,24 @@
 """Chunked upload sessions: create, put chunk (any order, in parallel, verified), status, complete, abort, expiry,
 and reading chunks — while the upload is still going on (live) or after it completed.
 
-Everything lives in the storage backend, so a restarted process or another replica carries on:
+The index-addressed view of the upload engine (:mod:`transfer.service.uploads`). Everything lives in the storage
+backend, so a restarted process or another replica carries on:
 
-    sessions/<id>/session.json        the Session record (rewritten on completion, abort, expiry)
+    sessions/<id>/session.json        the Session record: state, expiry, owner and the index of stored chunks
+                                      (index -> size, xxh3-128, SHA-256), updated by compare-and-set
     sessions/<id>/chunks/<index:08d>  one chunk, created if-absent (a second writer gets ObjectExists), with its
-                                      xxh3-128 (and SHA-256 when the client sent one) in the object's metadata
+                                      digests in the object's metadata too (a chunk stored by a process that died
+                                      before its record said so is adopted when the client sends it again)
 
-The whole file's SHA-256 is computed by a per-process hasher that follows the contiguous prefix of stored chunks
-(re-reading each chunk once, in the background, as the prefix grows); after a restart it starts again from chunk 0.
-Completion composes the chunks server-side (COMPOSE) into an ordinary stored file and deletes them.
+Chunk PUT, status, completion and abort read the record; none lists storage. The whole file's SHA-256 is computed
+by the engine's prefix hasher that follows the contiguous prefix of stored chunks (re-reading each chunk once, in
+the background, as the prefix grows); after a restart it starts again from chunk 0. Completion composes the chunks
+server-side (COMPOSE) into an ordinary stored file and deletes them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -23,15 +26,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import xxhash
-
 from storage.base import Capability, ObjectReader, Storage
-from storage.errors import ObjectExists, StorageError
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding, FileRole, checksum_hex
 from transfer.core.mime import MIME_OCTET_STREAM, require_media_type
 from transfer.core.naming import sanitize_filename, sniff_content_type
 from transfer.core.sessions import Session, SessionState, compact_ranges, plan_chunk_size
+from transfer.core.uploads import Part, UploadEvent, transition, with_part
 from transfer.errors import (
     ChecksumMismatch,
     ChunkChecksumMismatch,
@@ -42,13 +43,15 @@ from transfer.errors import (
     NotFound,
     SessionIncomplete,
     TooLarge,
-    from_storage_error,
+    TransferError,
     storage_errors_translated,
 )
-from transfer.service.documents import publish_composed, read_document, write_document
+from transfer.service.documents import publish_composed
 from transfer.service.ingest import SNIFF_BYTES
 from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord, object_key
+from transfer.service.session_views import chunks_path
+from transfer.service.uploads import PartExists, StoredPart, UploadEngine
 from transfer.settings import Settings
 
 MiB = 1 << 20
@@ -101,13 +104,15 @@ class ChunkReceipt:
     duplicate: bool
 
 
-class _PrefixHasher:
-    """SHA-256 of the contiguous prefix of stored chunks, advanced as chunks arrive."""
+class _Duplicate(Exception):
+    """A chunk the record already holds: its bytes were hashed, nothing was published."""
 
-    def __init__(self) -> None:
-        self.next_index = 0
-        self.sha = hashlib.sha256()
-        self.lock = asyncio.Lock()
+    def __init__(self, result: StoredPart) -> None:
+        self.result = result
+
+
+# FileService.check_signed: (method, signed path, query, raw path, the paths it may be) -> None or an error, counted
+SignatureCheck = Callable[[str, str, str, bytes | str | None, tuple[str, ...]], None]
 
 
 class SessionService:
@@ -120,21 +125,20 @@ class SessionService:
         *,
         clock: Callable[[], float] = time.time,
         quota: SessionQuota | None = None,
+        engine: UploadEngine | None = None,
+        check_signed: SignatureCheck | None = None,
     ) -> None:
         self.storage = storage
         self.settings = settings
         self.clock = clock
         self.quota = quota or SessionQuota(storage, settings.max_open_sessions_per_key)
         self.quota.register(is_session_id, self.is_open)
-        self._hashers: dict[str, _PrefixHasher] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self.engine = engine or UploadEngine(storage)
+        self._check_signed = check_signed
         self._arrivals: dict[str, asyncio.Event] = {}
         self._background: set[asyncio.Task[None]] = set()
 
     # -- records -------------------------------------------------------------------------------------------------
-
-    async def _save(self, session: Session, *, new: bool = False) -> None:
-        await write_document(self.storage, session_key(session.id), session.to_json(), if_absent=new)
 
     async def load(self, sid: str, caller: Grant) -> Session:
         """The session, if the caller may see it (its own; any for admin); NotFound otherwise, whether or not it
@@ -142,15 +146,17 @@ class SessionService:
         if not is_session_id(sid):
             raise NotFound(f"no session {sid!r}")
         try:
-            session = Session.from_json(await read_document(self.storage, session_key(sid)))
+            doc, _ = await self.engine.read(session_key(sid))
         except NotFound:
             raise NotFound(f"no session {sid!r}") from None
+        session = Session.from_json(doc)
         if not caller.sees(session.owner):
             raise NotFound(f"no session {sid!r}")
         return session
 
-    def _lock(self, sid: str) -> asyncio.Lock:
-        return self._locks.setdefault(sid, asyncio.Lock())
+    async def _update(self, sid: str, change: Callable[[Session], Session | None]) -> Session:
+        """Change the session's record by compare-and-set (``change`` sees the latest record; None: no change)."""
+        return await self.engine.update(session_key(sid), Session.from_json, change, Session.to_json)
 
     def _min_chunk(self) -> int:
         # S3 composes with UploadPartCopy: every part but the last must be at least 5 MiB
@@ -203,7 +209,7 @@ class SessionService:
             max_size=s.max_upload_size,
         )
         async with self.quota.claim(owner, session.id):
-            await self._save(session, new=True)
+            await self.engine.create(session_key(session.id), session.to_json())
         return session
 
     async def is_open(self, sid: str) -> bool:
@@ -222,63 +228,84 @@ class SessionService:
         declared_length: int | None,
         caller: Grant,
     ) -> ChunkReceipt:
-        """Store chunk ``index`` if its length and checksum are right. The same bytes again: a no-op; other bytes
-        for a stored chunk: ChunkConflict."""
+        """Store chunk ``index`` if its length and checksum are right, and enter it in the session's record. The
+        same bytes again: a no-op; other bytes for a stored chunk: ChunkConflict."""
         session = await self.load(sid, caller)
         now = self.clock()
         expected = session.expected_length(index)
         limit = session.chunk_size if expected is None else expected
         if declared_length is not None:
             session.check_length(index, declared_length)
-        try:
-            session.require_open(now)
-        except Exception:
-            # a completed session still answers a repeated chunk with the same bytes as a no-op
-            if session.state is not SessionState.COMPLETED or index >= len(session.chunk_digests):
-                raise
-        x3 = xxhash.xxh3_128()
-        sha = hashlib.sha256() if digest.algorithm == "sha256" else None
-        size = 0
+        # a completed session still answers a repeated chunk with the same bytes as a no-op
+        repeat = session.state is SessionState.COMPLETED and index < len(session.chunk_digests)
+        if not repeat:
+            session.after(UploadEvent.PUT_PART, now)
+
+        def verify(result: StoredPart) -> None:
+            session.check_length(index, result.size)
+            actual = result.sha256 if digest.algorithm == "sha256" else result.xxh3
+            if actual != digest.hex:
+                raise ChunkChecksumMismatch(
+                    f"chunk {index}: {digest.algorithm} of the received bytes is {actual}",
+                    expected=digest.hex,
+                    actual=actual,
+                )
+            if repeat or index in session.parts:
+                raise _Duplicate(result)  # compare with what was stored; nothing new is published
+
         key = chunk_key(sid, index)
         try:
             # not flushed to disk one by one: completion re-reads every chunk and checks its xxh3 first
-            async with self.storage.create(key, size_hint=limit, if_absent=True, durable=False) as writer:
-                async for piece in body:
-                    size += len(piece)
-                    if size > limit:
-                        raise ChunkLengthMismatch(f"chunk {index} is longer than {limit} bytes", expected=limit)
-                    x3.update(piece)
-                    if sha is not None:
-                        sha.update(piece)
-                    await writer.write(piece)
-                session.check_length(index, size)
-                actual = sha.hexdigest() if sha is not None else x3.hexdigest()
-                if actual != digest.hex:
-                    raise ChunkChecksumMismatch(
-                        f"chunk {index}: {digest.algorithm} of the received bytes is {actual}",
-                        expected=digest.hex,
-                        actual=actual,
-                    )
-                if session.state is SessionState.COMPLETED:
-                    raise ObjectExists(key)  # compare with what was stored
-                await writer.commit({"xxh3": x3.hexdigest(), "sha256": sha.hexdigest() if sha else ""})
-        except ObjectExists:
-            stored = await self._stored_digest(session, index)
-            if stored != x3.hexdigest():
-                raise ChunkConflict(f"chunk {index} is already stored with other bytes", stored_xxh3=stored) from None
-            return ChunkReceipt(index, size, stored, duplicate=True)
-        except StorageError as exc:
-            raise from_storage_error(exc) from exc
+            result = await self.engine.store_part(
+                key,
+                body,
+                limit=limit,
+                too_long=lambda n: ChunkLengthMismatch(f"chunk {index} is longer than {limit} bytes", expected=limit),
+                size_hint=limit,
+                sha256=digest.algorithm == "sha256",
+                durable=False,
+                verify=verify,
+            )
+        except _Duplicate as dup:
+            known = session.parts.get(index) or Part(dup.result.size, session.chunk_digests[index])
+            return await self._repeated(session, index, dup.result, known)
+        except PartExists as exists:
+            # stored, but not in the record we read: a concurrent PUT of this chunk, or a process that stopped
+            # between storing it and recording it; the object's metadata says what it holds
+            with storage_errors_translated():
+                info = await self.storage.stat(key)
+            known = Part(info.size, info.metadata.get("xxh3", ""), info.metadata.get("sha256", ""))
+            return await self._repeated(session, index, exists.result, known)
+        try:
+            updated = await self._record_part(sid, index, result.part())
+        except TransferError:  # ended meanwhile (aborted, expired): the chunk it will never use goes now
+            await self.engine.delete([key])
+            raise
         self._arrived(sid)
-        self._spawn(self._advance(session))
-        return ChunkReceipt(index, size, x3.hexdigest(), duplicate=False)
+        self._spawn(self._advance(updated))
+        return ChunkReceipt(index, result.size, result.xxh3, duplicate=False)
 
-    async def _stored_digest(self, session: Session, index: int) -> str:
-        if session.state is SessionState.COMPLETED:
-            return session.chunk_digests[index]
-        with storage_errors_translated():
-            info = await self.storage.stat(chunk_key(session.id, index))
-        return info.metadata.get("xxh3", "")
+    async def _repeated(self, session: Session, index: int, mine: StoredPart, stored: Part) -> ChunkReceipt:
+        """A chunk sent again: ChunkConflict for other bytes; for the same bytes a no-op, except that a stored
+        chunk the record does not list yet is entered in it (adopted)."""
+        if stored.xxh3 != mine.xxh3:
+            raise ChunkConflict(f"chunk {index} is already stored with other bytes", stored_xxh3=stored.xxh3)
+        if session.state is SessionState.OPEN and index not in session.parts:
+            updated = await self._record_part(session.id, index, stored)
+            self._arrived(session.id)
+            self._spawn(self._advance(updated))
+        return ChunkReceipt(index, mine.size, stored.xxh3, duplicate=True)
+
+    async def _record_part(self, sid: str, index: int, part: Part) -> Session:
+        """Enter a stored chunk in the session's index (compare-and-set; a no-op if it is there already)."""
+
+        def change(current: Session) -> Session | None:
+            if current.parts.get(index) == part:
+                return None
+            current.after(UploadEvent.PUT_PART, self.clock())  # aborted or expired meanwhile: refused
+            return current.with_changes(parts=with_part(current.parts, index, part))
+
+        return await self._update(sid, change)
 
     def _arrived(self, sid: str) -> None:
         event = self._arrivals.pop(sid, None)
@@ -299,23 +326,19 @@ class SessionService:
         task.add_done_callback(self._background.discard)
 
     async def stored_chunks(self, sid: str) -> dict[int, int]:
-        """index -> length of every stored chunk."""
-        out: dict[int, int] = {}
-        prefix = f"sessions/{sid}/chunks/"
-        with storage_errors_translated():
-            async for info in self.storage.list(prefix):
-                out[int(info.key[len(prefix) :])] = info.size
-        return out
+        """index -> length of every stored chunk (the record's index)."""
+        return (await self.load(sid, TRUSTED)).stored
 
     async def status(self, sid: str, caller: Grant) -> dict[str, Any]:
-        """What is stored, what is missing, and the session's state: enough to resume with no local state."""
+        """What is stored, what is missing, and the session's state: enough to resume with no local state.
+        One record read, whatever is stored."""
         session = await self.load(sid, caller)
+        return self._status(session)
+
+    def _status(self, session: Session) -> dict[str, Any]:
         state = session.state_at(self.clock())
-        stored = (
-            {i: 0 for i in range(len(session.chunk_digests))}
-            if state is SessionState.COMPLETED
-            else await self.stored_chunks(sid)
-        )
+        completed = state is SessionState.COMPLETED
+        stored = {i: 0 for i in range(len(session.chunk_digests))} if completed else session.stored
         total = session.total_chunks
         received = session.size if state is SessionState.COMPLETED else sum(stored.values())
         doc: dict[str, Any] = {
@@ -337,47 +360,41 @@ class SessionService:
             doc["file_id"] = session.file_id
         return doc
 
-    async def _advance(self, session: Session) -> _PrefixHasher:
-        """Hash stored chunks in order from where this process's hasher stopped."""
-        hasher = self._hashers.setdefault(session.id, _PrefixHasher())
-        async with hasher.lock:
-            while True:
-                try:
-                    with storage_errors_translated():
-                        reader = await self.storage.open(chunk_key(session.id, hasher.next_index))
-                except NotFound:
-                    return hasher
-                check = xxhash.xxh3_128()
-                staged = hasher.sha.copy()
-                async with reader:
-                    async for piece in reader.read():
-                        check.update(piece)
-                        await asyncio.to_thread(staged.update, piece)
-                if check.hexdigest() != reader.info.metadata.get("xxh3"):
-                    # what was acknowledged is not what is stored (e.g. lost in a machine crash): the chunk is
-                    # dropped, status lists it as missing, and the client sends it again
-                    with storage_errors_translated():
-                        await self.storage.delete(chunk_key(session.id, hasher.next_index))
-                    return hasher
-                hasher.sha = staged
-                hasher.next_index += 1
+    async def _advance(self, session: Session) -> int:
+        """Hash the recorded chunks in order from where this process's hasher stopped; returns how many chunks
+        from the start are hashed and intact (a chunk whose bytes are not what was acknowledged is deleted and
+        dropped from the record: status lists it as missing, and the client sends it again)."""
+        sid = session.id
+        ordered = [(i, chunk_key(sid, i), session.parts[i]) for i in sorted(session.parts)]
+        hasher = await self.engine.catch_up(sid, ordered)
+        bad = hasher.next_part
+        if bad in session.parts and not await self._exists(chunk_key(sid, bad)):
+            await self._update(sid, lambda current: _without_part(current, bad))
+        return hasher.next_part
+
+    async def _exists(self, key: str) -> bool:
+        try:
+            with storage_errors_translated():
+                await self.storage.stat(key)
+        except NotFound:
+            return False
+        return True
 
     async def complete(self, sid: str, caller: Grant, declared_size: int | None = None) -> tuple[Session, FileRecord]:
         """Verify and publish the whole file; the session becomes COMPLETED with the new file's id, which belongs
         to the session's owner."""
-        async with self._lock(sid):
+        async with self.engine.locks.hold(sid):
             session = await self.load(sid, caller)
-            session.require_open(self.clock())
-            stored = await self.stored_chunks(sid)
-            size, total = session.completion_plan(stored, declared_size)
-            hasher = await self._advance(session)
-            if hasher.next_index < total:  # dropped by its xxh3 check, or deleted under us
+            session.require_open(self.clock())  # completing twice is refused (SessionCompleted), as before
+            size, total = session.completion_plan(session.stored, declared_size)
+            hashed = await self._advance(session)
+            if hashed < total:  # dropped by its xxh3 check, or deleted under us
                 raise SessionIncomplete(
-                    f"chunk {hasher.next_index} is not stored intact; send it again",
-                    missing=[[hasher.next_index, hasher.next_index]],
+                    f"chunk {hashed} is not stored intact; send it again", missing=[[hashed, hashed]]
                 )
+            hasher = self.engine.hasher(sid)
             sha_hex = hasher.sha.hexdigest()
-            if hasher.next_index > total:
+            if hashed > total:
                 raise InvalidRequest("more chunks than the declared size allows")
             if session.checksum is not None and checksum_hex(session.checksum) != sha_hex:
                 raise ChecksumMismatch(
@@ -385,16 +402,17 @@ class SessionService:
                     expected=session.checksum,
                     actual="sha256:" + sha_hex,
                 )
-            digests = []
-            for i in range(total):
-                with storage_errors_translated():
-                    digests.append((await self.storage.stat(chunk_key(sid, i))).metadata.get("xxh3", ""))
+            digests = [session.parts[i].xxh3 for i in range(total)]
             # the file id follows from the session id: two replicas completing at once compose the same object
             # and write the same record, so there is one outcome and no orphan
             file_id = "f_" + sid[2:]
             content_type = session.content_type
             if content_type is None:  # none declared at creation: what the first bytes show, as for other uploads
-                content_type = await self._sniffed_type(sid, session.name) if total else MIME_OCTET_STREAM
+                # (the hasher kept the first bytes as it went: no read)
+                head = bytes(hasher.head[:SNIFF_BYTES])
+                content_type = (
+                    await asyncio.to_thread(sniff_content_type, head, session.name) if total else MIME_OCTET_STREAM
+                )
             record = FileRecord(
                 id=file_id,
                 name=session.name,
@@ -410,47 +428,51 @@ class SessionService:
                 owner=session.owner,
             )
             await publish_composed(self.storage, record, [chunk_key(sid, i) for i in range(total)])
-            done = session.with_changes(state=SessionState.COMPLETED, file_id=file_id, size=size, chunk_digests=digests)
-            await self._save(done)
+
+            def completed(current: Session) -> Session | None:
+                if current.state is SessionState.COMPLETED and current.file_id == file_id:
+                    return None  # another replica completed it the same way
+                current.after(UploadEvent.COMPLETE, self.clock())
+                return current.with_changes(
+                    state=SessionState.COMPLETED, file_id=file_id, size=size, chunk_digests=digests
+                )
+
+            done = await self._update(sid, completed)
             await self.quota.release(session.owner, sid)
-            self._hashers.pop(sid, None)
+            self.engine.forget(sid)
             self._arrived(sid)
-            self._spawn(self._delete_chunks(sid))
+            self._spawn(self._delete_chunks(sid, list(session.parts)))
             return done, record
 
-    async def _sniffed_type(self, sid: str, name: str | None) -> str:
-        """The media type the start of chunk 0 shows (one bounded ranged read)."""
-        head = b""
-        with storage_errors_translated():
-            reader = await self.storage.open(chunk_key(sid, 0))
-            async with reader:
-                async for piece in reader.read(0, SNIFF_BYTES):
-                    head += piece
-        return await asyncio.to_thread(sniff_content_type, head[:SNIFF_BYTES], name)  # a CPU scan: off the loop
-
-    async def _delete_chunks(self, sid: str) -> None:
-        for index in list(await self.stored_chunks(sid)):
-            with storage_errors_translated():
-                await self.storage.delete(chunk_key(sid, index))
+    async def _delete_chunks(self, sid: str, indices: list[int]) -> None:
+        await self.engine.delete([chunk_key(sid, index) for index in indices])
 
     async def abort(self, sid: str, caller: Grant, *, state: SessionState = SessionState.ABORTED) -> None:
         """Abort (or expire) a session: its chunks are deleted; completed sessions cannot be aborted."""
-        async with self._lock(sid):
+        event = UploadEvent.EXPIRE if state is SessionState.EXPIRED else UploadEvent.ABORT
+        async with self.engine.locks.hold(sid):
             session = await self.load(sid, caller)
             if session.state is SessionState.COMPLETED:
-                session.require_open(self.clock())
-            await self._delete_chunks(sid)
-            if session.state is SessionState.OPEN:
-                await self._save(session.with_changes(state=state))
+                session.require_open(self.clock())  # SessionCompleted
+            doomed = set(session.parts)
+            if session.state is SessionState.OPEN:  # an ended one again: nothing to record, chunks deleted again
+
+                def ended(current: Session) -> Session | None:
+                    doomed.update(current.parts)  # the latest index: a chunk recorded meanwhile goes too
+                    return _ended(current, event)
+
+                session = await self._update(sid, ended)
+            await self._delete_chunks(sid, sorted(doomed))
             await self.quota.release(session.owner, sid)
-            self._hashers.pop(sid, None)
+            self.engine.forget(sid)
             self._arrived(sid)
 
-    async def collect_garbage(self) -> dict[str, int]:
+    async def sweep_expired(self) -> int:
         """Expire open sessions past their time (deleting their chunks) and forget ended sessions a retention
-        period after they ended. Driven by the service clock."""
+        period after they ended; returns how many sessions it expired or forgot. Driven by the service clock.
+        A sweep may list storage: it is the one place that looks at everything."""
         now = self.clock()
-        expired = forgotten = 0
+        removed = 0
         sids = set()
         with storage_errors_translated():
             async for info in self.storage.list("sessions/"):
@@ -459,17 +481,49 @@ class SessionService:
             try:
                 session = await self.load(sid, TRUSTED)
             except NotFound:  # chunks without a record: left by a crash between deletes
-                await self._delete_chunks(sid)
+                await self._delete_listed_chunks(sid)
                 continue
             if session.state is SessionState.OPEN and session.state_at(now) is SessionState.EXPIRED:
                 await self.abort(sid, TRUSTED, state=SessionState.EXPIRED)
-                expired += 1
+                removed += 1
             elif session.state is not SessionState.OPEN and now >= session.expires_at + self.settings.session_retention:
-                await self._delete_chunks(sid)
+                await self._delete_listed_chunks(sid)
                 with storage_errors_translated():
                     await self.storage.delete(session_key(sid))
-                forgotten += 1
-        return {"expired": expired, "forgotten": forgotten}
+                removed += 1
+        return removed
+
+    async def _delete_listed_chunks(self, sid: str) -> None:
+        """The sweep's clean-up: every chunk object under the session's prefix, listed or not in a record."""
+        prefix = f"sessions/{sid}/chunks/"
+        with storage_errors_translated():
+            keys = [info.key async for info in self.storage.list(prefix)]
+        await self.engine.delete(keys)
+
+    async def collect_garbage(self) -> int:
+        """Kept for callers of the former name: :meth:`sweep_expired`."""
+        return await self.sweep_expired()
+
+    # -- readers holding a signed streaming descriptor ---------------------------------------------------------
+
+    def _verify_signed(self, sid: str, method: str, raw_path: bytes | str | None, path: str, query: str) -> None:
+        """The URL's path is exactly ``path`` as sent (the chunks path, or it plus a chunk's index) and its
+        signature over the chunks path is valid and unexpired: the signature is the reader's authority."""
+        if self._check_signed is None:
+            raise NotFound("signed session URLs are not served here")
+        self._check_signed(method, chunks_path(sid), query, raw_path, (path,))
+
+    async def signed_status(self, sid: str, raw_path: bytes | str | None, query: str) -> dict[str, Any]:
+        """The status, for the holder of a streaming descriptor's signed chunks URL."""
+        self._verify_signed(sid, "GET", raw_path, chunks_path(sid), query)
+        return await self.status(sid, TRUSTED)
+
+    async def open_signed_chunk(
+        self, sid: str, index: int, method: str, raw_path: bytes | str | None, query: str, wait: float
+    ) -> tuple[Session, ReaderStream, int, str]:
+        """:meth:`open_chunk` for the holder of a signed chunks URL (its path plus the index, written canonically)."""
+        self._verify_signed(sid, method, raw_path, f"{chunks_path(sid)}/{index}", query)
+        return await self.open_chunk(sid, index, wait)
 
     async def open_chunk(self, sid: str, index: int, wait: float) -> tuple[Session, ReaderStream, int, str]:
         """The bytes of chunk ``index`` with its length and xxh3-128; for a session still uploading, waits up to
@@ -529,6 +583,20 @@ class ReaderStream:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _ended(current: Session, event: UploadEvent) -> Session | None:
+    """The record after ABORT or EXPIRE (judged on the recorded state: the sweep records what the clock decided)."""
+    if current.state is not SessionState.OPEN:
+        return None  # ended meanwhile
+    after = transition(current.state, event, upload_id=f"session {current.id}")
+    return current.with_changes(state=after, parts={})  # its chunks are deleted next
+
+
+def _without_part(current: Session, index: int) -> Session | None:
+    if index not in current.parts:
+        return None
+    return current.with_changes(parts={i: p for i, p in current.parts.items() if i != index})
 
 
 def _timestamp(seconds: float) -> str:

@@ -1,11 +1,15 @@
-"""tus 1.0.0 uploads (https://tus.io/protocols/resumable-upload): the operations behind the tus front door.
+"""tus 1.0.0 uploads (https://tus.io/protocols/resumable-upload): the operations behind the tus front door, the
+offset-addressed view of the upload engine (:mod:`transfer.service.uploads`).
 
-An upload is an info record plus the segments its PATCH requests delivered, all in the storage backend:
+An upload is one record plus the segments its PATCH requests delivered, all in the storage backend:
 
-    tus/<id>/info.json               length (or deferred), metadata, concat role, expiry, state
+    tus/<id>/info.json               length (or deferred), metadata, concat role, expiry, state, and the index of
+                                     its segments (offset -> size, xxh3-128), updated by compare-and-set
     tus/<id>/seg/<offset:016d>       the bytes of one PATCH, created if-absent: two PATCHes at one offset -> 409
 
-The offset is the sum of the segment sizes, so any replica, or a restarted process, knows it. A PATCH cut short
+The offset is where the recorded segments end, so any replica, or a restarted process, knows it from one record
+read: create, PATCH, HEAD and termination never list storage. A segment stored by a process that stopped before
+its record said so is adopted (its object's metadata has its digest) by the next HEAD or PATCH. A PATCH cut short
 keeps what arrived (tus servers SHOULD), unless it carried an Upload-Checksum. When the offset reaches the length,
 the segments become an ordinary stored file (FileRecord; name and type from Upload-Metadata), the upload records
 its file id and the segments are deleted (the offset of a finished upload is its length). Partial uploads
@@ -21,16 +25,26 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from storage.base import Storage
-from storage.errors import ObjectExists, StorageError
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding
 from transfer.core.mime import is_media_type, require_media_type
 from transfer.core.naming import resolve_content_type, sanitize_filename
+from transfer.core.uploads import (
+    Part,
+    UploadEvent,
+    UploadState,
+    next_offset,
+    parts_from_json,
+    parts_to_json,
+    state_at,
+    transition,
+    with_part,
+)
 from transfer.errors import (
     ChecksumMismatch,
     ClientDisconnected,
@@ -42,12 +56,12 @@ from transfer.errors import (
     TransferError,
     TusChecksumMismatch,
     UploadForbidden,
-    from_storage_error,
     storage_errors_translated,
 )
-from transfer.service.documents import publish_composed, read_document, write_document
+from transfer.service.documents import publish_composed
 from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord
+from transfer.service.uploads import PartExists, StoredPart, UploadEngine
 from transfer.settings import Settings
 
 log = logging.getLogger("transfer.tus")
@@ -111,15 +125,49 @@ class Upload:
     terminated: bool = False
     file_id: str | None = None
     owner: str | None = None  # the API key that created it (open-session quota)
+    segments: dict[int, Part] = field(default_factory=dict)  # offset -> size and xxh3 of each stored PATCH
+
+    @property
+    def received(self) -> int:
+        """Bytes stored so far: where the recorded segments end."""
+        return next_offset(self.segments)
+
+    @property
+    def offset(self) -> int:
+        """The tus ``Upload-Offset``: the length once finished (its segments were freed when it was published)
+        or for a final concatenation, else the bytes received so far."""
+        if (self.file_id is not None or self.concat == "final") and self.length is not None:
+            return self.length
+        return self.received
+
+    def state_at(self, now: float) -> UploadState:
+        if self.file_id is not None:
+            return UploadState.COMPLETED
+        if self.terminated:
+            return UploadState.ABORTED
+        return state_at(UploadState.OPEN, self.expires_at, now)
+
+    def ordered_segments(self) -> list[tuple[int, str, Part]]:
+        return [(off, _segment_key(self.id, off), self.segments[off]) for off in sorted(self.segments)]
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {
+            "id": self.id,
+            "length": self.length,
+            "metadata": self.metadata,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            "concat": self.concat,
+            "parts": self.parts,
+            "terminated": self.terminated,
+            "file_id": self.file_id,
+            "owner": self.owner,
+            "segments": parts_to_json(self.segments),
+        }
 
-
-@dataclass(slots=True)
-class _Hasher:
-    offset: int = 0
-    sha: Any = field(default_factory=hashlib.sha256)
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Upload:
+        return cls(**{**doc, "segments": parts_from_json(doc.get("segments"))})
 
 
 def _info_key(uid: str) -> str:
@@ -138,17 +186,18 @@ class TusService:
         *,
         clock: Callable[[], float] = time.time,
         quota: SessionQuota | None = None,
+        engine: UploadEngine | None = None,
     ) -> None:
         self.storage = storage
         self.settings = settings
         self.clock = clock
         self.quota = quota or SessionQuota(storage, settings.max_open_sessions_per_key)
         self.quota.register(is_upload_id, self.is_open)
-        self._hashers: dict[str, _Hasher] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self.engine = engine or UploadEngine(storage)
 
-    async def _save(self, upload: Upload, *, new: bool = False) -> None:
-        await write_document(self.storage, _info_key(upload.id), upload.to_json(), if_absent=new)
+    async def _update(self, uid: str, change: Callable[[Upload], Upload | None]) -> Upload:
+        """Change the upload's record by compare-and-set (``change`` sees the latest record; None: no change)."""
+        return await self.engine.update(_info_key(uid), Upload.from_json, change, Upload.to_json)
 
     async def load(self, uid: str, caller: Grant, *, allow_ended: bool = False) -> Upload:
         """The upload, if the caller may see it (its own; any for admin); NotFound otherwise, whether or not it
@@ -156,36 +205,28 @@ class TusService:
         if not is_upload_id(uid):
             raise NotFound(f"no upload {uid!r}")
         try:
-            doc = await read_document(self.storage, _info_key(uid))
+            doc, _ = await self.engine.read(_info_key(uid))
         except NotFound:
             raise NotFound(f"no upload {uid!r}") from None
-        upload = Upload(**doc)
+        upload = Upload.from_json(doc)
         if not caller.sees(upload.owner):
             raise NotFound(f"no upload {uid!r}")
-        if not allow_ended and (upload.terminated or self.clock() >= upload.expires_at):
+        if not allow_ended and upload.state_at(self.clock()) in (UploadState.ABORTED, UploadState.EXPIRED):
             raise Gone(f"upload {uid} was terminated or has expired")
         return upload
 
     async def segments(self, uid: str) -> list[tuple[int, int]]:
-        """(offset, size) of the stored segments, in order."""
-        prefix = f"tus/{uid}/seg/"
-        out = []
-        with storage_errors_translated():
-            async for info in self.storage.list(prefix):
-                out.append((int(info.key[len(prefix) :]), info.size))
-        return sorted(out)
+        """(offset, size) of the recorded segments, in order."""
+        upload = await self.load(uid, TRUSTED, allow_ended=True)
+        return [(off, upload.segments[off].size) for off in sorted(upload.segments)]
 
     async def offset(self, uid: str) -> int:
-        """Bytes received so far: the sum of the stored segments (a finished upload's segments are gone: ask
-        :meth:`offset_of`)."""
-        return sum(size for _, size in await self.segments(uid))
+        """Bytes received so far (a finished upload's segments are gone: ask :meth:`offset_of`)."""
+        return (await self.load(uid, TRUSTED, allow_ended=True)).received
 
     async def offset_of(self, upload: Upload) -> int:
-        """The tus ``Upload-Offset`` of ``upload``: its length once finished (its segments were freed when it was
-        published) or when it is a final concatenation, else the bytes received so far."""
-        if (upload.file_id is not None or upload.concat == "final") and upload.length is not None:
-            return upload.length
-        return await self.offset(upload.id)
+        """The tus ``Upload-Offset`` of ``upload`` (see :attr:`Upload.offset`)."""
+        return upload.offset
 
     async def create(
         self,
@@ -221,7 +262,7 @@ class TusService:
                 part = await self.load(pid, caller)
                 if part.concat != "partial":
                     raise InvalidRequest(f"{pid} is not a partial upload")
-                if part.length is None or await self.offset_of(part) != part.length:
+                if part.length is None or part.offset != part.length:
                     raise InvalidRequest(f"partial upload {pid} is not complete")
                 total += part.length
             if total > self.settings.max_upload_size:
@@ -229,20 +270,88 @@ class TusService:
             upload = replace(upload, length=total)
         # a final upload is finished at once: nothing stays open, nothing counts against the key
         async with self.quota.claim(owner if concat != "final" else None, upload.id):
-            await self._save(upload, new=True)
+            await self.engine.create(_info_key(upload.id), upload.to_json())
         if concat == "final":
             upload = await self._finish(upload)
         return upload
 
-    async def current(self, uid: str, caller: Grant, *, allow_ended: bool = False) -> tuple[Upload, int]:
-        """The upload and its offset, for HEAD and GET. An upload whose bytes have all arrived but that is not
-        published (the process stopped between the last PATCH and publishing) is published now, so a client that
-        resumes after a restart and finds nothing left to send still gets its file."""
-        upload = await self.load(uid, caller, allow_ended=allow_ended)
-        offset = await self.offset_of(upload)
-        if upload.file_id is None and upload.concat == "" and upload.length == offset and not upload.terminated:
-            upload = await self._finish(upload)
+    async def create_from_request(
+        self,
+        *,
+        length: int | None,
+        defer_length: str | None,
+        metadata: str | None,
+        concat: str | None,
+        caller: Grant,
+        body: AsyncIterator[bytes] | None = None,
+        checksum: tuple[str, bytes] | None = None,
+    ) -> tuple[Upload, int | None]:
+        """tus creation as the headers ask (tus 1.0.0 §creation, §creation-defer-length, §concatenation,
+        §creation-with-upload): exactly one of ``Upload-Length`` and ``Upload-Defer-Length: 1`` (neither for a
+        final upload, which names its partial uploads' URLs); with ``body``, the creation's own bytes are the
+        first PATCH. Returns the upload and, with a body, the offset after it."""
+        kind, parts = "", []
+        if concat:
+            raw_kind, _, urls = concat.partition(";")
+            kind = raw_kind.strip()
+            if kind == "final":
+                parts = [url.rstrip("/").rsplit("/", 1)[-1] for url in urls.split()]
+                if not parts:
+                    raise InvalidRequest("Upload-Concat: final needs the partial uploads' URLs")
+                if length is not None:
+                    raise InvalidRequest("a final upload takes no Upload-Length")
+            elif kind != "partial":
+                raise InvalidRequest("Upload-Concat must be 'partial' or 'final;<urls>'")
+        if kind != "final":
+            deferred = defer_length is not None
+            if deferred and defer_length != "1":
+                raise InvalidRequest("Upload-Defer-Length must be 1")
+            if (length is None) == (not deferred):
+                raise InvalidRequest("send exactly one of Upload-Length and Upload-Defer-Length: 1")
+        upload = await self.create(
+            length=length, metadata=parse_metadata(metadata), concat=kind, parts=parts, caller=caller
+        )
+        if body is None or kind == "final":
+            return upload, None
+        upload, offset = await self.append(upload.id, 0, body, caller, checksum=checksum)
         return upload, offset
+
+    async def current(self, uid: str, caller: Grant, *, allow_ended: bool = False) -> tuple[Upload, int]:
+        """The upload and its offset, for HEAD and GET. A segment stored by a PATCH whose process stopped before
+        recording it is adopted first; an upload whose bytes have all arrived but that is not published (the
+        process stopped between the last PATCH and publishing) is published now, so a client that resumes after
+        a restart and finds nothing left to send still gets its file."""
+        upload = await self.load(uid, caller, allow_ended=allow_ended)
+        if upload.state_at(self.clock()) is UploadState.OPEN and upload.concat != "final":
+            upload = await self._adopt(upload)
+            if upload.concat == "" and upload.length == upload.received:
+                upload = await self._finish(upload)
+        return upload, upload.offset
+
+    async def _adopt(self, upload: Upload) -> Upload:
+        """Enter in the record the segments stored at its end but not recorded (one stat when there are none)."""
+        while upload.length is None or upload.received < upload.length:
+            offset = upload.received
+            try:
+                with storage_errors_translated():
+                    info = await self.storage.stat(_segment_key(upload.id, offset))
+            except NotFound:
+                return upload
+            if info.size == 0:
+                return upload
+            upload = await self._record_segment(upload.id, offset, Part(info.size, info.metadata.get("xxh3", "")))
+        return upload
+
+    async def _record_segment(self, uid: str, offset: int, part: Part) -> Upload:
+        def change(current: Upload) -> Upload | None:
+            if offset in current.segments:
+                return None  # recorded already (adopted by a HEAD, or by this very PATCH's retry)
+            if current.received != offset:
+                raise Conflict(f"upload {uid} has no byte {offset - 1} yet", offset=current.received)
+            transition(current.state_at(self.clock()), UploadEvent.PUT_PART, upload_id=f"upload {uid}")
+            return replace(current, segments=with_part(current.segments, offset, part))
+
+        return await self._update(uid, change)
 
     async def is_open(self, uid: str) -> bool:
         try:
@@ -265,7 +374,7 @@ class TusService:
         upload = await self.load(uid, caller)
         if upload.concat == "final":
             raise UploadForbidden("a final upload cannot be patched")
-        current = await self.offset_of(upload)
+        current = upload.offset
         if declare_length is not None:
             if upload.length is not None and upload.length != declare_length:
                 raise InvalidRequest("Upload-Length cannot change once set")
@@ -277,61 +386,51 @@ class TusService:
                     offset=current,
                 )
             if upload.length is None:
-                upload = replace(upload, length=declare_length)
-                await self._save(upload)
+                upload = await self._update(uid, lambda u: _declared(u, declare_length, self.clock()))
         if offset != current:
             raise Conflict(f"Upload-Offset {offset} does not match the upload's offset {current}", offset=current)
+        transition(upload.state_at(self.clock()), UploadEvent.PUT_PART, upload_id=f"upload {uid}")
         # a deferred length is still bounded by Tus-Max-Size (tus 1.0.0 §creation-defer-length)
-        limit = (self.settings.max_upload_size if upload.length is None else upload.length) - current
+        length = upload.length
+        limit = (self.settings.max_upload_size if length is None else length) - current
         # the running SHA-256 follows the bytes of this process's PATCHes when they arrive in order
-        hasher = self._hashers.get(uid)
+        hasher = self.engine.hashers.get(uid)
         if hasher is None and current == 0:
-            hasher = self._hashers.setdefault(uid, _Hasher())
-        feed = hasher if hasher is not None and hasher.offset == current else None
+            hasher = self.engine.hasher(uid)
+        feed = hasher if hasher is not None and hasher.position == current == hasher.next_part else None
+        staged = feed.staged() if feed is not None else None  # a PATCH that is not kept leaves the hasher as it was
         check = CHECKSUM_ALGORITHMS[checksum[0]]() if checksum else None
-        received = 0
-        kept = False
-        cut = False
+
+        def too_long(_: int) -> TooLarge:
+            if length is not None:
+                return TooLarge(f"PATCH goes beyond Upload-Length {length}")
+            return TooLarge(f"PATCH goes beyond Tus-Max-Size {self.settings.max_upload_size}")
+
+        def verify(_: StoredPart) -> None:
+            if check is not None and checksum is not None and check.digest() != checksum[1]:
+                raise TusChecksumMismatch("Upload-Checksum does not match the PATCH body")
+
         try:
-            hint = None if upload.length is None else limit  # not the size limit: backends plan (and S3 parts) by it
-            async with self.storage.create(_segment_key(uid, current), size_hint=hint, if_absent=True) as writer:
-                try:
-                    async for piece in body:
-                        received += len(piece)
-                        if received > limit:
-                            raise TooLarge(
-                                f"PATCH goes beyond Upload-Length {upload.length}"
-                                if upload.length is not None
-                                else f"PATCH goes beyond Tus-Max-Size {self.settings.max_upload_size}"
-                            )
-                        if check is not None:
-                            check.update(piece)
-                        if feed is not None:
-                            feed.sha.update(piece)
-                        await writer.write(piece)
-                except ClientDisconnected:
-                    if check is not None:
-                        raise  # a cut body cannot be checked: nothing is kept
-                    cut = True  # keep what arrived
-                if check is not None:
-                    assert checksum is not None
-                    if check.digest() != checksum[1]:
-                        raise TusChecksumMismatch("Upload-Checksum does not match the PATCH body")
-                if received:
-                    await writer.commit({})
-                    kept = True
-        except ObjectExists:
+            result = await self.engine.store_part(
+                _segment_key(uid, current),
+                body,
+                limit=limit,
+                too_long=too_long,
+                size_hint=None if length is None else limit,  # not the size limit: backends plan (and S3 parts) by it
+                extra=check,
+                live=staged,
+                verify=verify,
+                keep_partial=None if check is not None else ClientDisconnected,  # a cut body cannot be checked
+            )
+        except PartExists:
+            await self._adopt(upload)  # what another PATCH (or a process that stopped) stored there
             raise Conflict("another PATCH at this offset won the race; HEAD for the current offset") from None
-        except StorageError as exc:
-            raise from_storage_error(exc) from exc
-        finally:
-            if feed is not None:
-                if kept:
-                    feed.offset += received
-                elif received:
-                    self._hashers.pop(uid, None)  # it saw bytes that were not kept: rebuild at the end
-        new_offset = current + (received if kept else 0)
-        if cut:
+        if result.stored:
+            if feed is not None and staged is not None:
+                feed.advance(staged, result.size, current + result.size)
+            upload = await self._record_segment(uid, current, Part(result.size, result.xxh3))
+        new_offset = current + (result.size if result.stored else 0)
+        if result.cut is not None:
             raise ClientDisconnected("PATCH was cut short; the bytes received were kept")
         if upload.length is not None and new_offset == upload.length and upload.concat != "partial":
             upload = await self._finish(upload)
@@ -339,25 +438,32 @@ class TusService:
 
     async def _finish(self, upload: Upload) -> Upload:
         """Publish a complete upload as a stored file."""
-        async with self._locks.setdefault(upload.id, asyncio.Lock()):
+        async with self.engine.locks.hold(upload.id):
             latest = await self.load(upload.id, TRUSTED, allow_ended=True)
             if latest.file_id is not None:  # finished meanwhile (a HEAD and the last PATCH, or another replica)
                 return latest
-            sources = []
-            if upload.concat == "final":
-                for pid in upload.parts:
-                    sources += [_segment_key(pid, off) for off, _ in await self.segments(pid)]
+            ordered: list[tuple[int, str, Part]] = []
+            if latest.concat == "final":
+                start = 0
+                for pid in latest.parts:
+                    partial = await self.load(pid, TRUSTED, allow_ended=True)
+                    for _, key, part in partial.ordered_segments():
+                        ordered.append((start, key, part))
+                        start += part.size
             else:
-                segments = await self.segments(upload.id)
-                if sum(size for _, size in segments) != upload.length:
+                if latest.received != latest.length:
                     raise Conflict(f"upload {upload.id} changed while it was being finished; HEAD and retry")
-                sources = [_segment_key(upload.id, off) for off, _ in segments]
-            hasher = self._hashers.pop(upload.id, None)
-            if hasher is not None and hasher.offset == upload.length:
-                sha_hex, head = hasher.sha.hexdigest(), b""
-            else:
-                sha_hex, head = await self._hash_sources(sources)
-            declared = upload.metadata.get(DECLARED_SHA256)
+                ordered = latest.ordered_segments()
+            sources = [key for _, key, _ in ordered]
+            hasher = await self.engine.catch_up(upload.id, ordered, by_offset=True)
+            if hasher.position != latest.length:
+                await self._truncate(latest, hasher.next_part)
+                raise Conflict(
+                    f"upload {upload.id} lost bytes from offset {hasher.next_part}; HEAD and send them again",
+                    offset=hasher.next_part,
+                )
+            sha_hex = hasher.sha.hexdigest()
+            declared = latest.metadata.get(DECLARED_SHA256)
             if declared and declared.lower().removeprefix("sha256:") != sha_hex:
                 # Repr-Digest at creation (IETF front door) or a tus client's ``sha256`` metadata: nothing is published
                 # and the upload ends, its bytes freed (draft-ietf-httpbis-resumable-upload §10.1: consider it failed)
@@ -365,13 +471,12 @@ class TusService:
                 raise ChecksumMismatch(
                     f"the upload's SHA-256 {sha_hex} is not the declared {declared}", actual="sha256:" + sha_hex
                 )
-            if not head:
-                _, head = await self._hash_sources(sources[:1], limit=4096)
-            name = upload.metadata.get("filename") or upload.metadata.get("name")
+            head = bytes(hasher.head)
+            name = latest.metadata.get("filename") or latest.metadata.get("name")
             # ``filetype`` is the browser's guess from the extension (Uppy sends application/octet-stream when it has
             # none): a hint, like a Content-Type header; ``content_type`` is the client's word. Either one from an
             # upload created before create() checked it is dropped: sniff instead
-            declared, hinted = upload.metadata.get("content_type"), upload.metadata.get("filetype")
+            declared, hinted = latest.metadata.get("content_type"), latest.metadata.get("filetype")
             declared = declared if declared and is_media_type(declared) else None
             hinted = hinted if hinted and is_media_type(hinted) else None
             content_type = await asyncio.to_thread(resolve_content_type, head, name, declared=declared, hinted=hinted)
@@ -380,78 +485,100 @@ class TusService:
                 id=file_id,
                 name=sanitize_filename(name, default=file_id),
                 content_type=content_type,
-                size=upload.length or 0,
+                size=latest.length or 0,
                 sha256=sha_hex,
                 encoding=ContentEncoding.NONE,
-                encoded_size=upload.length or 0,
+                encoded_size=latest.length or 0,
                 encoded_sha256=sha_hex,
                 created_at=datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0),
-                owner=upload.owner,
+                owner=latest.owner,
             )
             await publish_composed(self.storage, record, sources)
-            done = replace(upload, file_id=file_id)
-            await self._save(done)
-            await self.quota.release(upload.owner, upload.id)
+
+            def finished(current: Upload) -> Upload | None:
+                if current.file_id == file_id:
+                    return None
+                transition(current.state_at(self.clock()), UploadEvent.COMPLETE, upload_id=f"upload {upload.id}")
+                return replace(current, file_id=file_id)
+
+            done = await self._update(upload.id, finished)
+            await self.quota.release(latest.owner, upload.id)
+            self.engine.forget(upload.id)
             # the file is published and the record says so: its segments are copies now (or were composed into it
             # server-side) and go at once, not at expiry. A crash before this line leaves them to the sweep.
             # Partial uploads stay: tus lets several final uploads reuse them, and they expire like any upload.
-            if upload.concat != "final":
-                await self._free_segments(upload.id)
+            if latest.concat != "final":
+                await self._free_segments(done)
             return done
 
-    async def _hash_sources(self, sources: list[str], limit: int | None = None) -> tuple[str, bytes]:
-        sha = hashlib.sha256()
-        head = bytearray()
-        with storage_errors_translated():
-            for source in sources:
-                async with await self.storage.open(source) as reader:
-                    async for piece in reader.read(0, limit):
-                        await asyncio.to_thread(sha.update, piece)
-                        if len(head) < 4096:
-                            head += piece[: 4096 - len(head)]
-        return sha.hexdigest(), bytes(head)
+    async def _truncate(self, upload: Upload, at: int) -> None:
+        """Drop the segments from offset ``at`` on (their bytes are not what was acknowledged, or follow such):
+        the client sends them again from there."""
+        doomed = [off for off in upload.segments if off >= at]
+        await self._update(
+            upload.id,
+            lambda u: replace(u, segments={o: p for o, p in u.segments.items() if o < at}) if doomed else None,
+        )
+        await self.engine.delete([_segment_key(upload.id, off) for off in doomed])
 
     async def terminate(self, uid: str, caller: Grant) -> None:
+        """tus termination: the upload ends (ABORT) and its segments go; a PATCH in flight finds it ended."""
         upload = await self.load(uid, caller)
-        await self._delete_segments(uid)
-        await self._save(replace(upload, terminated=True))
-        await self.quota.release(upload.owner, uid)
-        self._hashers.pop(uid, None)
 
-    async def _free_segments(self, uid: str) -> None:
+        def terminated(current: Upload) -> Upload | None:
+            transition(current.state_at(self.clock()), UploadEvent.ABORT, upload_id=f"upload {uid}")
+            return replace(current, terminated=True)
+
+        upload = await self._update(uid, terminated)
+        await self.engine.delete([key for _, key, _ in upload.ordered_segments()])
+        await self.quota.release(upload.owner, uid)
+        self.engine.forget(uid)
+
+    async def _free_segments(self, upload: Upload) -> None:
         """Delete a published upload's segments; a failure is logged, never reported: the file is safe and the
         sweep removes what is left when the upload expires."""
         try:
-            await self._delete_segments(uid)
+            await self.engine.delete([key for _, key, _ in upload.ordered_segments()])
         except TransferError as exc:
-            log.warning("segments of the finished upload %s stay until it expires: %s", uid, exc)
+            log.warning("segments of the finished upload %s stay until it expires: %s", upload.id, exc)
 
-    async def _delete_segments(self, uid: str) -> None:
-        for off, _ in await self.segments(uid):
-            with storage_errors_translated():
-                await self.storage.delete(_segment_key(uid, off))
-
-    async def collect_garbage(self) -> int:
-        """Delete expired or terminated uploads' segments and records (their stored files stay)."""
+    async def sweep_expired(self) -> int:
+        """Delete expired or terminated uploads' segments, and their records a retention period after they
+        expired (their stored files stay); returns how many uploads it cleaned. A sweep may list storage: it is
+        the one place that looks at everything (segments left by a crash included)."""
         now = self.clock()
         removed = 0
-        uids = set()
+        keys: dict[str, list[str]] = {}
         with storage_errors_translated():
             async for info in self.storage.list("tus/"):
-                uids.add(info.key.split("/")[1])
-        for uid in uids:
+                keys.setdefault(info.key.split("/")[1], []).append(info.key)
+        for uid, stored in keys.items():
+            segments = [key for key in stored if "/seg/" in key]
             try:
                 upload = await self.load(uid, TRUSTED, allow_ended=True)
             except NotFound:
-                await self._delete_segments(uid)
+                await self.engine.delete(segments)
                 continue
             if upload.terminated or now >= upload.expires_at:
-                await self._delete_segments(uid)
+                await self.engine.delete(segments)
                 if now >= upload.expires_at + self.settings.session_retention:
-                    with storage_errors_translated():
-                        await self.storage.delete(_info_key(uid))
+                    await self.engine.delete([_info_key(uid)])
                 removed += 1
         return removed
+
+    async def collect_garbage(self) -> int:
+        """Kept for callers of the former name: :meth:`sweep_expired`."""
+        return await self.sweep_expired()
+
+
+def _declared(upload: Upload, length: int, now: float) -> Upload | None:
+    """The record with its deferred length declared (tus creation-defer-length)."""
+    if upload.length == length:
+        return None
+    transition(upload.state_at(now), UploadEvent.DECLARE_LENGTH, upload_id=f"upload {upload.id}")
+    if upload.length is not None:
+        raise InvalidRequest("Upload-Length cannot change once set")
+    return replace(upload, length=length)
 
 
 def http_date(seconds: float) -> str:

@@ -1,0 +1,304 @@
+"""The upload engine: what tus uploads and chunked sessions share, written once.
+
+- **Records.** Each upload has one small JSON record (its owner, expiry, declared length, state and the index of
+  its parts); :meth:`UploadEngine.update` changes it with the backend's compare-and-set (read with its etag, write
+  back ``if_match``, again on ObjectChanged), so replicas and restarted processes agree without listing storage.
+- **Parts.** :meth:`UploadEngine.store_part` writes one part if-absent while hashing it (:class:`PieceHasher`).
+- **Hashing.** Every digest of uploaded bytes goes through :class:`PieceHasher`, which hands pieces above a small
+  threshold to a thread (hashlib and xxhash release the GIL): CPU work never holds the event loop.
+  :class:`PrefixHasher` is the running SHA-256 of the whole upload, following its parts in order.
+- **Locks.** One table of per-upload locks (:class:`storage.keyed.KeyedLocks`): an entry lives while someone holds
+  or waits for it, so nothing is left behind when an upload ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import xxhash
+
+from storage.base import Storage
+from storage.errors import ObjectChanged, ObjectExists, StorageError
+from storage.keyed import KeyedLocks
+from transfer.core.uploads import Part
+from transfer.errors import NotFound, VersionConflict, from_storage_error, storage_errors_translated
+
+T = TypeVar("T")
+HEAD_BYTES = 4096  # the start of an upload kept by its hasher (media type sniffing)
+OFFLOAD_BYTES = 64 << 10  # pieces at least this long are hashed in a thread (below, the hop costs more than it saves)
+CAS_ATTEMPTS = 200  # compare-and-set rounds before a record update gives up (contention between replicas)
+SEEN_RECORDS = 4096  # record versions remembered per process (an optimistic start for updates; bounded)
+
+
+class _Digest(Protocol):
+    def update(self, data: bytes, /) -> None: ...
+
+
+class PieceHasher:
+    """Several digests of one stream of pieces, updated together: in a thread for pieces of ``OFFLOAD_BYTES`` or
+    more (the digests release the GIL), inline for smaller ones. Pieces must be fed in order, one at a time."""
+
+    def __init__(self, *digests: _Digest | None) -> None:
+        self._digests = [d for d in digests if d is not None]
+
+    def _update(self, piece: bytes) -> None:
+        for digest in self._digests:
+            digest.update(piece)
+
+    async def update(self, piece: bytes) -> None:
+        if len(piece) >= OFFLOAD_BYTES:
+            await asyncio.to_thread(self._update, piece)
+        else:
+            self._update(piece)
+
+
+class PrefixHasher:
+    """The SHA-256 of an upload's bytes from its start to ``position``: fed live as parts arrive in order, or by
+    re-reading stored parts (``catch_up``) when they arrived out of order or in another process."""
+
+    def __init__(self) -> None:
+        self.position = 0  # bytes hashed
+        self.next_part = 0  # the address of the next part to hash (an index or an offset)
+        self.sha = hashlib.sha256()
+        self.head = bytearray()  # the first HEAD_BYTES: what the media type is sniffed from
+        self.lock = asyncio.Lock()
+
+    def staged(self) -> _Staged:
+        """A copy to feed one part into: it becomes the hasher's state only if the part is kept."""
+        return _Staged(self.sha.copy(), bytearray(self.head))
+
+    def advance(self, staged: _Staged, size: int, next_part: int) -> None:
+        self.sha, self.head = staged.sha, staged.head
+        self.position += size
+        self.next_part = next_part
+
+
+class _Staged:
+    """A running SHA-256 and the head bytes, fed one part's pieces."""
+
+    def __init__(self, sha: Any, head: bytearray) -> None:
+        self.sha = sha
+        self.head = head
+
+    def update(self, data: bytes, /) -> None:
+        self.sha.update(data)
+        if len(self.head) < HEAD_BYTES:
+            self.head += data[: HEAD_BYTES - len(self.head)]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredPart:
+    """What :meth:`UploadEngine.store_part` wrote (``stored`` False: nothing was kept)."""
+
+    size: int
+    xxh3: str
+    sha256: str
+    stored: bool
+    cut: BaseException | None = None  # the body ended with ``keep_partial``'s exception: what came was kept
+
+    def part(self) -> Part:
+        return Part(self.size, self.xxh3, self.sha256)
+
+
+class PartExists(Exception):
+    """A part's key was taken when it was published (another writer, or a part stored by a process that stopped
+    before its record said so); carries what this writer received."""
+
+    def __init__(self, result: StoredPart) -> None:
+        super().__init__("part exists")
+        self.result = result
+
+
+class UploadEngine:
+    """Records, parts, hashers and locks for every upload of one process over one storage backend."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self.locks = KeyedLocks()
+        self.hashers: dict[str, PrefixHasher] = {}
+        # the last version of each record this process read or wrote: an update starts from it without reading
+        # (the compare-and-set refuses it if another writer got there since, and the update reads afresh)
+        self._seen: OrderedDict[str, tuple[Any, str]] = OrderedDict()
+
+    def _remember(self, key: str, doc: Any, etag: str) -> None:
+        if not etag:
+            return
+        self._seen[key] = (doc, etag)
+        self._seen.move_to_end(key)
+        while len(self._seen) > SEEN_RECORDS:
+            self._seen.popitem(last=False)
+
+    # -- records -------------------------------------------------------------------------------------------------
+
+    async def read(self, key: str) -> tuple[Any, str]:
+        """A record and its version (etag); NotFound when absent."""
+        with storage_errors_translated():
+            for attempt in range(3):
+                try:
+                    async with await self.storage.open(key) as reader:
+                        raw = b"".join([chunk async for chunk in reader.read()])
+                        doc = json.loads(raw)
+                        self._remember(key, doc, reader.info.etag)
+                        return doc, reader.info.etag
+                except ObjectChanged:  # replaced between open and read (S3 pins the ETag): read again
+                    if attempt == 2:
+                        raise
+                    await asyncio.sleep(0.01)
+        raise AssertionError("unreachable")
+
+    async def create(self, key: str, doc: Any) -> None:
+        """Publish a new record; Conflict if the key is taken."""
+        await self._write(key, doc, if_absent=True)
+
+    async def _write(self, key: str, doc: Any, *, if_absent: bool = False, if_match: str | None = None) -> None:
+        with storage_errors_translated():
+            try:
+                async with self.storage.create(key, if_absent=if_absent, if_match=if_match) as writer:
+                    await writer.write(json.dumps(doc, ensure_ascii=True, separators=(",", ":")).encode())
+                    info = await writer.commit({})
+            except BaseException:
+                self._seen.pop(key, None)
+                raise
+        self._remember(key, doc, info.etag)
+
+    async def update(
+        self,
+        key: str,
+        decode: Callable[[Any], T],
+        change: Callable[[T], T | None],
+        encode: Callable[[T], Any],
+    ) -> T:
+        """Apply ``change`` to the record at ``key`` with compare-and-set and return the record as written.
+        ``change`` is pure and may run more than once (it sees the latest record each time); it returns None to
+        leave the record as it is, or raises to refuse. Updates of one record in this process take turns (no
+        needless retries); between processes the backend's ``if_match`` decides and the loser tries again."""
+        async with self.locks.hold(key):
+            for attempt in range(CAS_ATTEMPTS):
+                seen = self._seen.get(key) if attempt == 0 else None
+                doc, etag = seen if seen is not None else await self.read(key)
+                current = decode(doc)
+                try:
+                    changed = change(current)
+                except Exception:
+                    if seen is not None:
+                        continue  # judged on a remembered version: judge again on the stored one
+                    raise
+                if changed is None:
+                    if seen is not None:
+                        continue  # the same: only the stored version may say "nothing to do"
+                    return current
+                try:
+                    await self._write(key, encode(changed), if_match=etag)
+                    return changed
+                except VersionConflict:
+                    await asyncio.sleep(random.uniform(0, min(0.05, 0.002 * (attempt + 1))))  # noqa: S311
+        raise VersionConflict(f"{key} kept changing; try again")
+
+    # -- parts ---------------------------------------------------------------------------------------------------
+
+    async def store_part(
+        self,
+        key: str,
+        body: AsyncIterator[bytes],
+        *,
+        limit: int,
+        too_long: Callable[[int], Exception],
+        size_hint: int | None,
+        sha256: bool = False,
+        extra: _Digest | None = None,
+        live: _Staged | None = None,
+        durable: bool = True,
+        verify: Callable[[StoredPart], None] | None = None,
+        keep_partial: type[Exception] | None = None,
+    ) -> StoredPart:
+        """Write one part if-absent at ``key`` from ``body`` (at most ``limit`` bytes, else ``too_long(n)``),
+        hashing it with xxh3-128 (and SHA-256 with ``sha256``; ``extra`` and ``live`` too: a running hash staged
+        with :meth:`PrefixHasher.staged`, which the caller advances if the part is kept);
+        ``verify`` may refuse the result before it is published (nothing is then kept). When the body raises
+        ``keep_partial``, the bytes received so far are still published and the result carries the exception
+        in ``cut`` (the caller records the part, then raises it). Raises PartExists when the key is taken,
+        storage errors translated. The part's digests go
+        into its object's metadata too, so a part whose record update was lost can be adopted later."""
+        x3 = xxhash.xxh3_128()
+        sha = hashlib.sha256() if sha256 else None
+        hasher = PieceHasher(x3, sha, extra, live)
+        size = 0
+        cut: BaseException | None = None
+        try:
+            async with self.storage.create(key, size_hint=size_hint, if_absent=True, durable=durable) as writer:
+                try:
+                    async for piece in body:
+                        size += len(piece)
+                        if size > limit:
+                            raise too_long(size)
+                        await hasher.update(piece)
+                        await writer.write(piece)
+                except Exception as exc:
+                    if keep_partial is None or not isinstance(exc, keep_partial):
+                        raise
+                    cut = exc
+                result = StoredPart(size, x3.hexdigest(), sha.hexdigest() if sha is not None else "", False, cut)
+                if verify is not None:
+                    verify(result)
+                if size:
+                    try:
+                        await writer.commit({"xxh3": result.xxh3, "sha256": result.sha256})
+                    except ObjectExists:
+                        raise PartExists(result) from None
+                    result = StoredPart(result.size, result.xxh3, result.sha256, True, cut)
+        except StorageError as exc:
+            raise from_storage_error(exc) from exc
+        return result
+
+    async def delete(self, keys: list[str]) -> None:
+        with storage_errors_translated():
+            for key in keys:
+                await self.storage.delete(key)
+
+    # -- hashing -------------------------------------------------------------------------------------------------
+
+    def hasher(self, upload_id: str) -> PrefixHasher:
+        return self.hashers.setdefault(upload_id, PrefixHasher())
+
+    def forget(self, upload_id: str) -> None:
+        """The upload ended: drop what this process kept for it."""
+        self.hashers.pop(upload_id, None)
+
+    async def catch_up(
+        self, upload_id: str, parts: list[tuple[int, str, Part]], *, by_offset: bool = False
+    ) -> PrefixHasher:
+        """Advance ``upload_id``'s running SHA-256 over ``parts`` ((address, key, part) in order, contiguous from
+        the start; addresses are byte offsets ``by_offset``, else indices), re-reading the ones it has not seen
+        and checking each against its recorded xxh3-128. Stops at the first part that is missing or whose bytes
+        are not what was acknowledged (that part is deleted: its upload reports it missing, and the client sends
+        it again)."""
+        hasher = self.hasher(upload_id)
+        async with hasher.lock:
+            for address, key, part in parts:
+                if address < hasher.next_part:
+                    continue
+                if address != hasher.next_part:
+                    break
+                check = xxhash.xxh3_128()
+                staged = hasher.staged()
+                digest = PieceHasher(check, staged)
+                try:
+                    with storage_errors_translated():
+                        async with await self.storage.open(key) as reader:
+                            async for piece in reader.read():
+                                await digest.update(piece)
+                except NotFound:
+                    break
+                if part.xxh3 and check.hexdigest() != part.xxh3:
+                    with storage_errors_translated():
+                        await self.storage.delete(key)
+                    break
+                hasher.advance(staged, part.size, address + (part.size if by_offset else 1))
+        return hasher

@@ -210,6 +210,13 @@ class LocalReader(ReaderContext):
     def info(self) -> ObjectInfo:
         return self._info
 
+    def fileno(self) -> int:
+        """The open descriptor of the object's bytes (for sendfile), valid until :meth:`close`; it reads the
+        version that was opened, whatever is published under the key afterwards."""
+        if self._fd < 0:
+            raise BackendUnavailable("reader is closed")
+        return self._fd
+
     async def read(self, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
         stop = self._info.size if end is None else min(end, self._info.size)
         pos = start

@@ -65,6 +65,7 @@ def test_network_cases_run(tmp_path: Path) -> None:
     wan = run_wan(src, 1, tmp_path, connections=2)
     small = run_small_objects(50, 8, tmp_path)
     assert wan["runs"] == 1 and small["service"]["rps"] > 0 and small["baseline"]["rps"] > 0
+    assert small["durable_baseline"]["rps"] > 0
     assert "Small objects" in network_table(wan, small)
 
 
@@ -76,3 +77,15 @@ def test_bomb_memory_benchmark_runs(tmp_path: Path) -> None:
     assert [r["refused"] for r in rows] == [None, None, None, "decoded_size_limit"]
     assert all(r["peak_rss"] >= r["idle_rss"] > 0 for r in rows)
     assert "| bomb upload |" in bombs_table(rows)
+
+
+@pytest.mark.slow
+def test_concurrency_rows_run(tmp_path: Path) -> None:
+    from benchmarks.concurrency import concurrency_table, run_concurrency
+
+    report = run_concurrency(tmp_path, levels=(1, 2), size=1 << 20)
+    assert [r["clients"] for r in report["rows"]] == [1, 2]
+    for row in report["rows"]:
+        assert row["download"]["MBps"] > 0 and row["upload"]["MBps"] > 0
+        assert row["download"]["cpu_s_per_GiB"] >= 0 and row["upload"]["cpu_s_per_GiB"] > 0
+    assert "| 2 |" in concurrency_table(report, "test machine")

@@ -16,6 +16,7 @@ from typing import Any
 
 from benchmarks.bombs import bombs_table, run_bombs
 from benchmarks.chart import write_chart
+from benchmarks.concurrency import concurrency_table, run_concurrency
 from benchmarks.e2e import make_file, memory_profile, memory_table, run, table
 from benchmarks.kernels import kernels_table, run_kernels
 from benchmarks.network import network_table, run_small_objects, run_wan
@@ -43,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--memory-sizes", help="MiB sizes for the peak-RSS runs (default 1024,4096; --quick: 256,1024; 0: skip)"
     )
-    parser.add_argument("--skip", default="", help="comma-separated: kernels,e2e,memory,bombs,wan,small,scale")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated: kernels,e2e,memory,bombs,wan,small,concurrency,scale"
+    )
     parser.add_argument(
         "--scale-counts", help="stored-object counts for the scale table (default 0,10000,100000; --quick: 0,2000)"
     )
@@ -77,8 +80,13 @@ def main(argv: list[str] | None = None) -> int:
             chart_rows.append(report["wan"])
         if "small" not in skip:
             report["small"] = run_small_objects(2000 if args.quick else 5000, 64, work)
+        if "concurrency" not in skip:  # --quick: up to 64 clients (256 x 16 MiB uploads is 4 GiB on disk)
+            levels = (1, 8, 64) if args.quick else (1, 8, 64, 256)
+            report["concurrency"] = run_concurrency(work, levels)
         if report.get("wan") or report.get("small"):
             sections.append(network_table(report.get("wan"), report.get("small")))
+        if report.get("concurrency"):
+            sections.append(concurrency_table(report["concurrency"], report["machine"]))
         if report.get("memory"):
             sections.append(memory_table(report["memory"]))
         if report.get("bombs"):

@@ -105,8 +105,8 @@ class S3Config:
     addressing_style: str = "auto"  # "path" for MinIO and Swift
     prefix: str = ""
     part_size: int = 8 << 20
-    part_buffers: int = 4  # parts in memory per upload
-    max_concurrency: int = 8  # threads (and HTTP connections) for boto3 calls
+    part_buffers: int = 10  # parts in memory (and in flight) per upload: as many as boto3's upload_file sends
+    max_concurrency: int = 16  # threads (and HTTP connections) for boto3 calls, shared by every transfer
     max_object_size: int = 64 << 30
     buffer_size: int = 1 << 20  # bytes per read call
     max_attempts: int = 5
@@ -156,7 +156,7 @@ class S3Writer(WriterContext):
         self._buf += data
         self._written += len(data)
         while len(self._buf) > self._part_size:  # an object of at most one part is a single PutObject
-            part = bytes(self._buf[: self._part_size])
+            part = bytes(memoryview(self._buf)[: self._part_size])  # one copy (a slice of a bytearray is another)
             del self._buf[: self._part_size]
             await self._submit(part)
 

@@ -65,6 +65,7 @@ def test_network_cases_run(tmp_path: Path) -> None:
     wan = run_wan(src, 1, tmp_path, connections=2)
     small = run_small_objects(50, 8, tmp_path)
     assert wan["runs"] == 1 and small["service"]["rps"] > 0 and small["baseline"]["rps"] > 0
+    assert small["durable_baseline"]["rps"] > 0
     assert "Small objects" in network_table(wan, small)
 
 
@@ -87,3 +88,14 @@ def test_scale_benchmark_runs(tmp_path: Path) -> None:
     assert report["rows"][1]["paged"] >= 20  # every stored file paged through, plus the cases' own uploads
     assert all(report["rows"][1][name] > 0 for name in CASES)
     assert "| stored objects |" in scale_table(report)
+
+
+def test_concurrency_rows_run(tmp_path: Path) -> None:
+    from benchmarks.concurrency import concurrency_table, run_concurrency
+
+    report = run_concurrency(tmp_path, levels=(1, 2), size=1 << 20)
+    assert [r["clients"] for r in report["rows"]] == [1, 2]
+    for row in report["rows"]:
+        assert row["download"]["MBps"] > 0 and row["upload"]["MBps"] > 0
+        assert row["download"]["cpu_s_per_GiB"] >= 0 and row["upload"]["cpu_s_per_GiB"] > 0
+    assert "| 2 |" in concurrency_table(report, "test machine")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.e2e import service
-from tests.conftest import free_port
+from devtools.serving import free_port
 
 MiB = 1 << 20
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from devtools.serving import free_port
 from tests.test_sessions_resume import start_server
 
 pytestmark = pytest.mark.e2e

@@ -355,7 +355,7 @@ async def _bearer(url: str, token: str) -> AsyncIterator[Any]:
 
 async def test_stdio_server_with_its_own_http(tmp_path: Path) -> None:
     """`transfer mcp --serve-http` as an agent runs it: stdio for MCP, the URLs it hands out served in-process."""
-    from tests.conftest import free_port
+    from devtools.serving import free_port
 
     port = free_port()
     work = tmp_path / "work"
@@ -383,7 +383,7 @@ async def test_stdio_server_with_its_own_http(tmp_path: Path) -> None:
 async def test_plain_stdio_never_hands_out_a_url_nothing_serves(tmp_path: Path, port_flag: bool) -> None:
     """`transfer mcp` as an agent's config usually runs it: no flags, no public URL. The URLs it hands out are
     served by the process itself (a free port, or --port when given), for as long as the agent keeps it."""
-    from tests.conftest import free_port
+    from devtools.serving import free_port
 
     work = tmp_path / "work"
     work.mkdir()

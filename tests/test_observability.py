@@ -24,7 +24,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import free_port, in_progress_uploads, running, s3_client
+from devtools.serving import free_port
+from tests.conftest import in_progress_uploads, running, s3_client
 from transfer.api.observability import redact
 from transfer.core.auth import new_token, token_hash
 from transfer.settings import Settings

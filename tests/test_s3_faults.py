@@ -183,7 +183,7 @@ def test_client_gone_mid_upload_on_s3_leaves_no_multipart_upload(
 def test_server_killed_mid_upload_leaves_an_upload_the_sweeper_aborts(
     s3_env: dict[str, str], s3_endpoint: Any, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tests.conftest import free_port
+    from devtools.serving import free_port
     from tests.test_sessions_resume import start_server
 
     url = f"http://127.0.0.1:{free_port()}"

@@ -45,7 +45,7 @@ async def test_open_reader_keeps_its_version(storage: LocalStorage) -> None:
 async def test_start_sweeps_temp_files_no_live_writer_holds(tmp_path: Path) -> None:
     """A dead writer's temp files go at start-up whatever their age; a live writer's (here: another storage on the
     same directory, as another process would be) stay and still publish; other files go by age."""
-    live = LocalStorage(tmp_path / "s", stale_after=3600)
+    live = LocalStorage(tmp_path / "s", stale_after=3600, small_object=0)  # every write goes to the temp file
     await live.start()
     writer = live.create("files/in-flight")
     await writer.write(b"first half ")

@@ -20,7 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import LiveServer, free_port, running
+from devtools.serving import free_port
+from tests.conftest import LiveServer, running
 from transfer.core.auth import new_token, token_hash
 from transfer.settings import Settings
 

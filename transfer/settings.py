@@ -32,8 +32,9 @@ class Settings(BaseSettings):
     s3_addressing_style: Literal["auto", "path", "virtual"] = Field(default="auto", description="path for MinIO")
     s3_prefix: str = Field(default="", description="key prefix inside the bucket")
     s3_part_size: int = Field(default=8 << 20, ge=5 << 20, le=5 << 30, description="preferred multipart part size")
-    s3_part_buffers: int = Field(default=4, ge=1, le=64, description="parts in memory per upload")
-    s3_max_concurrency: int = Field(default=8, ge=1, le=256, description="threads/connections for boto3")
+    # 10 parts of one upload in flight: boto3's upload_file runs 10 threads of 8 MiB parts (4 lost to it, 0.77x)
+    s3_part_buffers: int = Field(default=10, ge=1, le=64, description="parts in memory per upload")
+    s3_max_concurrency: int = Field(default=16, ge=1, le=256, description="threads/connections for boto3")
     s3_atomic_if_absent: bool = Field(
         default=True, description="the store evaluates If-None-Match atomically (AWS, MinIO: yes; Swift: no)"
     )

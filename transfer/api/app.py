@@ -133,7 +133,7 @@ class UploadOptions:
     repr_digest: str | None
 
 
-def upload_options(
+async def upload_options(  # async: FastAPI runs a plain def dependency on a worker thread, a hop per upload
     content_type: Annotated[
         str | None, Query(max_length=255, description="media type (else Content-Type; else sniffed)")
     ] = None,

@@ -27,6 +27,7 @@ import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+from transfer.api import zerocopy
 from transfer.api.informational import InformationalProtocol
 from transfer.errors import RequestTimeout
 from transfer.settings import Settings
@@ -67,7 +68,8 @@ def _timeout_body(message: str) -> bytes:
 
 class HeadTimeoutProtocol(InformationalProtocol):
     """uvicorn's httptools protocol with a deadline for each request head (set ``header_timeout`` in a subclass:
-    :func:`head_timeout_protocol`)."""
+    :func:`head_timeout_protocol`), and the zero-copy send extension on every request
+    (:mod:`transfer.api.zerocopy`)."""
 
     header_timeout: float = 30.0
     _head_timer: asyncio.TimerHandle | None = None
@@ -83,7 +85,10 @@ class HeadTimeoutProtocol(InformationalProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm_head_timer()
+        before = self.cycle
         super().on_headers_complete()
+        if self.cycle is not None and self.cycle is not before:  # a new request (not an upgrade): its task has
+            zerocopy.enable(self.cycle)  # not run yet, so it sees the extension
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()

@@ -1,0 +1,150 @@
+"""How cost grows with clients: aggregate MB/s and per-transfer p99 for 1, 8, 64 and 256 concurrent clients
+downloading and uploading 16 MiB files, and the server's CPU seconds per GiB moved (user + system time of the
+server process from ``/proc/<pid>/stat``, read before and after each phase): the efficiency figure that does not
+depend on how fast the host is.
+
+Clients are one load-generator process pinned to the client core (raw asyncio streams, keep-alive, each client one
+connection): its own cost stays off the server's core. Downloads are full-body GETs of one stored file (served from
+the page cache); uploads are raw-body POSTs of fresh bytes (each a new, fsynced, SHA-256-verified object).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.e2e import make_file, pin, service
+
+MB = 1_000_000
+GiB = 1 << 30
+
+LOAD = r"""
+import asyncio, json, socket, sys, time
+from urllib.parse import urlsplit
+import uvloop
+mode, url, total, clients, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+u = urlsplit(url)
+target = u.path + ("?" + u.query if u.query else "")
+body = bytes(range(256)) * (size // 256)
+lat = []
+left = total
+async def client():
+    global left
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setblocking(False)
+    await loop.sock_connect(sock, (u.hostname, u.port))
+    buf = bytearray(1 << 20)  # reused: the client must not be what is measured
+    view = memoryview(buf)
+    while left > 0:
+        left -= 1
+        t = time.perf_counter()
+        if mode == "download":
+            await loop.sock_sendall(sock, f"GET {target} HTTP/1.1\r\nHost: {u.netloc}\r\n\r\n".encode())
+        else:
+            head = (f"POST {target} HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/octet-stream\r\n"
+                    f"Content-Length: {size}\r\n\r\n").encode()
+            await loop.sock_sendall(sock, head)
+            await loop.sock_sendall(sock, body)
+        got = b""
+        while b"\r\n\r\n" not in got:
+            n = await loop.sock_recv_into(sock, view)
+            assert n, "closed"
+            got += view[:n]
+        raw, _, rest = got.partition(b"\r\n\r\n")
+        status = int(raw.split(b" ", 2)[1])
+        length = next(int(l.split(b":")[1]) for l in raw.split(b"\r\n") if l.lower().startswith(b"content-length:"))
+        length -= len(rest)
+        while length > 0:
+            n = await loop.sock_recv_into(sock, view[: min(length, len(buf))])
+            assert n, "closed"
+            length -= n
+        assert status in (200, 201), status
+        lat.append(time.perf_counter() - t)
+    sock.close()
+async def main():
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    took = time.perf_counter() - start
+    lat.sort()
+    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+    print(json.dumps({"seconds": took, "p50_s": lat[len(lat) // 2], "p99_s": p99}))
+uvloop.run(main())
+"""
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _drive(mode: str, url: str, transfers: int, clients: int, size: int) -> dict[str, float]:
+    out = subprocess.run(
+        [*pin(1), sys.executable, "-c", LOAD, mode, url, str(transfers), str(clients), str(size)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=1800,
+    )
+    result: dict[str, float] = json.loads(out.stdout)
+    return result
+
+
+def run_concurrency(workdir: Path, levels: tuple[int, ...] = (1, 8, 64, 256), size: int = 16 << 20) -> dict[str, Any]:
+    """Each level: ``max(level, 8)`` transfers, ``level`` at once, downloads then uploads; uploads are deleted
+    between levels so the disk holds at most one level's worth."""
+    run_dir = workdir / "concurrency"
+    run_dir.mkdir(exist_ok=True)
+    src = run_dir / "payload.bin"
+    make_file(src, size)
+    rows: list[dict[str, Any]] = []
+    with service(run_dir, run_dir / "data") as (url, pid):
+        with httpx.Client(timeout=120) as http:
+            stored = http.post(f"{url}/v1/files?inline=false", content=src.read_bytes()).json()
+            signed = stored["url"]
+            for level in levels:
+                transfers = max(level, 8)
+                row: dict[str, Any] = {"clients": level, "transfers": transfers, "size": size}
+                for mode, target in (("download", signed), ("upload", f"{url}/v1/files?inline=false")):
+                    before = cpu_seconds(pid)
+                    result = _drive(mode, target, transfers, level, size)
+                    used = cpu_seconds(pid) - before
+                    moved = transfers * size
+                    row[mode] = {
+                        "MBps": round(moved / result["seconds"] / MB),
+                        "p50_s": round(result["p50_s"], 3),
+                        "p99_s": round(result["p99_s"], 3),
+                        "cpu_s_per_GiB": round(used / (moved / GiB), 3),
+                    }
+                for item in http.get(f"{url}/v1/files", params={"limit": 10_000}).json()["files"]:
+                    file_id = item["metadata"]["file_id"]
+                    if file_id != stored["metadata"]["file_id"]:
+                        http.delete(f"{url}/v1/files/{file_id}")
+                rows.append(row)
+    src.unlink()
+    return {"size": size, "rows": rows}
+
+
+def concurrency_table(report: dict[str, Any], machine: str) -> str:
+    lines = [
+        f"Concurrent clients, {report['size'] >> 20} MiB files each ({machine}); server CPU = user + system seconds "
+        "of the server process per GiB moved",
+        "",
+        "| clients | download MB/s | download p99 s | download CPU s/GiB | upload MB/s | upload p99 s | "
+        "upload CPU s/GiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        d, u = r["download"], r["upload"]
+        lines.append(
+            f"| {r['clients']} | {d['MBps']} | {d['p99_s']:.3f} | {d['cpu_s_per_GiB']:.2f} | {u['MBps']} | "
+            f"{u['p99_s']:.3f} | {u['cpu_s_per_GiB']:.2f} |"
+        )
+    return "\n".join(lines)

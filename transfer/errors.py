@@ -50,10 +50,12 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── Conflict                       409 conflict
     │   ├── ChunkConflict              409 chunk_conflict        (other bytes already stored for that chunk)
     │   ├── SessionCompleted           409 session_completed
-    │   └── SessionIncomplete          409 session_incomplete    (detail: missing chunk ranges)
+    │   ├── SessionIncomplete          409 session_incomplete    (detail: missing chunk ranges)
+    │   └── PlanIncomplete             409 plan_incomplete       (direct upload: detail: missing parts, wrong sizes)
     ├── Gone                           410 gone
     │   ├── SessionAborted             410 session_aborted
     │   └── SessionExpired             410 session_expired
+    ├── DirectUploadUnsupported        501 direct_upload_unsupported (backend cannot take parts directly: fall back)
     ├── ChunkNotReady                  503 chunk_not_ready       (live read waited long enough; retry)
     ├── ClientDisconnected             499 client_disconnected   (nobody is left to read it; logged only)
     ├── InsufficientStorage            507 insufficient_storage
@@ -325,6 +327,17 @@ class SessionCompleted(Conflict):
 
 class SessionIncomplete(Conflict):
     code = "session_incomplete"
+
+
+class PlanIncomplete(Conflict):
+    code = "plan_incomplete"
+
+
+class DirectUploadUnsupported(TransferError):
+    """The storage backend cannot take bytes from clients directly (local storage): upload through the service."""
+
+    code = "direct_upload_unsupported"
+    status = 501
 
 
 class Gone(TransferError):

@@ -23,6 +23,7 @@ from storage.errors import StorageError
 from transfer import __version__
 from transfer.api.bundles import add_bundle_routes
 from transfer.api.caller import caller_of
+from transfer.api.direct import add_direct_routes
 from transfer.api.jobs import add_job_routes
 from transfer.api.limits import ControlBodyLimit, HeaderLimit
 from transfer.api.multipart import file_part_stream, multipart_boundary
@@ -217,6 +218,7 @@ def create_app(
             try:
                 await sessions.collect_garbage()
                 await tus.collect_garbage()
+                await direct.sweep_direct_plans()
                 if isinstance(service.storage, SupportsAbandonedUploads):
                     with storage_errors_translated():
                         aborted = await service.storage.abort_abandoned_uploads(settings.s3_abandoned_upload_age)
@@ -285,6 +287,7 @@ def create_app(
         return settings.public_url or str(request.base_url).rstrip("/")
 
     add_session_routes(app, sessions, service, base_url, needs)
+    direct = add_direct_routes(app, service, base_url, needs)
     add_bundle_routes(app, services.bundles, base_url, needs)
     add_tus_routes(app, tus, service, base_url, needs)
     add_job_routes(app, services, base_url, needs)

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -302,3 +306,78 @@ def test_local_storage_answers_unsupported(live_server: Any, tmp_path: Path) -> 
                 await client.upload_direct(path)
 
     asyncio.run(attempt())
+
+
+@pytest.fixture
+def s3_direct_service(s3_env: dict[str, str], tmp_path: Path, counts: dict[str, int]) -> Iterator[Any]:
+    """The service straight on the S3 test server (no proxy: large bodies), its request bodies counted."""
+    settings = direct_settings(tmp_path, s3_part_size=16 * MiB)
+    app = create_app(settings)
+    app.add_middleware(BodyCounter, counts=counts)
+    with serving(app, settings) as live:
+        yield live
+
+
+def write_random(path: Path, size: int) -> str:
+    """A file of ``size`` pseudo-random bytes, written in 8 MiB pieces; returns its SHA-256 hex."""
+    sha = hashlib.sha256()
+    block = os.urandom(8 * MiB)
+    with open(path, "wb") as f:
+        for i, start in enumerate(range(0, size, len(block))):
+            piece = (i.to_bytes(8, "big") + block[8:])[: size - start]  # every piece differs
+            sha.update(piece)
+            f.write(piece)
+    return sha.hexdigest()
+
+
+@pytest.mark.s3
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_one_gibibyte_through_direct_parts(
+    s3_direct_service: Any, counts: dict[str, int], s3_endpoint: Any, s3_bucket: str, tmp_path: Path
+) -> None:
+    """The issue's figure: 1 GiB in 64 parts of 16 MiB straight to the bucket, 4 in parallel; the service receives
+    no payload byte, and the stored object read back from the bucket has the file's SHA-256."""
+    path = tmp_path / "gib.bin"
+    expected = write_random(path, 1 << 30)
+    async with AsyncTransferClient(s3_direct_service.url, options=ResolveOptions(connections=4)) as client:
+        descriptor = await client.upload_direct(path)
+    path.unlink()
+    assert descriptor.checksum == "sha256:" + expected and descriptor.size == 1 << 30
+    assert counts["bytes"] < 64 * 1024, counts  # 64 URL requests, plan, completion: JSON only
+    key = f"data/files/{(descriptor.metadata or {})['file_id']}"
+    body = s3_client(s3_endpoint).get_object(Bucket=s3_bucket, Key=key)["Body"]
+    sha = hashlib.sha256()
+    while chunk := body.read(8 * MiB):
+        sha.update(chunk)
+    assert sha.hexdigest() == expected
+    assert in_progress_uploads(s3_endpoint, s3_bucket) == []
+
+
+@pytest.mark.s3
+def test_cli_process_killed_mid_upload_resumes(s3_service: Any, proxy: FaultProxy, tmp_path: Path) -> None:
+    """`transfer upload --direct` as a real process, SIGKILLed while part 5 of 9 is on the wire (the proxy holds
+    it), then run again: it sends parts 5-9 only, and the descriptor it prints has the file's SHA-256."""
+    data = os.urandom(40 * MiB + 11)
+    path = tmp_path / "big.bin"
+    path.write_bytes(data)
+    proxy.stall_seconds = 120
+    proxy.add("UploadPart", "forward", times=4)  # not a fault: forwarded and logged as such
+    proxy.add("UploadPart", "stall", times=1)
+    env = {**os.environ, "TRANSFER_API_KEY": TOKENS["alice"]}
+    args = [sys.executable, "-m", "transfer", "upload", str(path), "--direct", "--no-progress"]
+    args += ["--server", s3_service.url, "--connections", "1", "--state-dir", str(tmp_path / "state")]
+    first = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        while ("UploadPart", "stall") not in proxy.log:
+            assert first.poll() is None, first.communicate()
+            time.sleep(0.05)
+    finally:
+        first.kill()
+        first.communicate()
+    assert part_puts(proxy) == [1, 2, 3, 4, 5]
+    proxy.targets.clear()
+    second = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert json.loads(second.stdout)["checksum"] == "sha256:" + sha_hex(data)
+    assert sorted(part_puts(proxy)) == [5, 6, 7, 8, 9]

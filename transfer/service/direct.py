@@ -64,6 +64,7 @@ log = logging.getLogger("transfer.direct")
 PLAN_PREFIX = "direct/"
 PART_URL_TTL = 3600  # seconds a part URL lives; a client asks again for parts it has not started by then
 MAX_URLS_PER_REQUEST = 1000
+PLAN_CACHE_SIZE = 1024
 READ_BACK_WINDOW = 8 << 20  # bytes per ranged read of the verification
 READ_BACK_AHEAD = 4  # ranged reads in flight while the hash runs (memory: READ_BACK_AHEAD x READ_BACK_WINDOW)
 
@@ -141,6 +142,7 @@ class DirectService:
         self.settings = settings
         self.clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
+        self._plans: dict[str, Plan] = {}  # recently loaded plans, for part URLs only (see part_urls)
 
     @property
     def supported(self) -> bool:
@@ -236,8 +238,20 @@ class DirectService:
         """A presigned URL per ``(part number, sha256 hex)``: the bucket takes exactly the planned number of bytes
         with that SHA-256 for that part, until the URL expires (at most the plan's remaining life)."""
         backend = self._backend()
-        plan = await self.load(pid, caller)
+        # A client asks for a URL per part: reading the plan record each time would cost three backend requests per
+        # part. The fields a URL depends on (owner, key, upload id, size, part size, expiry) never change, so a copy
+        # loaded before serves; a state change it misses (completed, aborted: on any replica) is harmless, because
+        # the bucket refuses parts for an upload id that is used up or aborted.
+        plan = self._plans.get(pid) or await self.load(pid, caller)
+        if not caller.sees(plan.owner):
+            raise NotFound(f"no upload plan {pid!r}")
+        if self.clock() >= plan.expires_at:
+            raise Gone(f"upload plan {pid} has expired")
         self._require_open(plan)
+        if pid not in self._plans:
+            while len(self._plans) >= PLAN_CACHE_SIZE:
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[pid] = plan
         if len(parts) > MAX_URLS_PER_REQUEST:
             raise InvalidRequest(f"at most {MAX_URLS_PER_REQUEST} part URLs per request")
         ttl = int(max(1.0, min(PART_URL_TTL, plan.expires_at - self.clock())))

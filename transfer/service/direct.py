@@ -235,8 +235,9 @@ class DirectService:
         return plan
 
     async def part_urls(self, pid: str, parts: list[tuple[int, str]], caller: Grant) -> list[tuple[int, PartUrl]]:
-        """A presigned URL per ``(part number, sha256 hex)``: the bucket takes exactly the planned number of bytes
-        with that SHA-256 for that part, until the URL expires (at most the plan's remaining life)."""
+        """A presigned URL per ``(part number, sha256 hex)``: the bucket takes only bytes with that SHA-256 for that
+        part, until the URL expires (an hour at most, never past the plan's expiry). The URL does not bind the
+        length: :meth:`complete` checks every part's size."""
         backend = self._backend()
         # A client asks for a URL per part: reading the plan record each time would cost three backend requests per
         # part. The fields a URL depends on (owner, key, upload id, size, part size, expiry) never change, so a copy

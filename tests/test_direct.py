@@ -306,6 +306,11 @@ def test_local_storage_answers_unsupported(live_server: Any, tmp_path: Path) -> 
                 await client.upload_direct(path)
 
     asyncio.run(attempt())
+    cli = [sys.executable, "-m", "transfer", "upload", str(path), "--direct", "--server", live_server.url]
+    done = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "cannot take direct uploads" in done.stderr
+    assert json.loads(done.stdout)["checksum"] == "sha256:" + sha_hex(b"x" * 1000)
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ plans, signs, checks every part, reads the assembled bytes back to verify the de
 
 Runs on the S3 test server (Swift's s3api 2.38 verifies SigV4 and the signed ``x-amz-checksum-sha256`` of each part,
 answering BadDigest otherwise; it keeps no part checksums, so ListParts reports none and the read-back is the
-whole-file check) and on local storage (refused with 501 ``direct_upload_unsupported`` so clients fall back)."""
+whole-file check) and on local storage (refused with 409 ``direct_upload_unsupported`` so clients fall back)."""
 
 from __future__ import annotations
 
@@ -291,12 +291,12 @@ async def test_expired_plans_are_swept(
 
 
 def test_local_storage_answers_unsupported(live_server: Any, tmp_path: Path) -> None:
-    """Local storage cannot take parts directly: 501 direct_upload_unsupported, and the CLI's automatic choice
+    """Local storage cannot take parts directly: 409 direct_upload_unsupported, and the CLI's automatic choice
     falls back to the ordinary upload."""
     with httpx.Client(base_url=live_server.url) as http:
         r = http.post("/v1/direct", json={"size": 100})
-        assert r.status_code == 501 and r.json()["error"]["code"] == "direct_upload_unsupported"
-        assert http.get("/v1/direct/d_" + "0" * 32).status_code == 501
+        assert r.status_code == 409 and r.json()["error"]["code"] == "direct_upload_unsupported"
+        assert http.get("/v1/direct/d_" + "0" * 32).status_code == 409
     path = tmp_path / "f.bin"
     path.write_bytes(b"x" * 1000)
 

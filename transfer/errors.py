@@ -51,11 +51,11 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── ChunkConflict              409 chunk_conflict        (other bytes already stored for that chunk)
     │   ├── SessionCompleted           409 session_completed
     │   ├── SessionIncomplete          409 session_incomplete    (detail: missing chunk ranges)
-    │   └── PlanIncomplete             409 plan_incomplete       (direct upload: detail: missing parts, wrong sizes)
+    │   ├── PlanIncomplete             409 plan_incomplete       (direct upload: detail: missing parts, wrong sizes)
+    │   └── DirectUploadUnsupported    409 direct_upload_unsupported (the backend cannot take parts: fall back)
     ├── Gone                           410 gone
     │   ├── SessionAborted             410 session_aborted
     │   └── SessionExpired             410 session_expired
-    ├── DirectUploadUnsupported        501 direct_upload_unsupported (backend cannot take parts directly: fall back)
     ├── ChunkNotReady                  503 chunk_not_ready       (live read waited long enough; retry)
     ├── ClientDisconnected             499 client_disconnected   (nobody is left to read it; logged only)
     ├── InsufficientStorage            507 insufficient_storage
@@ -333,11 +333,12 @@ class PlanIncomplete(Conflict):
     code = "plan_incomplete"
 
 
-class DirectUploadUnsupported(TransferError):
-    """The storage backend cannot take bytes from clients directly (local storage): upload through the service."""
+class DirectUploadUnsupported(Conflict):
+    """The storage backend cannot take bytes from clients directly (local storage): upload through the service.
+    409, not 501: the request is fine and the server works, this deployment's storage is what conflicts with it
+    (and a 5xx would read as a server fault to monitors and to the schema fuzzing that allows none)."""
 
     code = "direct_upload_unsupported"
-    status = 501
 
 
 class Gone(TransferError):

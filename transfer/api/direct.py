@@ -1,6 +1,6 @@
 """REST front door for direct-to-storage uploads (a thin adapter over :class:`DirectService`).
 
-POST   /v1/direct                   plan -> 201 {id, part_size, part_count, expires_at, …}; 501
+POST   /v1/direct                   plan -> 201 {id, part_size, part_count, expires_at, …}; 409
                                     ``direct_upload_unsupported`` when the backend cannot take parts (fall back)
 POST   /v1/direct/{id}/parts        {"parts": [{"number", "sha256"}]} -> presigned PUT URLs, each with the headers to
                                     send (``x-amz-checksum-sha256``: the bucket refuses other bytes) and its expiry

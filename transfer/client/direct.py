@@ -4,7 +4,7 @@ The file is read once, in order, one part at a time: each part's bytes update th
 their own SHA-256 (two worker threads, at once), then go to a presigned URL that the bucket honours only for bytes
 with that SHA-256. ``connections`` parts are in flight; memory is about ``connections + 1`` parts. The plan id is
 remembered in a state file (as for ``--chunked``): a rerun asks the service which parts the bucket holds and sends
-only the others (it still reads them locally, for the whole-file SHA-256). The service answers 501
+only the others (it still reads them locally, for the whole-file SHA-256). The service answers 409
 ``direct_upload_unsupported`` when its backend cannot take parts (local storage): :class:`DirectUploadUnsupported`
 is raised before anything is sent, and the caller uploads through the service instead.
 """

@@ -19,7 +19,7 @@ parallel, hashed in order). The client's payload never passes through the servic
 reading from its own bucket.
 
 A backend without the DIRECT_UPLOAD capability (local storage) answers every call with DirectUploadUnsupported
-(501 ``direct_upload_unsupported``): clients fall back to uploading through the service.
+(409 ``direct_upload_unsupported``): clients fall back to uploading through the service.
 """
 
 from __future__ import annotations

@@ -58,6 +58,7 @@ class Capability(enum.Enum):
     ATOMIC_IF_ABSENT = "atomic_if_absent"  # create(if_absent=True) holds under concurrent writers too
     ABANDONED_UPLOADS = "abandoned_uploads"  # unfinished uploads outlive dead writers (SupportsAbandonedUploads)
     ATOMIC_IF_MATCH = "atomic_if_match"  # create(if_match=...) holds under concurrent writers of other processes too
+    DIRECT_UPLOAD = "direct_upload"  # clients upload parts straight to the backend (SupportsDirectUpload)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,3 +253,63 @@ def capable(storage: Storage, capability: Capability, interface: Callable[..., I
     if capability in storage.capabilities and isinstance(storage, interface):  # type: ignore[arg-type]
         return cast(Interface, storage)
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredPart:
+    """One part of a direct upload as the backend holds it."""
+
+    number: int  # 1-based
+    size: int
+    etag: str
+    sha256_b64: str | None = None  # the backend's own SHA-256 of the part (S3 additional checksums), when it keeps one
+
+
+@dataclass(frozen=True, slots=True)
+class PartUrl:
+    """Where and how a client sends one part: ``method`` to ``url`` with exactly ``headers``, until ``expires_in``
+    seconds after it was minted."""
+
+    url: str
+    method: str
+    headers: Mapping[str, str]
+    expires_in: int
+
+
+@runtime_checkable
+class SupportsDirectUpload(Protocol):
+    """Capability DIRECT_UPLOAD: the client sends the bytes of a new object to the backend itself, in parts, with
+    URLs the backend verifies (S3: presigned UploadPart with a signed ``x-amz-checksum-sha256``). The service never
+    sees the bytes; it assembles the parts, reads the assembled bytes back to verify them, and only then publishes
+    them under the key (until then the key has no object: ``open``, ``stat`` and ``list`` do not see it)."""
+
+    async def begin_direct_upload(self, key: str) -> str:
+        """Start an upload of ``key``; returns its upload id."""
+        ...
+
+    async def presign_part(
+        self, key: str, upload_id: str, number: int, *, sha256_b64: str, size: int, expires_in: int
+    ) -> PartUrl:
+        """A URL for part ``number`` that the backend accepts only with ``size`` bytes whose SHA-256 is
+        ``sha256_b64`` (base64 of the digest)."""
+        ...
+
+    async def list_direct_parts(self, key: str, upload_id: str) -> list[StoredPart]:
+        """The parts stored so far, by number (ObjectNotFound if the upload is gone)."""
+        ...
+
+    async def assemble_direct_upload(self, key: str, upload_id: str, parts: list[StoredPart]) -> None:
+        """Join ``parts`` into the bytes of ``key``, still unpublished; the upload id is used up."""
+        ...
+
+    def read_assembled(self, key: str, start: int, end: int) -> AsyncIterator[bytes]:
+        """The assembled, unpublished bytes ``[start, end)`` of ``key``, in order."""
+        ...
+
+    async def publish_assembled(self, key: str, metadata: Mapping[str, str]) -> ObjectInfo:
+        """Make the assembled bytes of ``key`` a published object with ``metadata``."""
+        ...
+
+    async def discard_direct_upload(self, key: str, upload_id: str | None) -> None:
+        """Abort the upload (if ``upload_id``) and delete assembled, unpublished bytes of ``key``; idempotent."""
+        ...

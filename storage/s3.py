@@ -25,6 +25,7 @@ by one table into ``storage.errors``.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -38,7 +39,15 @@ import boto3
 import botocore.exceptions
 from botocore.config import Config
 
-from storage.base import Capability, ObjectInfo, ReaderContext, WriterContext, validate_key
+from storage.base import (
+    Capability,
+    ObjectInfo,
+    PartUrl,
+    ReaderContext,
+    StoredPart,
+    WriterContext,
+    validate_key,
+)
 from storage.errors import (
     BackendUnavailable,
     ObjectChanged,
@@ -395,6 +404,7 @@ class S3Storage:
     @property
     def capabilities(self) -> frozenset[Capability]:
         caps = {Capability.PRESIGN, Capability.MULTIPART, Capability.COMPOSE, Capability.ABANDONED_UPLOADS}
+        caps.add(Capability.DIRECT_UPLOAD)
         if self.config.atomic_if_absent:
             caps.add(Capability.ATOMIC_IF_ABSENT)
         if self.config.atomic_if_match:
@@ -652,3 +662,119 @@ class S3Storage:
             "presigning a URL", self.client.generate_presigned_url, "get_object", Params=params, ExpiresIn=expires_in
         )
         return url
+
+    # -- direct uploads (SupportsDirectUpload): the client PUTs parts to presigned URLs, the service verifies --------
+    #
+    # The parts become ``data/<key>`` by CompleteMultipartUpload while ``meta/<key>.json`` is still absent, and an
+    # object without its metadata is not published here (``open``/``stat`` raise ObjectNotFound, ``list`` skips it),
+    # the same window a conditional writer's commit has. Multipart uploads live under ``data/``, where
+    # abort_abandoned_uploads looks.
+
+    async def begin_direct_upload(self, key: str) -> str:
+        """CreateMultipartUpload for ``key`` asking for SHA-256 part checksums (S3 additional checksums; backends
+        without them, like Swift's s3api 2.38, ignore the request and still verify each part's signed checksum)."""
+        response = await self.call(
+            "starting a direct upload",
+            self.client.create_multipart_upload,
+            Bucket=self.config.bucket,
+            Key=self.data_key(key),
+            ChecksumAlgorithm="SHA256",
+        )
+        return str(response["UploadId"])
+
+    async def presign_part(
+        self, key: str, upload_id: str, number: int, *, sha256_b64: str, size: int, expires_in: int
+    ) -> PartUrl:
+        """A presigned UploadPart URL whose signature covers ``x-amz-checksum-sha256`` (SigV4 signed header): the
+        bucket refuses the part (BadDigest) unless its bytes have that SHA-256, and a request without the header
+        does not match the signature. ``Content-Length`` is left to the client (S3 checks the checksum, the service
+        checks every size at completion)."""
+        expires_in = max(1, min(expires_in, MAX_PRESIGN_SECONDS))
+        params = {
+            "Bucket": self.config.bucket,
+            "Key": self.data_key(key),
+            "UploadId": upload_id,
+            "PartNumber": number,
+            "ChecksumSHA256": sha256_b64,
+        }
+        url: str = await self.call(
+            "presigning a part", self.client.generate_presigned_url, "upload_part", Params=params, ExpiresIn=expires_in
+        )
+        return PartUrl(url=url, method="PUT", headers={"x-amz-checksum-sha256": sha256_b64}, expires_in=expires_in)
+
+    async def list_direct_parts(self, key: str, upload_id: str) -> builtins.list[StoredPart]:
+        """ListParts, every page."""
+        kwargs: dict[str, Any] = {"Bucket": self.config.bucket, "Key": self.data_key(key), "UploadId": upload_id}
+        parts: builtins.list[StoredPart] = []
+        while True:
+            page = await self.call("listing parts", self.client.list_parts, **kwargs)
+            for item in page.get("Parts", []):
+                parts.append(
+                    StoredPart(
+                        number=int(item["PartNumber"]),
+                        size=int(item["Size"]),
+                        etag=str(item["ETag"]),
+                        sha256_b64=item.get("ChecksumSHA256"),
+                    )
+                )
+            if not page.get("IsTruncated"):
+                return sorted(parts, key=lambda p: p.number)
+            kwargs["PartNumberMarker"] = page.get("NextPartNumberMarker", 0)
+
+    async def assemble_direct_upload(self, key: str, upload_id: str, parts: builtins.list[StoredPart]) -> None:
+        """CompleteMultipartUpload with the listed parts (and their checksums where the backend reported them)."""
+        listed: builtins.list[dict[str, Any]] = []
+        for part in parts:
+            entry: dict[str, Any] = {"PartNumber": part.number, "ETag": part.etag}
+            if part.sha256_b64:
+                entry["ChecksumSHA256"] = part.sha256_b64
+            listed.append(entry)
+        await self.call(
+            "assembling a direct upload",
+            self.client.complete_multipart_upload,
+            Bucket=self.config.bucket,
+            Key=self.data_key(key),
+            UploadId=upload_id,
+            MultipartUpload={"Parts": listed},
+        )
+
+    async def read_assembled(self, key: str, start: int, end: int) -> AsyncIterator[bytes]:
+        if start >= end:
+            return
+        response = await self.call(
+            f"reading back {key}",
+            self.client.get_object,
+            Bucket=self.config.bucket,
+            Key=self.data_key(key),
+            Range=f"bytes={start}-{end - 1}",
+        )
+        body = response["Body"]
+        try:
+            while chunk := await self.call(f"reading back {key}", body.read, self.config.buffer_size):
+                yield chunk
+        finally:
+            await asyncio.get_running_loop().run_in_executor(self.executor, body.close)
+
+    async def publish_assembled(self, key: str, metadata: Mapping[str, str]) -> ObjectInfo:
+        """Writing the metadata publishes the assembled bytes."""
+        head = await self.call(
+            f"stat {key}", self.client.head_object, Bucket=self.config.bucket, Key=self.data_key(key)
+        )
+        await self.put_meta(key, {"metadata": dict(metadata), "size": int(head["ContentLength"])})
+        return await self.stat(key)
+
+    async def discard_direct_upload(self, key: str, upload_id: str | None) -> None:
+        if upload_id is not None:
+            try:
+                await self.call(
+                    "aborting a direct upload",
+                    self.client.abort_multipart_upload,
+                    Bucket=self.config.bucket,
+                    Key=self.data_key(key),
+                    UploadId=upload_id,
+                )
+            except ObjectNotFound:
+                pass
+        await self.call(
+            f"discarding {key}", self.client.delete_object, Bucket=self.config.bucket, Key=self.data_key(key)
+        )

@@ -39,7 +39,7 @@ def classify(method: str, target: str) -> str:
 @dataclass
 class Rule:
     op: str
-    fault: str  # reset | slowdown | internal | stall | error200
+    fault: str  # reset | slowdown | internal | stall | error200 | flip (one body bit changed, then forwarded)
     times: int = 1  # -1: always
 
 
@@ -49,6 +49,7 @@ class FaultProxy:
     stall_seconds: float = 5.0
     rules: list[Rule] = field(default_factory=list)
     log: list[tuple[str, str]] = field(default_factory=list)  # (operation, what happened)
+    targets: list[tuple[str, str]] = field(default_factory=list)  # (operation, request target), in arrival order
 
     def __post_init__(self) -> None:
         self._loop = asyncio.new_event_loop()
@@ -122,6 +123,9 @@ class FaultProxy:
         op = classify(method, target)
         fault = self._take(op)
         self.log.append((op, fault or "forwarded"))
+        self.targets.append((op, target))
+        if fault == "flip" and body:  # one bit flipped in flight, then forwarded as if nothing happened
+            body = body[: len(body) // 2] + bytes([body[len(body) // 2] ^ 0x01]) + body[len(body) // 2 + 1 :]
         try:
             if fault == "reset":
                 sock = writer.get_extra_info("socket")

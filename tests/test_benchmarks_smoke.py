@@ -38,9 +38,10 @@ def test_s3_benchmark_runs(tmp_path: Path, s3_endpoint: object) -> None:
     from benchmarks.s3 import run_s3, s3_table
 
     report = run_s3(6 << 20, 1, tmp_path, endpoint=s3_endpoint, memory_size=6 << 20)
-    assert [row["runs"] for row in report["cases"]] == [1, 1]
+    assert [row["runs"] for row in report["cases"]] == [1, 1, 1, 1]
     assert report["memory"]["stored_sha256_matches"] is True
     assert "boto3 upload_file" in s3_table(report)
+    assert "transfer upload --direct" in s3_table(report)
 
 
 def test_kernels_and_chart(tmp_path: Path) -> None:

@@ -23,10 +23,11 @@ import httpx
 from transfer import __version__
 from transfer.client.chunks import state_dir
 from transfer.client.client import DEFAULT_SERVER, AsyncTransferClient
+from transfer.client.direct import AUTO_DIRECT_THRESHOLD
 from transfer.client.resolver import Progress, ResolveOptions
 from transfer.core.content import ContentBundle, FileContent, TransferMode, load_descriptor
 from transfer.core.encodings import CODECS
-from transfer.errors import TransferError
+from transfer.errors import DirectUploadUnsupported, TransferError
 
 # PERF-NOTES: uvloop hands Python a fresh ~256 KiB bytes per socket read; with glibc's default thresholds a 1 GiB
 # upload page-faults ~217,000 times and throughput halves. These must be set before the interpreter starts.
@@ -235,6 +236,25 @@ async def cmd_upload(args: argparse.Namespace) -> int:
             show = args.progress or (args.progress is None and sys.stderr.isatty() and path.stat().st_size > 8 << 20)
             progress, close = _progress_bar(show, path.name)
             try:
+                direct = args.direct
+                if direct is None:  # automatic: large files, unless another way was asked for
+                    direct = not args.chunked and path.stat().st_size >= AUTO_DIRECT_THRESHOLD
+                if direct:
+                    try:
+                        descriptor = await client.upload_direct(
+                            path,
+                            name=args.name if len(args.files) == 1 else None,
+                            content_type=args.content_type,
+                            role=args.role,
+                            description=args.description,
+                            progress=progress,
+                            remember=Path(args.state_dir) if args.state_dir else state_dir(),
+                        )
+                        results.append(descriptor.to_json())
+                        continue
+                    except DirectUploadUnsupported:
+                        if args.direct:
+                            print("the server cannot take direct uploads; sending through it", file=sys.stderr)
                 if args.chunked:
 
                     def announce(session: dict[str, Any], server: str = args.server) -> None:
@@ -553,7 +573,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunked", action="store_true", help="a resumable chunked session, chunks in parallel")
     p.add_argument("--chunk-size", type=int, help="bytes per chunk (--chunked; default: the server's)")
     p.add_argument("--connections", type=int, default=4, help="parallel chunks (--chunked; default 4)")
-    p.add_argument("--state-dir", help="where --chunked remembers sessions to resume (default ~/.cache/transfer)")
+    p.add_argument(
+        "--direct",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="parts straight to the service's bucket (S3), resumable; default: for files of at least 64 MiB when the "
+        "server offers it, else through the server",
+    )
+    p.add_argument(
+        "--state-dir", help="where --chunked/--direct remember uploads to resume (default ~/.cache/transfer)"
+    )
     p.set_defaults(func=cmd_upload)
 
     p = sub.add_parser("bundle", help="upload files and make a ContentBundle of them (JSON to stdout)")

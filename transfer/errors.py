@@ -53,7 +53,9 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── VersionConflict            409 version_conflict      (a compare-and-set lost: the record changed)
     │   ├── SessionCompleted           409 session_completed
     │   ├── UploadOffsetMismatch       409 upload_offset_mismatch (IETF resumable upload: detail expected/provided)
-    │   └── SessionIncomplete          409 session_incomplete    (detail: missing chunk ranges)
+    │   ├── SessionIncomplete          409 session_incomplete    (detail: missing chunk ranges)
+    │   ├── PlanIncomplete             409 plan_incomplete       (direct upload: detail: missing parts, wrong sizes)
+    │   └── DirectUploadUnsupported    409 direct_upload_unsupported (the backend cannot take parts: fall back)
     ├── Gone                           410 gone
     │   ├── SessionAborted             410 session_aborted
     │   └── SessionExpired             410 session_expired
@@ -360,6 +362,18 @@ class UploadOffsetMismatch(Conflict):
 
 class SessionIncomplete(Conflict):
     code = "session_incomplete"
+
+
+class PlanIncomplete(Conflict):
+    code = "plan_incomplete"
+
+
+class DirectUploadUnsupported(Conflict):
+    """The storage backend cannot take bytes from clients directly (local storage): upload through the service.
+    409, not 501: the request is fine and the server works, this deployment's storage is what conflicts with it
+    (and a 5xx would read as a server fault to monitors and to the schema fuzzing that allows none)."""
+
+    code = "direct_upload_unsupported"
 
 
 class Gone(TransferError):

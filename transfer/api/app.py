@@ -24,6 +24,7 @@ from transfer.api import observability
 from transfer.api.authorized import add_authorized_routes
 from transfer.api.bundles import add_bundle_routes
 from transfer.api.caller import caller_of
+from transfer.api.direct import add_direct_routes
 from transfer.api.jobs import add_job_routes
 from transfer.api.limits import ControlBodyLimit, HeaderLimit
 from transfer.api.multipart import file_part_stream, multipart_boundary
@@ -262,6 +263,7 @@ def rest_app(
 
     base_url = public_base_url(settings)
     add_session_routes(app, sessions, service, base_url, needs)
+    add_direct_routes(app, services.direct, service, base_url, needs)
     add_bundle_routes(app, services.bundles, base_url, needs)
     add_tus_routes(app, tus, service, base_url, needs)
     add_resumable_routes(app, tus, service, base_url, needs)

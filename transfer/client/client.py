@@ -19,6 +19,7 @@ import anyio.from_thread
 import httpx
 
 from transfer.client.chunks import ChunkOptions, upload_chunked
+from transfer.client.direct import DirectOptions, PartFilter, upload_direct
 from transfer.client.events import JobEvent, follow_job
 from transfer.client.resolver import Descriptor, Progress, ResolveOptions, Resolver, raise_for_error
 from transfer.core.content import ContentBundle, FileContent, checksum_hex, load_descriptor
@@ -167,6 +168,40 @@ class AsyncTransferClient:
             progress=progress,
             remember=remember,
             on_session=on_session,
+        )
+        descriptor = load_descriptor(doc)
+        assert isinstance(descriptor, FileContent)
+        return descriptor
+
+    async def upload_direct(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        name: str | None = None,
+        content_type: str | None = None,
+        role: str | None = None,
+        description: str | None = None,
+        progress: Progress | None = None,
+        remember: Path | None = None,
+        part_filter: PartFilter | None = None,
+        on_part_stored: Callable[[int], None] | None = None,
+    ) -> FileContent:
+        """Upload a file straight to the service's bucket (presigned part URLs, ``connections`` parts in parallel);
+        the service verifies the whole SHA-256 and publishes. With ``remember`` (a directory), a rerun resumes the
+        same plan and sends only the parts the bucket lacks. Raises DirectUploadUnsupported, having sent nothing,
+        when the service's backend cannot take parts directly: use :meth:`upload` then."""
+        source = Path(path)
+        metadata = {"name": name or source.name, "content_type": content_type, "role": role, "description": description}
+        doc = await upload_direct(
+            self.http,
+            self.server,
+            source,
+            options=DirectOptions(connections=self.options.connections, retries=self.options.retries),
+            metadata={k: v for k, v in metadata.items() if v is not None},
+            progress=progress,
+            remember=remember,
+            part_filter=part_filter,
+            on_part_stored=on_part_stored,
         )
         descriptor = load_descriptor(doc)
         assert isinstance(descriptor, FileContent)

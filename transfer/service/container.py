@@ -24,6 +24,7 @@ from transfer.service.a2a import A2AService
 from transfer.service.authorizations import Authorizations
 from transfer.service.backends import make_storage
 from transfer.service.bundles import BundleService
+from transfer.service.direct import DirectService
 from transfer.service.files import FileService
 from transfer.service.imports import ImportService
 from transfer.service.journal import JobJournal
@@ -65,6 +66,7 @@ class Services:
     tp: TPService
     a2a: A2AService
     authorizations: Authorizations
+    direct: DirectService
     _users: int = 0  # hosts that started the set and have not closed it yet (stdio MCP + its HTTP server: two)
     _sweepers: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -100,6 +102,7 @@ class Services:
             tp=TPService(files, sessions, imports, clock=clock),
             a2a=A2AService(files, imports, clock=clock),
             authorizations=Authorizations(files),
+            direct=DirectService(files.storage, settings, clock=clock),
         )
 
     def maintenance(self) -> list[Sweep]:
@@ -111,6 +114,7 @@ class Services:
             Sweep("abandoned_uploads", every, self.files.sweep_abandoned_uploads),
             Sweep("jobs", every, self.journal.sweep_jobs),
             Sweep("authorizations", every, self.authorizations.sweep_authorizations),
+            Sweep("direct_plans", every, self.direct.sweep_direct_plans),
         ]
 
     async def start(self) -> None:

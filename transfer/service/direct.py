@@ -1,0 +1,454 @@
+"""Direct-to-storage uploads: the client sends the bytes to the bucket itself, the service only plans, signs and
+verifies.
+
+    plan      -> :meth:`DirectService.create`: the backend starts a multipart upload; the plan record
+                 (``direct/<plan id>.json``) holds its owner, size, part size, upload id and expiry
+    part URLs -> :meth:`DirectService.part_urls`: one presigned UploadPart URL per part, each bound to the part's
+                 SHA-256 (the bucket refuses other bytes) and expiring
+    resume    -> :meth:`DirectService.status`: the parts the bucket holds (ListParts), so a client sends only the rest
+    complete  -> :meth:`DirectService.complete`: every part checked (numbers 1..n, each of the planned size), the
+                 parts assembled (still unpublished), read back from the bucket and hashed; published as a stored
+                 file only when that SHA-256 equals the one the client declared; otherwise the assembled bytes are
+                 deleted and the plan is aborted (nothing published)
+    abort     -> :meth:`DirectService.abort`; expired plans go in :meth:`DirectService.sweep_direct_plans`
+
+Why read back: S3's additional checksums give SHA-256 per part and, for multipart objects, only a checksum of the
+part checksums (COMPOSITE); a full-object checksum type exists for CRC algorithms only. No backend hands us the
+whole file's SHA-256, so the service hashes the assembled bytes as the bucket serves them (ranged reads in
+parallel, hashed in order). The client's payload never passes through the service; the read-back is the service
+reading from its own bucket.
+
+A backend without the DIRECT_UPLOAD capability (local storage) answers every call with DirectUploadUnsupported
+(409 ``direct_upload_unsupported``): clients fall back to uploading through the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from storage.base import Capability, PartUrl, Storage, StoredPart, SupportsDirectUpload
+from storage.parts import part_count, plan_part_size
+from transfer.core.auth import TRUSTED, Grant
+from transfer.core.content import ContentEncoding, FileRole, checksum_hex
+from transfer.core.mime import require_media_type
+from transfer.core.naming import resolve_content_type, sanitize_filename
+from transfer.errors import (
+    ChecksumMismatch,
+    DirectUploadUnsupported,
+    Gone,
+    InvalidRequest,
+    NotFound,
+    PlanIncomplete,
+    SizeMismatch,
+    TooLarge,
+    TransferError,
+    storage_errors_translated,
+)
+from transfer.service.documents import index_file, read_document, write_document
+from transfer.service.ingest import SNIFF_BYTES
+from transfer.service.records import FileRecord, object_key
+from transfer.settings import Settings
+
+log = logging.getLogger("transfer.direct")
+
+PLAN_PREFIX = "direct/"
+PART_URL_TTL = 3600  # seconds a part URL lives; a client asks again for parts it has not started by then
+MAX_URLS_PER_REQUEST = 1000
+PLAN_CACHE_SIZE = 1024
+READ_BACK_WINDOW = 8 << 20  # bytes per ranged read of the verification
+READ_BACK_AHEAD = 4  # ranged reads in flight while the hash runs (memory: READ_BACK_AHEAD x READ_BACK_WINDOW)
+
+
+def new_plan_id() -> str:
+    return "d_" + secrets.token_hex(16)
+
+
+def is_plan_id(value: str) -> bool:
+    return value.startswith("d_") and len(value) == 34 and all(c in "0123456789abcdef" for c in value[2:])
+
+
+def _plan_key(pid: str) -> str:
+    return f"{PLAN_PREFIX}{pid}.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The record of one direct upload."""
+
+    id: str
+    owner: str | None
+    size: int
+    part_size: int
+    upload_id: str
+    created_at: float
+    expires_at: float
+    name: str | None = None
+    content_type: str | None = None
+    checksum: str | None = None  # sha256:<hex> declared at planning (else at completion)
+    role: str | None = None
+    description: str | None = None
+    state: str = "open"  # open | completed | aborted
+    file_id: str | None = None
+
+    @property
+    def part_count(self) -> int:
+        return part_count(self.size, self.part_size)
+
+    @property
+    def key(self) -> str:
+        """The object the parts become: the file's own key (the file id follows from the plan id)."""
+        return object_key("f_" + self.id[2:])
+
+    def part_length(self, number: int) -> int:
+        return min(self.part_size, self.size - (number - 1) * self.part_size)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _checksum(value: str) -> str:
+    try:
+        return "sha256:" + checksum_hex(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"checksum must be sha256:<64 hex digits>: {value!r}") from exc
+
+
+def _sha256_b64(hex_or_checksum: str) -> str:
+    """A part's SHA-256 as S3 wants it (base64 of the digest) from ``<64 hex>`` or ``sha256:<64 hex>``."""
+    try:
+        digest = bytes.fromhex(checksum_hex(hex_or_checksum))
+    except (ValueError, binascii.Error, TransferError) as exc:
+        raise InvalidRequest(f"part sha256 must be 64 hex digits: {hex_or_checksum!r}") from exc
+    if len(digest) != 32:
+        raise InvalidRequest(f"part sha256 must be 64 hex digits: {hex_or_checksum!r}")
+    return base64.b64encode(digest).decode("ascii")
+
+
+class DirectService:
+    """Upload plans on a backend with the DIRECT_UPLOAD capability."""
+
+    def __init__(self, storage: Storage, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+        self.storage = storage
+        self.settings = settings
+        self.clock = clock
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._plans: dict[str, Plan] = {}  # recently loaded plans, for part URLs only (see part_urls)
+
+    @property
+    def supported(self) -> bool:
+        return Capability.DIRECT_UPLOAD in self.storage.capabilities and isinstance(self.storage, SupportsDirectUpload)
+
+    def _backend(self) -> SupportsDirectUpload:
+        storage = self.storage
+        if Capability.DIRECT_UPLOAD not in storage.capabilities or not isinstance(storage, SupportsDirectUpload):
+            raise DirectUploadUnsupported(
+                "this storage backend does not take uploads directly; upload through the service (POST /v1/files, "
+                "sessions or tus)"
+            )
+        return storage
+
+    def _ttl(self) -> float:
+        """A plan must not outlive its multipart upload: the abandoned-upload sweep aborts those older than
+        ``s3_abandoned_upload_age``."""
+        return min(float(self.settings.session_ttl), float(self.settings.s3_abandoned_upload_age))
+
+    async def _save(self, plan: Plan, *, new: bool = False) -> None:
+        await write_document(self.storage, _plan_key(plan.id), plan.to_json(), if_absent=new)
+
+    async def load(self, pid: str, caller: Grant, *, allow_ended: bool = False) -> Plan:
+        """The plan, if the caller may see it (its own; any for admin); NotFound otherwise, whether or not it
+        exists. An expired or aborted plan is Gone unless ``allow_ended``."""
+        self._backend()
+        if not is_plan_id(pid):
+            raise NotFound(f"no upload plan {pid!r}")
+        try:
+            plan = Plan(**await read_document(self.storage, _plan_key(pid)))
+        except NotFound:
+            raise NotFound(f"no upload plan {pid!r}") from None
+        if not caller.sees(plan.owner):
+            raise NotFound(f"no upload plan {pid!r}")
+        if not allow_ended and plan.state == "aborted":
+            raise Gone(f"upload plan {pid} was aborted")
+        if not allow_ended and plan.state == "open" and self.clock() >= plan.expires_at:
+            raise Gone(f"upload plan {pid} has expired")
+        return plan
+
+    async def create(
+        self,
+        *,
+        size: int,
+        caller: Grant,
+        name: str | None = None,
+        content_type: str | None = None,
+        checksum: str | None = None,
+        role: FileRole | None = None,
+        description: str | None = None,
+    ) -> Plan:
+        """A new plan owned by the caller's key: the backend's multipart upload is started now."""
+        backend = self._backend()
+        s = self.settings
+        if size < 0:
+            raise InvalidRequest("size must not be negative")
+        if size > s.max_upload_size:
+            raise TooLarge(f"{size} bytes exceed the upload limit of {s.max_upload_size}")
+        if content_type is not None:
+            require_media_type(content_type, "content_type")
+        if description is not None and len(description) > s.max_description_length:
+            raise InvalidRequest(f"description longer than {s.max_description_length} characters")
+        with storage_errors_translated():
+            part_size = plan_part_size(size, max_size=s.max_upload_size, preferred=s.s3_part_size)
+        pid = new_plan_id()
+        now = self.clock()
+        plan = Plan(
+            id=pid,
+            owner=caller.owner,
+            size=size,
+            part_size=part_size,
+            upload_id="",
+            created_at=now,
+            expires_at=now + self._ttl(),
+            name=name,
+            content_type=content_type,
+            checksum=None if checksum is None else _checksum(checksum),
+            role=role.value if role else None,
+            description=description,
+        )
+        with storage_errors_translated():
+            upload_id = await backend.begin_direct_upload(plan.key)
+        plan = replace(plan, upload_id=upload_id)
+        try:
+            await self._save(plan, new=True)
+        except BaseException:
+            with storage_errors_translated():
+                await backend.discard_direct_upload(plan.key, upload_id)
+            raise
+        return plan
+
+    async def part_urls(self, pid: str, parts: list[tuple[int, str]], caller: Grant) -> list[tuple[int, PartUrl]]:
+        """A presigned URL per ``(part number, sha256 hex)``: the bucket takes only bytes with that SHA-256 for that
+        part, until the URL expires (an hour at most, never past the plan's expiry). The URL does not bind the
+        length: :meth:`complete` checks every part's size."""
+        backend = self._backend()
+        # A client asks for a URL per part: reading the plan record each time would cost three backend requests per
+        # part. The fields a URL depends on (owner, key, upload id, size, part size, expiry) never change, so a copy
+        # loaded before serves; a state change it misses (completed, aborted: on any replica) is harmless, because
+        # the bucket refuses parts for an upload id that is used up or aborted.
+        plan = self._plans.get(pid) or await self.load(pid, caller)
+        if not caller.sees(plan.owner):
+            raise NotFound(f"no upload plan {pid!r}")
+        if self.clock() >= plan.expires_at:
+            raise Gone(f"upload plan {pid} has expired")
+        self._require_open(plan)
+        if pid not in self._plans:
+            while len(self._plans) >= PLAN_CACHE_SIZE:
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[pid] = plan
+        if len(parts) > MAX_URLS_PER_REQUEST:
+            raise InvalidRequest(f"at most {MAX_URLS_PER_REQUEST} part URLs per request")
+        ttl = int(max(1.0, min(PART_URL_TTL, plan.expires_at - self.clock())))
+        out = []
+        for number, sha in parts:
+            if not 1 <= number <= plan.part_count:
+                raise InvalidRequest(f"part {number} is outside 1..{plan.part_count}")
+            with storage_errors_translated():
+                url = await backend.presign_part(
+                    plan.key,
+                    plan.upload_id,
+                    number,
+                    sha256_b64=_sha256_b64(sha),
+                    size=plan.part_length(number),
+                    expires_in=ttl,
+                )
+            out.append((number, url))
+        return out
+
+    async def stored_parts(self, plan: Plan) -> list[StoredPart]:
+        """The parts the bucket holds for an open plan (ListParts): what a resuming client need not send."""
+        if plan.state != "open":
+            return []
+        with storage_errors_translated():
+            return await self._backend().list_direct_parts(plan.key, plan.upload_id)
+
+    def _require_open(self, plan: Plan) -> None:
+        if plan.state == "completed":
+            raise InvalidRequest(f"upload plan {plan.id} is already complete (file {plan.file_id})")
+
+    async def complete(self, pid: str, caller: Grant, *, checksum: str | None = None) -> tuple[Plan, FileRecord]:
+        """Check every part, assemble, verify the whole SHA-256 by reading the bytes back, publish. A completed plan
+        returns its file again (a retried completion is answered, not refused)."""
+        backend = self._backend()
+        async with self._locks.setdefault(pid, asyncio.Lock()):
+            try:
+                plan = await self.load(pid, caller)
+                if plan.state == "completed" and plan.file_id is not None:
+                    return plan, await self._record(plan.file_id)
+                declared = plan.checksum
+                if checksum is not None:
+                    given = _checksum(checksum)
+                    if declared is not None and declared != given:
+                        raise InvalidRequest("the checksum differs from the one declared when planning")
+                    declared = given
+                if declared is None:
+                    raise InvalidRequest("declare the file's checksum (sha256:<hex>) to complete")
+                published = await self._published(plan)
+                if published is not None:  # published, then the process stopped before the plan said so
+                    done = replace(plan, state="completed", file_id=published.id)
+                    await self._save(done)
+                    return done, published
+                parts = await self.stored_parts(plan)
+                self._check_parts(plan, parts)
+                with storage_errors_translated():
+                    await backend.assemble_direct_upload(plan.key, plan.upload_id, parts)
+                try:
+                    sha_hex, head = await self._read_back(backend, plan)
+                    if sha_hex != checksum_hex(declared):
+                        raise ChecksumMismatch(
+                            "SHA-256 of the uploaded parts does not match the declared checksum; nothing was "
+                            "published and the plan is aborted",
+                            expected=declared,
+                            actual="sha256:" + sha_hex,
+                        )
+                    record = self._file_record(plan, sha_hex, head)
+                    with storage_errors_translated():
+                        await backend.publish_assembled(plan.key, record.to_metadata())
+                    await index_file(self.storage, record)
+                except BaseException:
+                    await self._abort(plan, upload_used=True)
+                    raise
+                done = replace(plan, state="completed", file_id=record.id)
+                await self._save(done)
+                return done, record
+            finally:
+                self._locks.pop(pid, None)
+
+    def _check_parts(self, plan: Plan, parts: list[StoredPart]) -> None:
+        """Every part 1..n present, each exactly the planned length (S3 would assemble any set of parts)."""
+        have = {p.number: p for p in parts}
+        missing = [n for n in range(1, plan.part_count + 1) if n not in have]
+        extra = sorted(n for n in have if n > plan.part_count)
+        wrong = [n for n, p in have.items() if n <= plan.part_count and p.size != plan.part_length(n)]
+        if missing or extra or wrong:
+            raise PlanIncomplete(
+                f"upload plan {plan.id} cannot complete: {len(missing)} part(s) missing, {len(wrong)} of the wrong "
+                "size; send them (again) and retry",
+                missing=missing[:1000],
+                wrong_size=sorted(wrong)[:1000],
+                unexpected=extra[:1000],
+            )
+
+    async def _read_back(self, backend: SupportsDirectUpload, plan: Plan) -> tuple[str, bytes]:
+        """SHA-256 of the assembled bytes as the bucket serves them: ranged reads in parallel (READ_BACK_AHEAD in
+        flight), hashed in order in a worker thread; also the first bytes, for the media type."""
+        sha = hashlib.sha256()
+        windows = [(start, min(start + READ_BACK_WINDOW, plan.size)) for start in range(0, plan.size, READ_BACK_WINDOW)]
+
+        async def fetch(start: int, end: int) -> bytes:
+            buf = bytearray()
+            with storage_errors_translated():
+                async for piece in backend.read_assembled(plan.key, start, end):
+                    buf += piece
+            if len(buf) != end - start:
+                raise SizeMismatch(f"the assembled object is shorter than the plan's {plan.size} bytes")
+            return bytes(buf)
+
+        head = b""
+        pending: list[asyncio.Task[bytes]] = []
+        try:
+            for i in range(len(windows)):
+                while len(pending) < READ_BACK_AHEAD and i + len(pending) < len(windows):
+                    pending.append(asyncio.create_task(fetch(*windows[i + len(pending)])))
+                data = await pending.pop(0)
+                if not head:
+                    head = data[:SNIFF_BYTES]
+                await asyncio.to_thread(sha.update, data)
+        finally:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        return sha.hexdigest(), head
+
+    def _file_record(self, plan: Plan, sha_hex: str, head: bytes) -> FileRecord:
+        file_id = "f_" + plan.id[2:]
+        return FileRecord(
+            id=file_id,
+            name=sanitize_filename(plan.name, default=file_id),
+            content_type=resolve_content_type(head, plan.name, declared=plan.content_type, hinted=None),
+            size=plan.size,
+            sha256=sha_hex,
+            encoding=ContentEncoding.NONE,
+            encoded_size=plan.size,
+            encoded_sha256=sha_hex,
+            created_at=datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0),
+            role=FileRole(plan.role) if plan.role else None,
+            description=plan.description,
+            owner=plan.owner,
+        )
+
+    async def _published(self, plan: Plan) -> FileRecord | None:
+        """The plan's file if it is published (whatever the plan record says), else None."""
+        try:
+            return await self._record("f_" + plan.id[2:])
+        except NotFound:
+            return None
+
+    async def _record(self, file_id: str) -> FileRecord:
+        with storage_errors_translated():
+            info = await self.storage.stat(object_key(file_id))
+        return FileRecord.from_metadata(info.metadata)
+
+    async def status(self, pid: str, caller: Grant) -> tuple[Plan, list[StoredPart]]:
+        """The plan and the parts the bucket holds."""
+        plan = await self.load(pid, caller, allow_ended=True)
+        if plan.state == "aborted":
+            raise Gone(f"upload plan {pid} was aborted")
+        return plan, await self.stored_parts(plan)
+
+    async def abort(self, pid: str, caller: Grant) -> None:
+        """Abort an unfinished plan: its parts are deleted, nothing is published. A completed plan's file stays."""
+        plan = await self.load(pid, caller, allow_ended=True)
+        if plan.state == "completed":
+            raise InvalidRequest(f"upload plan {pid} is complete; delete its file instead")
+        await self._abort(plan, upload_used=False)
+
+    async def _abort(self, plan: Plan, *, upload_used: bool) -> None:
+        with storage_errors_translated():
+            await self._backend().discard_direct_upload(plan.key, None if upload_used else plan.upload_id)
+        await self._save(replace(plan, state="aborted"))
+
+    async def sweep_direct_plans(self) -> int:
+        """Abort open plans past their expiry (their multipart uploads and any assembled bytes go) and delete the
+        records of ended plans past it; returns how many plans were removed. Uploads whose record never got
+        written are left to the abandoned-multipart sweep (same ``data/`` prefix)."""
+        if not self.supported:
+            return 0
+        removed = 0
+        now = self.clock()
+        with storage_errors_translated():
+            keys = [info.key async for info in self.storage.list(PLAN_PREFIX)]
+        for key in keys:
+            pid = key[len(PLAN_PREFIX) :].removesuffix(".json")
+            if not is_plan_id(pid):
+                continue
+            try:
+                plan = await self.load(pid, TRUSTED, allow_ended=True)
+                if now < plan.expires_at:
+                    continue
+                if plan.state == "open" and await self._published(plan) is None:
+                    with storage_errors_translated():
+                        await self._backend().discard_direct_upload(plan.key, plan.upload_id)
+                with storage_errors_translated():
+                    await self.storage.delete(key)
+                removed += 1
+            except TransferError:
+                log.warning("sweep could not remove upload plan %s; retrying at the next interval", pid)
+        return removed

@@ -123,7 +123,7 @@ def run_concurrency(workdir: Path, levels: tuple[int, ...] = (1, 8, 64, 256), si
                         "p99_s": round(result["p99_s"], 3),
                         "cpu_s_per_GiB": round(used / (moved / GiB), 3),
                     }
-                for item in http.get(f"{url}/v1/files", params={"limit": 10_000}).json()["files"]:
+                for item in _all_files(http, url):
                     file_id = item["metadata"]["file_id"]
                     if file_id != stored["metadata"]["file_id"]:
                         http.delete(f"{url}/v1/files/{file_id}")
@@ -148,3 +148,16 @@ def concurrency_table(report: dict[str, Any], machine: str) -> str:
             f"{u['p99_s']:.3f} | {u['cpu_s_per_GiB']:.2f} |"
         )
     return "\n".join(lines)
+
+
+def _all_files(http: httpx.Client, url: str) -> list[dict[str, Any]]:
+    """Every stored file's descriptor, page by page (GET /v1/files pages with a cursor)."""
+    items: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        params: dict[str, Any] = {"limit": 1000} | ({"cursor": cursor} if cursor else {})
+        page = http.get(f"{url}/v1/files", params=params).json()
+        items.extend(page["files"])
+        cursor = page.get("next_cursor")
+        if not cursor:
+            return items

@@ -25,10 +25,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tests.conftest import Clock, in_progress_uploads, s3_client, serving
 from tests.faultproxy import FaultProxy
-from transfer.api.app import create_app
 from transfer.client import AsyncTransferClient, ResolveOptions
 from transfer.core.auth import new_token, token_hash
 from transfer.errors import ChecksumMismatch, DirectUploadUnsupported
+from transfer.hosts import create_app
 from transfer.service.direct import DirectService
 from transfer.settings import Settings
 

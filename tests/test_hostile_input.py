@@ -152,7 +152,7 @@ def test_tus_filetype_with_control_characters_is_refused_at_creation(live_server
         )
         assert_error(r, 400, "invalid_request")
         listing = http.get("/v1/files")
-        assert listing.status_code == 200 and listing.json() == {"files": []}
+        assert listing.status_code == 200 and listing.json() == {"files": [], "next_cursor": None}
     assert live_server.objects() == []
 
 
@@ -165,7 +165,7 @@ def test_multipart_and_query_content_types_are_validated(live_server: LiveServer
         assert query.status_code in (400,), query.text
         session = http.post("/v1/sessions", json={"size": 5, "content_type": bad})
         assert_error(session, 400, "invalid_request")
-        assert http.get("/v1/files").json() == {"files": []}
+        assert http.get("/v1/files").json() == {"files": [], "next_cursor": None}
     assert live_server.objects() == []
 
 

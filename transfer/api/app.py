@@ -71,6 +71,7 @@ EXPOSED_HEADERS: tuple[str, ...] = (
     "repr-digest",
     "chunk-checksum",
     "retry-after",
+    "x-request-id",  # the id to quote when reporting a failure (every answer carries it)
     # uploads: where the new resource is, and the codings a 415 would have accepted (RFC 9110 §15.5.16)
     "location",
     "accept-encoding",

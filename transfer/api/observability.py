@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from storage.errors import StorageError
 from transfer import __version__, metrics
 from transfer.api.responses import AsciiJSONResponse
+from transfer.api.zerocopy import EXTENSION as ZERO_COPY
 from transfer.core.auth import Grant
 from transfer.core.auth import Scope as KeyScope
 from transfer.errors import ShuttingDown
@@ -470,6 +471,8 @@ class ObservabilityMiddleware:
                 message = {**message, "headers": headers}
             elif kind == "http.response.body":
                 sent += len(message.get("body", b""))
+            elif kind == ZERO_COPY:  # the bytes go out by sendfile: the message says how many
+                sent += int(message.get("count") or 0)
             await send(message)
 
         failed = False

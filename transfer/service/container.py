@@ -124,6 +124,11 @@ class Services:
         if self._users > 1:
             return
         await self.files.start()
+        if Capability.ATOMIC_IF_MATCH not in self.files.storage.capabilities:
+            log.warning(
+                "the storage backend does not guarantee atomic compare-and-set: run one replica on it (the upload "
+                "records of two replicas could overwrite each other's parts)"
+            )
         if Capability.ATOMIC_IF_ABSENT not in self.files.storage.capabilities:
             log.warning(
                 "the storage backend does not guarantee atomic create-if-absent: run one replica on it "

@@ -343,7 +343,11 @@ def test_readyz_probes_storage_and_sweeps(tmp_path: Path, monkeypatch: pytest.Mo
             await asyncio.Event().wait()
             return {}
 
-        monkeypatch.setattr(live.app.state.services.sessions, "collect_garbage", hang)
+    # the sweeps are bound when the services start: a replica whose sessions sweep hangs from the start
+    from transfer.service.sessions import SessionService
+
+    monkeypatch.setattr(SessionService, "sweep_expired", lambda self: hang())
+    with running(settings) as live:
         deadline = time.monotonic() + 30
         while (stuck := httpx.get(f"{live.url}/readyz")).status_code == 200:
             assert time.monotonic() < deadline, "a hung sweep never made the replica unready"

@@ -114,7 +114,7 @@ class Assembler:
 
     def deposit(self, offset: int, buf: bytearray, length: int, pooled: bool) -> None:
         """Write ``buf[:length]`` at ``offset``; a pooled buffer then belongs to the assembler until hashed."""
-        _pwrite_all(self.fd, memoryview(buf)[:length], offset)
+        pwrite_all(self.fd, memoryview(buf)[:length], offset)
         if self.inline:
             assert offset == self.frontier
             self.sha.update(memoryview(buf)[:length])
@@ -151,7 +151,7 @@ class Assembler:
                 self.sha.update(memoryview(buf)[:length])
                 self.give_back(buf)
             else:  # received while the window was full: read back what could not be hashed in flight
-                _hash_range(self.fd, self.sha, self.frontier, self.frontier + length, self.piece)
+                hash_range(self.fd, self.sha, self.frontier, self.frontier + length, self.piece)
                 self.read_back += length
             self.frontier += length
 
@@ -460,7 +460,8 @@ class Fetcher:
             raise SizeMismatch(f"server sends {length} bytes, descriptor declares {total}")
 
 
-def _pwrite_all(fd: int, data: memoryview | bytes, offset: int) -> None:
+def pwrite_all(fd: int, data: memoryview | bytes, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` (pwrite may write less than asked)."""
     view = memoryview(data)
     while view:
         n = os.pwrite(fd, view, offset)
@@ -468,7 +469,8 @@ def _pwrite_all(fd: int, data: memoryview | bytes, offset: int) -> None:
         offset += n
 
 
-def _hash_range(fd: int, sha: hashlib._Hash, start: int, end: int, buffer_size: int) -> None:
+def hash_range(fd: int, sha: hashlib._Hash, start: int, end: int, buffer_size: int) -> None:
+    """Feed the bytes [start, end) of the file to ``sha``, read back in pieces of ``buffer_size``."""
     pos = start
     while pos < end:
         chunk = os.pread(fd, min(buffer_size, end - pos), pos)

@@ -27,7 +27,7 @@ import httpx
 import pybase64
 
 from transfer.client.chunks import ChunkOptions, follow, streaming_to_path
-from transfer.client.fetch import Fetcher, FetchPlan, RangeIgnored, lean_path_possible
+from transfer.client.fetch import Fetcher, FetchPlan, RangeIgnored, hash_range, lean_path_possible, pwrite_all
 from transfer.core.content import (
     CodeContent,
     ContentBundle,
@@ -423,7 +423,7 @@ class Resolver:
 
         def flush(data: bytes, at: int) -> None:
             sha.update(data)
-            _pwrite_all(fd, data, at)
+            pwrite_all(fd, data, at)
 
         try:
             async for chunk in self._ranged_stream(descriptor, 0, None, raw_len):
@@ -468,13 +468,13 @@ class Resolver:
                 if len(pending) >= opts.buffer_size:
                     data = bytes(pending)
                     pending.clear()
-                    await asyncio.to_thread(_pwrite_all, fd, data, pos)
+                    await asyncio.to_thread(pwrite_all, fd, data, pos)
                     pos += len(data)
                     done_bytes += len(data)
                     if progress:
                         progress(done_bytes, raw_len)
             if pending:
-                await asyncio.to_thread(_pwrite_all, fd, bytes(pending), pos)
+                await asyncio.to_thread(pwrite_all, fd, bytes(pending), pos)
                 pos += len(pending)
                 done_bytes += len(pending)
             if pos != end:
@@ -484,7 +484,7 @@ class Resolver:
         async def hash_in_order() -> None:
             for (start, end), event in zip(bounds, done, strict=True):
                 await event.wait()
-                await asyncio.to_thread(_hash_range, fd, sha, start, end, opts.buffer_size)
+                await asyncio.to_thread(hash_range, fd, sha, start, end, opts.buffer_size)
 
         try:
             async with asyncio.TaskGroup() as tg:
@@ -511,24 +511,6 @@ def _raw_length(descriptor: FileContent) -> int | None:
     if descriptor.encoding not in (None, ContentEncoding.NONE, ContentEncoding.BASE64):
         return descriptor.encoded_size
     return descriptor.size
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view = view[n:]
-        offset += n
-
-
-def _hash_range(fd: int, sha: hashlib._Hash, start: int, end: int, buffer_size: int) -> None:
-    pos = start
-    while pos < end:
-        chunk = os.pread(fd, min(buffer_size, end - pos), pos)
-        if not chunk:
-            raise SizeMismatch("downloaded file is shorter than expected")
-        sha.update(chunk)
-        pos += len(chunk)
 
 
 def _decode_file(

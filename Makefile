@@ -37,8 +37,8 @@ serve: $(STAMP) $(WEB_STAMP)
 	$(BIN)/transfer serve
 
 lint: $(STAMP)
-	$(BIN)/ruff check transfer storage tests benchmarks
-	$(BIN)/ruff format --check transfer storage tests benchmarks
+	$(BIN)/ruff check transfer storage devtools tests benchmarks
+	$(BIN)/ruff format --check transfer storage devtools tests benchmarks
 	$(BIN)/mypy
 
 test: lint install

@@ -18,9 +18,10 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from storage.base import Storage, SupportsAbandonedUploads
+from storage.base import Storage
 from storage.errors import StorageError
 from transfer import __version__
+from transfer.api.admin import add_admin_routes
 from transfer.api.bundles import add_bundle_routes
 from transfer.api.caller import caller_of
 from transfer.api.jobs import add_job_routes
@@ -38,6 +39,7 @@ from transfer.core.auth import Authenticator, Scope, parse_keys
 from transfer.core.content import DownloadMethod, FileRole, normalize_checksum
 from transfer.core.digests import sha256_from_digest_field
 from transfer.core.encodings import coding_from_http, storage_encoding
+from transfer.core.lifecycle import parse_expires_in
 from transfer.core.naming import filename_from_content_disposition
 from transfer.core.numerals import parse_count
 from transfer.errors import (
@@ -45,8 +47,8 @@ from transfer.errors import (
     InvalidRequest,
     TransferError,
     from_storage_error,
-    storage_errors_translated,
 )
+from transfer.service.admin import run_sweeps
 from transfer.service.container import Services
 from transfer.service.ingest import UploadRequest
 from transfer.service.progress import counted
@@ -130,6 +132,7 @@ class UploadOptions:
     content_encoding: str | None
     content_digest: str | None
     repr_digest: str | None
+    expires_in: int | None = None
 
 
 def upload_options(
@@ -156,8 +159,19 @@ def upload_options(
     content_encoding: Annotated[str | None, Header()] = None,
     content_digest: Annotated[str | None, Header()] = None,
     repr_digest: Annotated[str | None, Header()] = None,
+    expires_in: Annotated[
+        str | None,
+        Query(max_length=20, description="seconds the file lives; above the key's or service's maximum: 400"),
+    ] = None,
+    expires_in_header: Annotated[
+        str | None, Header(alias="expires-in", description="the same as the expires_in query parameter")
+    ] = None,
 ) -> UploadOptions:
     """A route dependency: the upload options both upload routes take."""
+    lifetime = parse_expires_in(expires_in)
+    from_header = parse_expires_in(expires_in_header, "Expires-In")
+    if lifetime is not None and from_header is not None and lifetime != from_header:
+        raise InvalidRequest("the expires_in query parameter and the Expires-In header field disagree")
     return UploadOptions(
         content_type,
         role,
@@ -172,6 +186,7 @@ def upload_options(
         content_encoding,
         content_digest,
         repr_digest,
+        lifetime if lifetime is not None else from_header,
     )
 
 
@@ -214,16 +229,7 @@ def create_app(
     async def sweep_sessions() -> None:
         while True:
             await asyncio.sleep(settings.session_gc_interval)
-            try:
-                await sessions.collect_garbage()
-                await tus.collect_garbage()
-                if isinstance(service.storage, SupportsAbandonedUploads):
-                    with storage_errors_translated():
-                        aborted = await service.storage.abort_abandoned_uploads(settings.s3_abandoned_upload_age)
-                    if aborted:
-                        log.warning("aborted %d abandoned multipart upload(s) (their writers had died)", aborted)
-            except TransferError:
-                log.exception("session garbage collection failed; retrying at the next interval")
+            await run_sweeps(services)  # each sweep logs its own failure and runs again next time
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -285,6 +291,7 @@ def create_app(
         return settings.public_url or str(request.base_url).rstrip("/")
 
     add_session_routes(app, sessions, service, base_url, needs)
+    add_admin_routes(app, services, needs)
     add_bundle_routes(app, services.bundles, base_url, needs)
     add_tus_routes(app, tus, service, base_url, needs)
     add_job_routes(app, services, base_url, needs)
@@ -362,6 +369,7 @@ def create_app(
             expected_size=options.size,
             store_encoding=storage_encoding(options.encoding),
             owner=caller_of(request).owner,
+            expires_in=options.expires_in,
         )
         if options.content_encoding:
             req.body_encoding = coding_from_http(options.content_encoding)

@@ -86,6 +86,7 @@ class Session:
     chunk_digests: list[str] = field(default_factory=list)  # xxh3-128 hex per chunk, once completed
     owner: str | None = None  # the API key that opened it (open-session quota)
     max_size: int | None = None  # the largest file it may make (the service's limit when it was opened)
+    file_ttl: int | None = None  # seconds the file it makes lives from completion (None: until deleted)
 
     @property
     def total_chunks(self) -> int | None:
@@ -187,6 +188,7 @@ class Session:
             "file_id": self.file_id,
             "chunk_digests": self.chunk_digests,
             "max_size": self.max_size,
+            "file_ttl": self.file_ttl,
         }
 
     @classmethod

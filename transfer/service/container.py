@@ -45,7 +45,7 @@ class Services:
     ) -> Services:
         files = FileService(storage or make_storage(settings), settings, clock=clock)
         quota = SessionQuota(files.storage, settings.max_open_sessions_per_key)
-        sessions = SessionService(files.storage, settings, clock=clock, quota=quota)
+        sessions = SessionService(files.storage, settings, clock=clock, quota=quota, lifecycle=files.lifecycle)
         hub = ProgressHub(
             max_jobs=settings.max_jobs,
             retention=settings.job_retention,
@@ -57,7 +57,7 @@ class Services:
             settings=settings,
             files=files,
             sessions=sessions,
-            tus=TusService(files.storage, settings, clock=clock, quota=quota),
+            tus=TusService(files.storage, settings, clock=clock, quota=quota, lifecycle=files.lifecycle),
             bundles=BundleService(files.storage, files, clock=clock),
             hub=hub,
             imports=imports,

@@ -21,13 +21,15 @@ import pybase64
 from storage.base import Capability, ObjectReader, Storage, SupportsPresign
 from storage.errors import StorageError
 from transfer.core.auth import TRUSTED, Grant
-from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode
+from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode, format_timestamp
 from transfer.core.delivery import DeliveryPlan, DeliveryPolicy, Representation, plan_delivery
 from transfer.core.encodings import HTTP_CODINGS, DecodeLimits, make_decoder
+from transfer.core.lifecycle import expiry_key, is_expired
 from transfer.core.mime import is_active_type, is_compressible, is_media_type
 from transfer.core.naming import content_disposition
 from transfer.core.signing import UrlSigner, require_signed_path
 from transfer.errors import (
+    FileExpired,
     InvalidRequest,
     MethodNotAllowed,
     NotFound,
@@ -37,6 +39,7 @@ from transfer.errors import (
 )
 from transfer.service.backends import load_signing_keys
 from transfer.service.ingest import UploadRequest, ingest
+from transfer.service.lifecycle import Lifecycle
 from transfer.service.records import FileRecord, is_file_id, new_file_id, object_key
 from transfer.settings import MAX_URL_TTL, Settings
 
@@ -78,6 +81,7 @@ class FileService:
         self.settings = settings
         self._signer = signer
         self.clock = clock
+        self.lifecycle = Lifecycle(storage, settings, clock=clock)
 
     async def start(self) -> None:
         """Check the backend and load the signing keys (kept in the backend unless configured)."""
@@ -104,23 +108,54 @@ class FileService:
         s = self.settings
         if request.description is not None and len(request.description) > s.max_description_length:
             raise InvalidRequest(f"description longer than {s.max_description_length} characters")
-        with storage_errors_translated():
-            return await ingest(
-                self.storage,
-                body,
-                request,
-                file_id=new_file_id(),
-                max_size=s.max_upload_size,
-                max_decode_ratio=s.max_decode_ratio,
-                buffer_size=s.buffer_size,
-                gzip_level=s.gzip_level,
-                zstd_level=s.zstd_level,
-                now=self._now,
-            )
+        lifecycle = self.lifecycle
+        lifetime = lifecycle.lifetime(request.owner, request.expires_in)  # refused before a byte is read
+        file_id = new_file_id()
+        # the original size, if known before reading: declared, or the body's length when it comes uncoded
+        declared = request.expected_size
+        if declared is None and request.body_encoding is ContentEncoding.NONE:
+            declared = request.declared_length
+        room = await lifecycle.admit(request.owner, file_id, declared, self.clock() + s.quota_reservation_ttl)
+        try:
+            with storage_errors_translated():
+                return await ingest(
+                    self.storage,
+                    body,
+                    request,
+                    file_id=file_id,
+                    max_size=s.max_upload_size,
+                    max_decode_ratio=s.max_decode_ratio,
+                    buffer_size=s.buffer_size,
+                    gzip_level=s.gzip_level,
+                    zstd_level=s.zstd_level,
+                    now=self._now,
+                    room=room,
+                    expires=lambda created: lifecycle.expiry(created, lifetime),
+                    publishing=lambda record: lifecycle.publishing(record, file_id),
+                )
+        except BaseException:
+            if room is not None and declared is not None:
+                await lifecycle.release(request.owner, file_id)
+            raise
 
     async def record(self, file_id: str, caller: Grant) -> FileRecord:
         """The record of a file the caller may see (its own; any for admin); NotFound otherwise, whether or not
-        the file exists."""
+        the file exists; FileExpired (410) from its expiry on, on the service clock, whether or not the sweep has
+        removed it yet."""
+        record = await self._stored_record(file_id, caller)
+        self._require_live(record)
+        return record
+
+    def _require_live(self, record: FileRecord) -> None:
+        if is_expired(record.expires_at, self.clock()):
+            assert record.expires_at is not None
+            raise FileExpired(
+                f"file {record.id} expired at {format_timestamp(record.expires_at)}",
+                expired_at=format_timestamp(record.expires_at),
+            )
+
+    async def _stored_record(self, file_id: str, caller: Grant) -> FileRecord:
+        """The record of a file the caller may see, expired or not (NotFound otherwise)."""
         if not is_file_id(file_id):
             raise NotFound(f"no file {file_id!r}")
         try:
@@ -134,10 +169,39 @@ class FileService:
         return record
 
     async def delete(self, file_id: str, caller: Grant) -> None:
-        """Delete a file; its signed URLs stop working at once. Deleting a missing file is NotFound."""
-        await self.record(file_id, caller)
+        """Delete a file (expired or not); its signed URLs stop working at once; its bytes leave its key's usage.
+        Deleting a missing file is NotFound."""
+        await self._remove(await self._stored_record(file_id, caller))
+
+    async def _remove(self, record: FileRecord) -> None:
+        """The one way a file goes (delete, expiry sweep): the object, then its usage and index entry."""
         with storage_errors_translated():
-            await self.storage.delete(object_key(file_id))
+            await self.storage.delete(object_key(record.id))
+        await self.lifecycle.deleted(record)
+
+    async def sweep_expired_files(self) -> int:
+        """Delete every file whose expiry has passed (service clock); returns how many. Reads the expiry index
+        only up to the current hour, so its cost follows the number of files due, not the number stored. Index
+        entries whose file is gone, or no longer expires then, are dropped."""
+        removed = 0
+        now = self.clock()
+        async for key, file_id in self.lifecycle.due():
+            try:
+                record = await self._stored_record(file_id, TRUSTED)
+            except NotFound:
+                await self.lifecycle.drop_index_entry(key)  # deleted meanwhile, or its publication failed
+                continue
+            except StorageUnavailable:
+                log.warning("expiry sweep skips %s: its record cannot be read", file_id)
+                continue
+            if record.expires_at is None or expiry_key(record.expires_at, record.id) != key:
+                await self.lifecycle.drop_index_entry(key)  # not this entry's file any more
+                continue
+            if not is_expired(record.expires_at, now):
+                continue  # later in the current hour
+            await self._remove(record)
+            removed += 1
+        return removed
 
     async def list(self, caller: Grant, limit: int = 1000) -> list[FileRecord]:
         """Up to ``limit`` stored files the caller may see (its own; all for admin). An object whose record cannot
@@ -151,7 +215,7 @@ class FileService:
                 except StorageUnavailable:
                     log.warning("listing skips %s: it has no readable file record", info.key)
                     continue
-                if not caller.sees(record.owner):
+                if not caller.sees(record.owner) or is_expired(record.expires_at, self.clock()):
                     continue
                 if not is_media_type(record.content_type):
                     log.warning("listing skips %s: its stored media type is not valid", info.key)
@@ -184,6 +248,11 @@ class FileService:
         s = self.settings
         ttl = min(ttl or s.url_ttl, MAX_URL_TTL)
         metadata = {"file_id": record.id}
+        if record.expires_at is not None:
+            # the seed's FileContent has no field for the file's own expiry: it travels in the metadata the seed
+            # leaves for extensions, and no URL claims to work past it
+            metadata["expires_at"] = format_timestamp(record.expires_at)
+            ttl = max(1, min(ttl, int(record.expires_at.timestamp()) - int(self.clock())))
         common = dict(
             content_type=record.content_type,
             size=record.size,
@@ -294,6 +363,7 @@ class FileService:
             record = FileRecord.from_metadata(reader.info.metadata)
             if not caller.sees(record.owner):
                 raise NotFound(f"no file {file_id!r}")
+            self._require_live(record)  # signed URLs too: they stop working at the file's expiry, as on delete
             rep = Representation(
                 length=reader.info.size,
                 content_type=record.content_type,

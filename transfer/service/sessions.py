@@ -40,6 +40,7 @@ from transfer.errors import (
     ChunkNotReady,
     InvalidRequest,
     NotFound,
+    QuotaExceeded,
     SessionIncomplete,
     TooLarge,
     from_storage_error,
@@ -47,6 +48,7 @@ from transfer.errors import (
 )
 from transfer.service.documents import publish_composed, read_document, write_document
 from transfer.service.ingest import SNIFF_BYTES
+from transfer.service.lifecycle import Lifecycle
 from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord, object_key
 from transfer.settings import Settings
@@ -120,10 +122,12 @@ class SessionService:
         *,
         clock: Callable[[], float] = time.time,
         quota: SessionQuota | None = None,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self.storage = storage
         self.settings = settings
         self.clock = clock
+        self.lifecycle = lifecycle or Lifecycle(storage, settings, clock=clock)
         self.quota = quota or SessionQuota(storage, settings.max_open_sessions_per_key)
         self.quota.register(is_session_id, self.is_open)
         self._hashers: dict[str, _PrefixHasher] = {}
@@ -170,9 +174,12 @@ class SessionService:
         role: FileRole | None = None,
         description: str | None = None,
         owner: str | None = None,
+        expires_in: int | None = None,
     ) -> Session:
-        """Open a session; ``owner`` (an API key name) counts it against that key's open-session limit."""
+        """Open a session; ``owner`` (an API key name) counts it against that key's open-session limit and, for
+        a declared ``size``, its byte quota; ``expires_in``: the lifetime of the file it makes."""
         s = self.settings
+        file_ttl = self.lifecycle.lifetime(owner, expires_in)
         if content_type is not None:
             require_media_type(content_type)  # every front door: REST, TP, MCP
         try:
@@ -201,9 +208,15 @@ class SessionService:
             description=description,
             owner=owner,
             max_size=s.max_upload_size,
+            file_ttl=file_ttl,
         )
-        async with self.quota.claim(owner, session.id):
-            await self._save(session, new=True)
+        await self.lifecycle.admit(owner, session.id, size, session.expires_at)
+        try:
+            async with self.quota.claim(owner, session.id):
+                await self._save(session, new=True)
+        except BaseException:
+            await self.lifecycle.release(owner, session.id)
+            raise
         return session
 
     async def is_open(self, sid: str) -> bool:
@@ -230,6 +243,8 @@ class SessionService:
         limit = session.chunk_size if expected is None else expected
         if declared_length is not None:
             session.check_length(index, declared_length)
+        if session.size is None:  # no reservation to hold it: the quota bounds where its chunks may reach
+            await self._require_room(session, index * session.chunk_size + (declared_length or limit))
         try:
             session.require_open(now)
         except Exception:
@@ -362,6 +377,13 @@ class SessionService:
                 hasher.sha = staged
                 hasher.next_index += 1
 
+    async def _require_room(self, session: Session, end: int) -> None:
+        room = await self.lifecycle.room_for(session.owner, session.id)
+        if room is not None and end > room:
+            raise QuotaExceeded(
+                f"chunks up to byte {end} go beyond the {room} bytes this key's quota has room for", room=room
+            )
+
     async def complete(self, sid: str, caller: Grant, declared_size: int | None = None) -> tuple[Session, FileRecord]:
         """Verify and publish the whole file; the session becomes COMPLETED with the new file's id, which belongs
         to the session's owner."""
@@ -404,12 +426,14 @@ class SessionService:
                 encoding=ContentEncoding.NONE,
                 encoded_size=size,
                 encoded_sha256=sha_hex,
-                created_at=datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0),
+                created_at=(created := datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0)),
                 role=FileRole(session.role) if session.role else None,
                 description=session.description,
                 owner=session.owner,
+                expires_at=self.lifecycle.expiry(created, session.file_ttl),
             )
-            await publish_composed(self.storage, record, [chunk_key(sid, i) for i in range(total)])
+            async with self.lifecycle.publishing(record, sid):
+                await publish_composed(self.storage, record, [chunk_key(sid, i) for i in range(total)])
             done = session.with_changes(state=SessionState.COMPLETED, file_id=file_id, size=size, chunk_digests=digests)
             await self._save(done)
             await self.quota.release(session.owner, sid)
@@ -443,6 +467,7 @@ class SessionService:
             if session.state is SessionState.OPEN:
                 await self._save(session.with_changes(state=state))
             await self.quota.release(session.owner, sid)
+            await self.lifecycle.release(session.owner, sid)
             self._hashers.pop(sid, None)
             self._arrived(sid)
 

@@ -29,6 +29,7 @@ from storage.base import Storage
 from storage.errors import ObjectExists, StorageError
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding
+from transfer.core.lifecycle import parse_expires_in
 from transfer.core.mime import is_media_type, require_media_type
 from transfer.core.naming import resolve_content_type, sanitize_filename
 from transfer.errors import (
@@ -37,6 +38,7 @@ from transfer.errors import (
     Gone,
     InvalidRequest,
     NotFound,
+    QuotaExceeded,
     TooLarge,
     TransferError,
     TusChecksumMismatch,
@@ -45,6 +47,7 @@ from transfer.errors import (
     storage_errors_translated,
 )
 from transfer.service.documents import publish_composed, read_document, write_document
+from transfer.service.lifecycle import Lifecycle
 from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord
 from transfer.settings import Settings
@@ -107,6 +110,7 @@ class Upload:
     terminated: bool = False
     file_id: str | None = None
     owner: str | None = None  # the API key that created it (open-session quota)
+    file_ttl: int | None = None  # seconds the finished file lives (Upload-Metadata expires_in, or the defaults)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,10 +138,12 @@ class TusService:
         *,
         clock: Callable[[], float] = time.time,
         quota: SessionQuota | None = None,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self.storage = storage
         self.settings = settings
         self.clock = clock
+        self.lifecycle = lifecycle or Lifecycle(storage, settings, clock=clock)
         self.quota = quota or SessionQuota(storage, settings.max_open_sessions_per_key)
         self.quota.register(is_upload_id, self.is_open)
         self._hashers: dict[str, _Hasher] = {}
@@ -200,6 +206,10 @@ class TusService:
         content_type = _declared_type(metadata)
         if content_type is not None:  # refused now, not when the finished upload is published
             require_media_type(content_type, "Upload-Metadata filetype")
+        # Upload-Metadata expires_in: the finished file's lifetime, refused now if too long
+        file_ttl = self.lifecycle.lifetime(
+            owner, parse_expires_in(metadata.get("expires_in"), "Upload-Metadata expires_in")
+        )
         now = self.clock()
         upload = Upload(
             id=new_upload_id(),
@@ -210,6 +220,7 @@ class TusService:
             concat=concat,
             parts=parts or [],
             owner=owner,
+            file_ttl=file_ttl,
         )
         if concat == "final":
             total = 0
@@ -223,9 +234,15 @@ class TusService:
             if total > self.settings.max_upload_size:
                 raise TooLarge("the concatenated upload exceeds Tus-Max-Size")
             upload = replace(upload, length=total)
+        if concat != "final":  # a final upload's bytes are its parts': charged when it is published
+            await self.lifecycle.admit(owner, upload.id, length, upload.expires_at)
         # a final upload is finished at once: nothing stays open, nothing counts against the key
-        async with self.quota.claim(owner if concat != "final" else None, upload.id):
-            await self._save(upload, new=True)
+        try:
+            async with self.quota.claim(owner if concat != "final" else None, upload.id):
+                await self._save(upload, new=True)
+        except BaseException:
+            await self.lifecycle.release(owner, upload.id)
+            raise
         if concat == "final":
             upload = await self._finish(upload)
         return upload
@@ -273,12 +290,18 @@ class TusService:
                     offset=current,
                 )
             if upload.length is None:
+                await self.lifecycle.admit(upload.owner, uid, declare_length, upload.expires_at)
                 upload = replace(upload, length=declare_length)
                 await self._save(upload)
         if offset != current:
             raise Conflict(f"Upload-Offset {offset} does not match the upload's offset {current}", offset=current)
-        # a deferred length is still bounded by Tus-Max-Size (tus 1.0.0 §creation-defer-length)
+        # a deferred length is still bounded by Tus-Max-Size (tus 1.0.0 §creation-defer-length) and by the quota
         limit = (self.settings.max_upload_size if upload.length is None else upload.length) - current
+        room = await self.lifecycle.room_for(upload.owner, uid) if upload.length is None else None
+        if room is not None and room - current < limit:
+            limit = room - current
+            if limit <= 0:
+                raise QuotaExceeded(f"this key's quota has no room beyond the {current} bytes received", room=room)
         # the running SHA-256 follows the bytes of this process's PATCHes when they arrive in order
         hasher = self._hashers.get(uid)
         if hasher is None and current == 0:
@@ -295,6 +318,8 @@ class TusService:
                     async for piece in body:
                         received += len(piece)
                         if received > limit:
+                            if room is not None and current + received > room:
+                                raise QuotaExceeded(f"the upload goes beyond the {room} bytes of this key's quota")
                             raise TooLarge(
                                 f"PATCH goes beyond Upload-Length {upload.length}"
                                 if upload.length is not None
@@ -373,10 +398,12 @@ class TusService:
                 encoding=ContentEncoding.NONE,
                 encoded_size=upload.length or 0,
                 encoded_sha256=sha_hex,
-                created_at=datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0),
+                created_at=(created := datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0)),
                 owner=upload.owner,
+                expires_at=self.lifecycle.expiry(created, upload.file_ttl),
             )
-            await publish_composed(self.storage, record, sources)
+            async with self.lifecycle.publishing(record, upload.id):
+                await publish_composed(self.storage, record, sources)
             done = replace(upload, file_id=file_id)
             await self._save(done)
             await self.quota.release(upload.owner, upload.id)
@@ -385,6 +412,9 @@ class TusService:
             # Partial uploads stay: tus lets several final uploads reuse them, and they expire like any upload.
             if upload.concat != "final":
                 await self._free_segments(upload.id)
+            else:  # its parts' reservations are covered by this file's charge now
+                for pid in upload.parts:
+                    await self.lifecycle.release(upload.owner, pid)
             return done
 
     async def _hash_sources(self, sources: list[str], limit: int | None = None) -> tuple[str, bytes]:
@@ -404,6 +434,7 @@ class TusService:
         await self._delete_segments(uid)
         await self._save(replace(upload, terminated=True))
         await self.quota.release(upload.owner, uid)
+        await self.lifecycle.release(upload.owner, uid)
         self._hashers.pop(uid, None)
 
     async def _free_segments(self, uid: str) -> None:

@@ -24,7 +24,7 @@ from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode, format_timestamp
 from transfer.core.delivery import DeliveryPlan, DeliveryPolicy, Representation, plan_delivery
 from transfer.core.encodings import HTTP_CODINGS, DecodeLimits, make_decoder
-from transfer.core.lifecycle import expiry_key, is_expired
+from transfer.core.lifecycle import expiry_bucket, expiry_key, is_expired
 from transfer.core.mime import is_active_type, is_compressible, is_media_type
 from transfer.core.naming import content_disposition
 from transfer.core.signing import UrlSigner, require_signed_path
@@ -46,6 +46,7 @@ from transfer.settings import MAX_URL_TTL, Settings
 log = logging.getLogger("transfer.files")
 
 CONTENT_PATH = "/v1/files/{file_id}/content"
+ORPHAN_GRACE = 2 * 3600  # seconds after its hour before an expiry index entry without a file is dropped
 
 
 def content_path(file_id: str) -> str:
@@ -185,11 +186,15 @@ class FileService:
         entries whose file is gone, or no longer expires then, are dropped."""
         removed = 0
         now = self.clock()
-        async for key, file_id in self.lifecycle.due():
+        # an entry is written just before its file is published: one without a file may be a publication in
+        # flight, and is dropped only once its hour is well past (its file was deleted, or never published)
+        orphan_before = expiry_bucket(now - ORPHAN_GRACE)
+        async for key, bucket, file_id in self.lifecycle.due():
             try:
                 record = await self._stored_record(file_id, TRUSTED)
             except NotFound:
-                await self.lifecycle.drop_index_entry(key)  # deleted meanwhile, or its publication failed
+                if bucket < orphan_before:
+                    await self.lifecycle.drop_index_entry(key)
                 continue
             except StorageUnavailable:
                 log.warning("expiry sweep skips %s: its record cannot be read", file_id)

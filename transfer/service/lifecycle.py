@@ -108,9 +108,9 @@ class Lifecycle:
             except ObjectNotFound:
                 pass
 
-    async def due(self) -> AsyncIterator[tuple[str, str]]:
-        """``(index key, file id)`` of every index entry in an hour that has begun, oldest first. The listing is in
-        key order, so it stops at the first later hour: the entries of files that expire later are not read."""
+    async def due(self) -> AsyncIterator[tuple[str, str, str]]:
+        """``(index key, hour, file id)`` of every index entry in an hour that has begun, oldest first. The listing
+        is in key order, so it stops at the first later hour: the entries of files that expire later are not read."""
         now_bucket = expiry_bucket(self.clock())
         with storage_errors_translated():
             async for info in self.storage.list(EXPIRY_PREFIX):
@@ -120,4 +120,4 @@ class Lifecycle:
                 bucket, file_id = parsed
                 if bucket > now_bucket:
                     return
-                yield info.key, file_id
+                yield info.key, bucket, file_id

@@ -9,6 +9,12 @@ Core (every backend):
     ``delete(key)``      idempotent
     ``list(prefix)``     published objects only
 
+Compare-and-set: every published object has a version token, ``ObjectInfo.etag`` (opaque; changed by every
+publish of other bytes). ``create(key, if_match=etag)`` publishes only if the key's current version is still ``etag``, else its
+commit raises ObjectChanged and nothing changes; ``create(key, if_absent=True)`` publishes only if the key has no
+object (ObjectExists). A record that several requests, processes or replicas update (an upload's index of parts)
+is read with its etag and written back ``if_match``, retried on ObjectChanged.
+
 Capabilities (tusd's composer idea): a backend declares at start-up which optional interfaces it implements, in
 ``capabilities``; the service checks the set, never the backend's class. Extension interfaces are one-method
 protocols below (``SupportsPresign``).
@@ -48,6 +54,7 @@ class Capability(enum.Enum):
     MULTIPART = "multipart"  # parts uploaded independently and combined server-side
     COMPOSE = "compose"  # concatenate existing objects into a new one
     ATOMIC_IF_ABSENT = "atomic_if_absent"  # create(if_absent=True) holds under concurrent writers too
+    ATOMIC_IF_MATCH = "atomic_if_match"  # create(if_match=...) holds under concurrent writers of other processes too
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +65,9 @@ class ObjectInfo:
     size: int
     modified: datetime
     metadata: Mapping[str, str] = field(default_factory=dict)
+    # the version token of this publish, what ``create(key, if_match=...)`` compares: changed by every publish of
+    # other bytes (S3: the ETag, which for a single PUT is the MD5 of the bytes; local: new at every publish)
+    etag: str = ""
 
 
 class ObjectWriter(Protocol):
@@ -71,7 +81,9 @@ class ObjectWriter(Protocol):
 
     async def commit(self, metadata: Mapping[str, str]) -> ObjectInfo:
         """Publish atomically under the key with ``metadata``; replaces an existing object of that key unless the
-        writer was created ``if_absent`` (then ObjectExists)."""
+        writer was created ``if_absent`` (then ObjectExists) or ``if_match`` a version that is no longer the
+        key's current one, or of a key that has no object any more (then ObjectChanged). Nothing changes when
+        it raises."""
 
     async def abort(self) -> None:
         """Discard everything written; idempotent, safe after a failed write or commit."""
@@ -147,10 +159,18 @@ class Storage(Protocol):
     async def close(self) -> None: ...
 
     def create(
-        self, key: str, *, size_hint: int | None = None, if_absent: bool = False, durable: bool = True
+        self,
+        key: str,
+        *,
+        size_hint: int | None = None,
+        if_absent: bool = False,
+        if_match: str | None = None,
+        durable: bool = True,
     ) -> ObjectWriter:
         """A writer for a new object. With ``if_absent``, commit publishes only if no object has the key (else
         ObjectExists, and nothing changes): the compare-and-set that concurrent writers and replicas rely on.
+        With ``if_match``, commit publishes only if the key's current version (``ObjectInfo.etag``) is that one
+        (else ObjectChanged, and nothing changes). The two are exclusive (ValueError).
         ``durable=False`` lets a backend skip flushing to stable storage (the publish stays atomic): for
         intermediate objects whose content is verified again before it matters (chunks of a session)."""
 

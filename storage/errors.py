@@ -6,6 +6,8 @@ StorageError
 ├── ObjectTooLarge       the backend refuses an object of this size
 ├── StorageFull          no space left on the device / quota exceeded
 └── BackendUnavailable   the backend cannot be reached or failed in a way a retry may fix
+    └── ObjectChanged    the object is not (or no longer) the version the caller named: a conditional write
+                         (``if_match``) lost to another writer, or a pinned reader's object was replaced
 """
 
 from __future__ import annotations
@@ -40,4 +42,4 @@ class BackendUnavailable(StorageError):
 
 
 class ObjectChanged(BackendUnavailable):
-    pass
+    """The compare of a compare-and-set failed (the key now has another version, or none): read again, retry."""

@@ -5,6 +5,7 @@ Layout under ``root``::
     objects/<key>        the bytes of a published object
     meta/<key>.json      its metadata (written and renamed into place before the bytes are)
     tmp/                 objects being written: ``<random>.part`` and ``<random>.meta``
+    locks/<n>.lock       lock stripes: every publish and delete of a key holds its stripe's ``flock``
 
 Publishing is temp file + fsync + rename (+ fsync of the directory), so a reader sees either nothing or the whole
 object with its metadata; a crash leaves only files under ``tmp/``, which :meth:`LocalStorage.start` sweeps.
@@ -17,18 +18,26 @@ an orphan. Creating and locking a part is not one system call: writers do both u
 and the sweep holds it exclusively, so it never sees a part created but not yet locked. (``flock`` is per open file
 description: this holds between processes on one host and between storages in one process alike; on NFS it needs
 working lock support.)
+
+Compare-and-set: each publish writes a new version token into the metadata record (with the inode and mtime of
+the bytes it belongs to, so a reader that catches a publish between its two renames notices and reads again).
+``create(key, if_match=v)`` compares the current token with ``v`` and publishes while holding the key's lock stripe
+(``flock`` on ``locks/<n>.lock``, one of a fixed number, so they never need removing), which every other publish
+and delete of that key takes too: the compare and the renames are one step for every process on the host.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,11 +47,19 @@ import aiofiles.os
 from aiofiles.threadpool.binary import AsyncFileIO
 
 from storage.base import Capability, ObjectInfo, ReaderContext, WriterContext, validate_key
-from storage.errors import BackendUnavailable, ObjectExists, ObjectNotFound, StorageError, StorageFull
+from storage.errors import (
+    BackendUnavailable,
+    ObjectChanged,
+    ObjectExists,
+    ObjectNotFound,
+    StorageError,
+    StorageFull,
+)
 
 _cleanups: set[asyncio.Future[None]] = set()  # clean-ups of opens that finished after their caller was cancelled
 
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+LOCK_STRIPES = 256  # lock files under locks/: keys share them by hash (a publish holds one for microseconds)
 
 
 def _translate(exc: OSError, what: str) -> StorageError:
@@ -71,6 +88,20 @@ def _create_locked(path: Path, tmp_dir: Path) -> int:
         os.close(dfd)  # releases the shared lock
 
 
+def _version(record: dict[str, Any], st: os.stat_result) -> str:
+    """The version token of a published object: the one its publish wrote, or (a record written before tokens
+    existed) one derived from the bytes' inode, mtime and size."""
+    token = record.get("version")
+    return str(token) if token else f"i{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"
+
+
+def _torn(record: dict[str, Any], st: os.stat_result) -> bool:
+    """True when ``record`` was published with other bytes than the file ``st`` describes (a reader between a
+    publish's two renames)."""
+    ino, mtime = record.get("ino"), record.get("mtime_ns")
+    return ino is not None and (ino != st.st_ino or mtime != st.st_mtime_ns)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -83,12 +114,19 @@ class LocalWriter(WriterContext):
     """A temp file that becomes ``objects/<key>`` on commit."""
 
     def __init__(
-        self, storage: LocalStorage, key: str, size_hint: int | None, if_absent: bool = False, durable: bool = True
+        self,
+        storage: LocalStorage,
+        key: str,
+        size_hint: int | None,
+        if_absent: bool = False,
+        durable: bool = True,
+        if_match: str | None = None,
     ) -> None:
         self._storage = storage
         self._key = key
         self._size_hint = size_hint
         self._if_absent = if_absent
+        self._if_match = if_match
         self._durable = durable
         token = secrets.token_hex(12)
         self._tmp = storage.tmp_dir / f"{token}.part"
@@ -173,6 +211,9 @@ class LocalWriter(WriterContext):
         except FileExistsError as exc:
             await self.abort()
             raise ObjectExists(self._key) from exc
+        except ObjectChanged:
+            await self.abort()
+            raise
         except OSError as exc:
             await self.abort()
             raise _translate(exc, "publishing") from exc
@@ -181,7 +222,14 @@ class LocalWriter(WriterContext):
 
     def _publish(self, record: dict[str, Any], final: Path, final_meta: Path) -> None:
         self._storage.publish(
-            self._tmp, self._tmp_meta, record, final, final_meta, if_absent=self._if_absent, durable=self._durable
+            self._tmp,
+            self._tmp_meta,
+            record,
+            final,
+            final_meta,
+            if_absent=self._if_absent,
+            if_match=self._if_match,
+            durable=self._durable,
         )
 
     async def abort(self) -> None:
@@ -256,12 +304,15 @@ class LocalStorage:
         self.objects_dir = self.root / "objects"
         self.meta_dir = self.root / "meta"
         self.tmp_dir = self.root / "tmp"
+        self.locks_dir = self.root / "locks"
         self.buffer_size = buffer_size
         self.stale_after = stale_after
 
     @property
     def capabilities(self) -> frozenset[Capability]:
-        return frozenset({Capability.RANGED_READ, Capability.COMPOSE, Capability.ATOMIC_IF_ABSENT})
+        return frozenset(
+            {Capability.RANGED_READ, Capability.COMPOSE, Capability.ATOMIC_IF_ABSENT, Capability.ATOMIC_IF_MATCH}
+        )
 
     def object_path(self, key: str) -> Path:
         return self.objects_dir / validate_key(key)
@@ -271,7 +322,7 @@ class LocalStorage:
 
     async def start(self) -> None:
         def prepare() -> None:
-            for d in (self.objects_dir, self.meta_dir, self.tmp_dir):
+            for d in (self.objects_dir, self.meta_dir, self.tmp_dir, self.locks_dir):
                 d.mkdir(parents=True, exist_ok=True)
             self.sweep_tmp()
             if not os.access(self.tmp_dir, os.W_OK):
@@ -333,10 +384,38 @@ class LocalStorage:
         return None
 
     def create(
-        self, key: str, *, size_hint: int | None = None, if_absent: bool = False, durable: bool = True
+        self,
+        key: str,
+        *,
+        size_hint: int | None = None,
+        if_absent: bool = False,
+        if_match: str | None = None,
+        durable: bool = True,
     ) -> LocalWriter:
         validate_key(key)
-        return LocalWriter(self, key, size_hint, if_absent, durable)
+        if if_absent and if_match is not None:
+            raise ValueError("if_absent and if_match are exclusive")
+        return LocalWriter(self, key, size_hint, if_absent, durable, if_match)
+
+    @contextlib.contextmanager
+    def _key_locked(self, key: str, mode: int = fcntl.LOCK_EX) -> Iterator[None]:
+        """Hold ``key``'s lock stripe (blocking: call in a thread): exclusively to publish or delete, shared to
+        read a consistent pair of bytes and metadata."""
+        stripe = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest()) % LOCK_STRIPES
+        fd = os.open(self.locks_dir / f"{stripe:03d}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, mode)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _current_version(self, key: str) -> str | None:
+        """The version of ``key``'s published object, None when it has none (call holding its lock stripe)."""
+        try:
+            st = os.stat(self.object_path(key))
+            return _version(self._read_meta(key), st)
+        except FileNotFoundError:
+            return None
 
     def publish(
         self,
@@ -347,12 +426,36 @@ class LocalStorage:
         final_meta: Path,
         *,
         if_absent: bool,
+        if_match: str | None = None,
         durable: bool = True,
     ) -> None:
         """Make a finished temp file the object: visible once both its bytes and its metadata are in place.
 
         Replace: metadata first, then the bytes (the visibility point). If absent: the bytes are hard-linked into
-        place first — link fails if the name exists, which is the compare-and-set — then the metadata."""
+        place first — link fails if the name exists, which is the compare-and-set — then the metadata. If match:
+        as replace, after checking the current version under the key's lock (ObjectChanged if it differs)."""
+        st = os.stat(tmp)
+        # the bytes keep their inode and mtime through the rename: a reader checks its pair against them
+        record = {**record, "version": secrets.token_hex(12), "ino": st.st_ino, "mtime_ns": st.st_mtime_ns}
+        key = final.relative_to(self.objects_dir).as_posix()
+        with self._key_locked(key):
+            if if_match is not None:
+                current = self._current_version(key)
+                if current != if_match:
+                    raise ObjectChanged(f"{key} is at version {current or 'none'}, not {if_match}")
+            self._publish_locked(tmp, tmp_meta, record, final, final_meta, if_absent=if_absent, durable=durable)
+
+    def _publish_locked(
+        self,
+        tmp: Path,
+        tmp_meta: Path,
+        record: dict[str, Any],
+        final: Path,
+        final_meta: Path,
+        *,
+        if_absent: bool,
+        durable: bool,
+    ) -> None:
         with open(tmp_meta, "x", encoding="ascii") as mf:
             json.dump(record, mf, ensure_ascii=True)
             mf.flush()
@@ -423,12 +526,21 @@ class LocalStorage:
             size=st.st_size,
             modified=datetime.fromtimestamp(st.st_mtime, UTC),
             metadata={str(k): str(v) for k, v in record.get("metadata", {}).items()},
+            etag=_version(record, st),
         )
 
     async def open(self, key: str) -> LocalReader:
         path = self.object_path(key)
 
         def do_open() -> tuple[int, os.stat_result, dict[str, Any]]:
+            fd, st, record = open_once()
+            if not _torn(record, st):
+                return fd, st, record
+            os.close(fd)
+            with self._key_locked(key, fcntl.LOCK_SH):  # caught mid-publish: read again once it is done
+                return open_once()
+
+        def open_once() -> tuple[int, os.stat_result, dict[str, Any]]:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 # re-stat the open descriptor: what we report is what this descriptor will read
@@ -453,6 +565,8 @@ class LocalStorage:
             raise ObjectNotFound(key) from exc
         except _MetadataUnreadable as exc:
             raise BackendUnavailable(f"unreadable metadata for {key}") from exc.__cause__
+        except StorageError:
+            raise
         except OSError as exc:
             raise _translate(exc, f"opening {key}") from exc
         return LocalReader(fd, self._info(key, record, st), self.buffer_size)
@@ -460,24 +574,37 @@ class LocalStorage:
     async def stat(self, key: str) -> ObjectInfo:
         def do_stat() -> ObjectInfo:
             st = os.stat(self.object_path(key))
-            return self._info(key, self._read_meta(key), st)
+            record = self._read_meta(key)
+            if _torn(record, st):
+                with self._key_locked(key, fcntl.LOCK_SH):  # caught mid-publish: read again once it is done
+                    st = os.stat(self.object_path(key))
+                    record = self._read_meta(key)
+            return self._info(key, record, st)
 
         try:
             return await asyncio.to_thread(do_stat)
         except FileNotFoundError as exc:
             raise ObjectNotFound(key) from exc
+        except StorageError:
+            raise
         except (OSError, ValueError) as exc:
             raise BackendUnavailable(f"cannot stat {key}") from exc
 
     async def delete(self, key: str) -> None:
-        # bytes first: the object stops being visible before its metadata goes
-        for path in (self.object_path(key), self.meta_path(key)):
-            try:
-                await aiofiles.os.remove(path)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                raise _translate(exc, f"deleting {key}") from exc
+        paths = (self.object_path(key), self.meta_path(key))  # validates the key
+
+        def remove() -> None:
+            with self._key_locked(key):  # a compare-and-set in flight sees the object or its absence, never half
+                for path in paths:  # bytes first: the object stops being visible before its metadata goes
+                    try:
+                        os.remove(path)
+                    except FileNotFoundError:
+                        pass
+
+        try:
+            await asyncio.to_thread(remove)
+        except OSError as exc:
+            raise _translate(exc, f"deleting {key}") from exc
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
         def keys() -> list[str]:

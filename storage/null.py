@@ -7,18 +7,20 @@ it for data.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 
 from storage.base import Capability, ObjectInfo, ReaderContext, WriterContext, validate_key
-from storage.errors import BackendUnavailable, ObjectExists, ObjectNotFound
+from storage.errors import BackendUnavailable, ObjectChanged, ObjectExists, ObjectNotFound
 
 
 class NullWriter(WriterContext):
-    def __init__(self, storage: NullStorage, key: str, if_absent: bool) -> None:
+    def __init__(self, storage: NullStorage, key: str, if_absent: bool, if_match: str | None = None) -> None:
         self._storage = storage
         self._key = key
         self._if_absent = if_absent
+        self._if_match = if_match
         self._kept: bytearray | None = bytearray()
         self._written = 0
         self._done = False
@@ -38,10 +40,16 @@ class NullWriter(WriterContext):
                 self._kept = None  # large: discarded
 
     async def commit(self, metadata: Mapping[str, str]) -> ObjectInfo:
-        if self._if_absent and self._key in self._storage.kept:
+        # one event loop, no await between the compare and the set: atomic within the process (all it serves)
+        current = self._storage.kept.get(self._key)
+        if self._if_absent and current is not None:
             raise ObjectExists(self._key)
+        if self._if_match is not None and (current is None or current[1].etag != self._if_match):
+            await self.abort()
+            raise ObjectChanged(f"{self._key} is not at version {self._if_match}")
         self._done = True
-        info = ObjectInfo(self._key, self._written, datetime.now(UTC), dict(metadata))
+        etag = f"n{next(self._storage.versions)}"
+        info = ObjectInfo(self._key, self._written, datetime.now(UTC), dict(metadata), etag=etag)
         if self._kept is not None:
             self._storage.kept[self._key] = (bytes(self._kept), info)
         return info
@@ -72,10 +80,11 @@ class NullStorage:
     def __init__(self, keep_below: int = 1 << 20) -> None:
         self.keep_below = keep_below
         self.kept: dict[str, tuple[bytes, ObjectInfo]] = {}
+        self.versions = itertools.count(1)
 
     @property
     def capabilities(self) -> frozenset[Capability]:
-        return frozenset()
+        return frozenset({Capability.ATOMIC_IF_ABSENT, Capability.ATOMIC_IF_MATCH})  # one process, one loop
 
     async def start(self) -> None:
         return None
@@ -84,9 +93,17 @@ class NullStorage:
         return None
 
     def create(
-        self, key: str, *, size_hint: int | None = None, if_absent: bool = False, durable: bool = True
+        self,
+        key: str,
+        *,
+        size_hint: int | None = None,
+        if_absent: bool = False,
+        if_match: str | None = None,
+        durable: bool = True,
     ) -> NullWriter:
-        return NullWriter(self, validate_key(key), if_absent)
+        if if_absent and if_match is not None:
+            raise ValueError("if_absent and if_match are exclusive")
+        return NullWriter(self, validate_key(key), if_absent, if_match)
 
     async def open(self, key: str) -> NullReader:
         try:

@@ -11,6 +11,12 @@ small object) makes the bytes visible. Abort — on any failure, cancellation or
 aborts the multipart upload, so no orphaned upload remains. Reads pass the range to GetObject with ``If-Match`` on
 the ETag seen when the reader was opened, so a reader never mixes two versions.
 
+Compare-and-set: ``ObjectInfo.etag`` is the data object's ETag; ``create(key, if_match=etag)`` publishes the bytes
+with ``If-Match`` on PutObject / CompleteMultipartUpload (AWS S3 since 2024, MinIO), then the metadata, so a lost
+race changes nothing. Servers that refuse conditional PUTs (Swift's s3api answers 501) are configured with
+``atomic_if_match=False``: the ETag is compared by a HEAD just before the put, under a per-key lock of this
+process, so the compare-and-set holds within one process but not between replicas (no ATOMIC_IF_MATCH then).
+
 boto3 calls run in a thread pool of ``max_concurrency`` threads (the event loop never blocks); transient errors
 (503 SlowDown, resets, timeouts) are retried by botocore's ``standard`` retry mode; every other error is translated
 by one table into ``storage.errors``.
@@ -19,6 +25,7 @@ by one table into ``storage.errors``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +48,7 @@ from storage.errors import (
     StorageError,
     StorageFull,
 )
+from storage.keyed import KeyedLocks
 from storage.parts import plan_part_size
 
 T = TypeVar("T")
@@ -105,6 +113,9 @@ class S3Config:
     # AWS S3 and MinIO evaluate If-None-Match on PutObject atomically; Swift's s3api checks it before writing, so
     # two concurrent conditional writers may both succeed there.
     atomic_if_absent: bool = True
+    # AWS S3 and MinIO honour If-Match on PutObject and CompleteMultipartUpload; Swift's s3api refuses conditional
+    # PUTs (501 NotImplemented): there the ETag is compared by a HEAD before the put, which is not atomic.
+    atomic_if_match: bool = True
     connect_timeout: float = 5.0
     read_timeout: float = 60.0
 
@@ -112,10 +123,13 @@ class S3Config:
 class S3Writer(WriterContext):
     """An upload in progress: nothing is visible until :meth:`commit`."""
 
-    def __init__(self, storage: S3Storage, key: str, size_hint: int | None, if_absent: bool = False) -> None:
+    def __init__(
+        self, storage: S3Storage, key: str, size_hint: int | None, if_absent: bool = False, if_match: str | None = None
+    ) -> None:
         self._s = storage
         self._key = key
         self._if_absent = if_absent
+        self._if_match = if_match
         self._part_size = plan_part_size(
             size_hint, max_size=storage.config.max_object_size, preferred=storage.config.part_size
         )
@@ -203,46 +217,80 @@ class S3Writer(WriterContext):
             if self._failure is not None:
                 raise self._failure
             record = {"metadata": dict(metadata), "size": self._written}
-            if not self._if_absent:  # replace: metadata first, the bytes are the visibility point
+            conditional_put = self._if_absent or self._if_match is not None
+            if not conditional_put:  # replace: metadata first, the bytes are the visibility point
                 await s.put_meta(self._key, record)
                 self._meta_written = True
-            conditional = {"IfNoneMatch": "*"} if self._if_absent else {}
-            try:
-                if self._upload_id is None:  # small: one PutObject is the moment of publication
-                    await s.call(
-                        "publishing",
-                        s.client.put_object,
-                        Bucket=s.config.bucket,
-                        Key=s.data_key(self._key),
-                        Body=bytes(self._buf),
-                        **conditional,
-                    )
-                else:
-                    parts = [{"PartNumber": n, "ETag": self._etags[n]} for n in sorted(self._etags)]
-                    await s.call(
-                        "completing the multipart upload",
-                        s.client.complete_multipart_upload,
-                        Bucket=s.config.bucket,
-                        Key=s.data_key(self._key),
-                        UploadId=self._upload_id,
-                        MultipartUpload={"Parts": parts},
-                        **conditional,
-                    )
-                    self._upload_id = None
-            except BackendUnavailable as exc:
-                if self._if_absent and isinstance(exc.__cause__, botocore.exceptions.ClientError):
-                    status = exc.__cause__.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-                    if status in (409, 412):
-                        raise ObjectExists(self._key) from exc
-                raise
-            if self._if_absent:  # if absent: the bytes won the race, now the metadata makes them visible
-                await s.put_meta(self._key, record)
+            conditional: dict[str, str] = {}
+            if self._if_absent:
+                conditional = {"IfNoneMatch": "*"}
+            elif self._if_match is not None and s.config.atomic_if_match:
+                conditional = {"IfMatch": self._if_match}
+            compare_first = self._if_match is not None and not s.config.atomic_if_match
+            guard = s.compare_locks.hold(self._key) if compare_first else contextlib.nullcontext()
+            async with guard:
+                if compare_first:
+                    await self._compare()
+                await self._publish_bytes(conditional)
+                if conditional_put:  # the bytes won the race, now the metadata makes them visible
+                    await s.put_meta(self._key, record)
         except BaseException:
             await self.abort()
             raise
         self._done = True
         self._buf = bytearray()
         return await s.stat(self._key)
+
+    async def _compare(self) -> None:
+        """The HEAD compare of a server without conditional PUTs (see the module's docstring)."""
+        s = self._s
+        try:
+            head = await s.call(
+                f"stat {self._key}", s.client.head_object, Bucket=s.config.bucket, Key=s.data_key(self._key)
+            )
+        except ObjectNotFound as exc:
+            raise ObjectChanged(f"{self._key} has no object any more") from exc
+        if str(head["ETag"]) != self._if_match:
+            raise ObjectChanged(f"{self._key} is at version {head['ETag']}, not {self._if_match}")
+
+    async def _publish_bytes(self, conditional: dict[str, str]) -> None:
+        """PutObject (small) or CompleteMultipartUpload: the moment the bytes are published."""
+        s = self._s
+        try:
+            if self._upload_id is None:  # small: one PutObject is the moment of publication
+                await s.call(
+                    "publishing",
+                    s.client.put_object,
+                    Bucket=s.config.bucket,
+                    Key=s.data_key(self._key),
+                    Body=bytes(self._buf),
+                    **conditional,
+                )
+            else:
+                parts = [{"PartNumber": n, "ETag": self._etags[n]} for n in sorted(self._etags)]
+                await s.call(
+                    "completing the multipart upload",
+                    s.client.complete_multipart_upload,
+                    Bucket=s.config.bucket,
+                    Key=s.data_key(self._key),
+                    UploadId=self._upload_id,
+                    MultipartUpload={"Parts": parts},
+                    **conditional,
+                )
+                self._upload_id = None
+        except ObjectNotFound as exc:
+            if "IfMatch" in conditional:  # If-Match on a key with no object: 404 (it was deleted meanwhile)
+                raise ObjectChanged(f"{self._key} has no object any more") from exc
+            raise
+        except BackendUnavailable as exc:
+            if conditional and isinstance(exc.__cause__, botocore.exceptions.ClientError):
+                status = exc.__cause__.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                # 412 PreconditionFailed; 409 ConditionalRequestConflict (a concurrent conditional write)
+                if status in (409, 412):
+                    if self._if_absent:
+                        raise ObjectExists(self._key) from exc
+                    raise ObjectChanged(f"{self._key} changed: {exc}") from exc
+            raise
 
     async def abort(self) -> None:
         if self._done and self._upload_id is None and not self._meta_written:
@@ -311,6 +359,7 @@ class S3Storage:
 
     def __init__(self, config: S3Config) -> None:
         self.config = config
+        self.compare_locks = KeyedLocks()  # if_match without a conditional PUT: compare and put one at a time
         self.executor = ThreadPoolExecutor(max_workers=config.max_concurrency, thread_name_prefix="s3")
         session = boto3.session.Session(
             aws_access_key_id=config.access_key_id,
@@ -337,6 +386,8 @@ class S3Storage:
         caps = {Capability.RANGED_READ, Capability.PRESIGN, Capability.MULTIPART, Capability.COMPOSE}
         if self.config.atomic_if_absent:
             caps.add(Capability.ATOMIC_IF_ABSENT)
+        if self.config.atomic_if_match:
+            caps.add(Capability.ATOMIC_IF_MATCH)
         return frozenset(caps)
 
     def data_key(self, key: str) -> str:
@@ -367,11 +418,19 @@ class S3Storage:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     def create(
-        self, key: str, *, size_hint: int | None = None, if_absent: bool = False, durable: bool = True
+        self,
+        key: str,
+        *,
+        size_hint: int | None = None,
+        if_absent: bool = False,
+        if_match: str | None = None,
+        durable: bool = True,
     ) -> S3Writer:
         """``durable`` is moot: S3 acknowledges a write once it is stored."""
         validate_key(key)
-        return S3Writer(self, key, size_hint, if_absent)
+        if if_absent and if_match is not None:
+            raise ValueError("if_absent and if_match are exclusive")
+        return S3Writer(self, key, size_hint, if_absent, if_match)
 
     async def compose(self, key: str, sources: list[str], metadata: Mapping[str, str]) -> ObjectInfo:
         """Concatenate ``sources`` server-side: one UploadPartCopy per source (every source but the last at least
@@ -483,8 +542,9 @@ class S3Storage:
             size=int(head["ContentLength"]),
             modified=modified,
             metadata={str(k): str(v) for k, v in record.get("metadata", {}).items()},
+            etag=str(head["ETag"]),
         )
-        return info, str(head["ETag"])
+        return info, info.etag
 
     async def open(self, key: str) -> S3Reader:
         info, etag = await self._head_and_meta(key)

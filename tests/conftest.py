@@ -157,6 +157,7 @@ def s3_config(endpoint: Any, bucket: str, **overrides: Any) -> Any:
     from storage.s3 import S3Config
 
     overrides.setdefault("atomic_if_absent", bool(os.environ.get(S3_ENV)))  # Swift's check is not atomic
+    overrides.setdefault("atomic_if_match", bool(os.environ.get(S3_ENV)))  # Swift refuses If-Match on PUT
     return S3Config(
         bucket=bucket,
         endpoint_url=endpoint.url,
@@ -178,6 +179,7 @@ def s3_env(s3_endpoint: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) ->
         "TRANSFER_S3_ADDRESSING_STYLE": "path",
         "TRANSFER_S3_PART_SIZE": str(5 << 20),
         "TRANSFER_S3_ATOMIC_IF_ABSENT": "true" if os.environ.get(S3_ENV) else "false",
+        "TRANSFER_S3_ATOMIC_IF_MATCH": "true" if os.environ.get(S3_ENV) else "false",
         "AWS_ACCESS_KEY_ID": s3_endpoint.access_key,
         "AWS_SECRET_ACCESS_KEY": s3_endpoint.secret_key,
         "AWS_REGION": s3_endpoint.region,

@@ -51,6 +51,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── TooManyJobs                    429 too_many_jobs         (job streams waiting for their upload to start)
     ├── Conflict                       409 conflict
     │   ├── ChunkConflict              409 chunk_conflict        (other bytes already stored for that chunk)
+    │   ├── VersionConflict            409 version_conflict      (a compare-and-set lost: the record changed)
     │   ├── SessionCompleted           409 session_completed
     │   └── SessionIncomplete          409 session_incomplete    (detail: missing chunk ranges)
     ├── Gone                           410 gone
@@ -337,6 +338,12 @@ class ChunkConflict(Conflict):
     code = "chunk_conflict"
 
 
+class VersionConflict(Conflict):
+    """A compare-and-set (``if_match``) found another version than the one it was based on: read and retry."""
+
+    code = "version_conflict"
+
+
 class SessionCompleted(Conflict):
     code = "session_completed"
 
@@ -442,6 +449,7 @@ def error_from_payload(status: int, payload: Any) -> TransferError:
 _STORAGE_TABLE: tuple[tuple[type[storage_errors.StorageError], type[TransferError]], ...] = (
     (storage_errors.ObjectNotFound, NotFound),
     (storage_errors.ObjectExists, Conflict),
+    (storage_errors.ObjectChanged, VersionConflict),  # before BackendUnavailable, its base
     (storage_errors.StorageFull, InsufficientStorage),
     (storage_errors.ObjectTooLarge, TooLarge),
     (storage_errors.InvalidKey, InvalidRequest),

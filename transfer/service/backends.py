@@ -31,6 +31,7 @@ def make_storage(settings: Settings) -> Storage:
                 part_buffers=settings.s3_part_buffers,
                 max_concurrency=settings.s3_max_concurrency,
                 atomic_if_absent=settings.s3_atomic_if_absent,
+                atomic_if_match=settings.s3_atomic_if_match,
                 max_object_size=settings.max_upload_size,
                 buffer_size=settings.buffer_size,
                 max_attempts=settings.s3_max_attempts,

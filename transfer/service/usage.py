@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import inspect
 import json
 import random
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from storage.base import ObjectReader, ObjectWriter, Storage
+from storage.base import Storage
 from storage.errors import ObjectChanged, ObjectExists, ObjectNotFound, StorageError
 from transfer.core.auth import ApiKey
 from transfer.core.lifecycle import Usage
@@ -69,29 +68,6 @@ class _Doc:
         }
 
 
-def has_compare_and_set(storage: Storage) -> bool:
-    """Whether the backend takes ``create(..., if_match=)`` (the storage compare-and-set contract)."""
-    return "if_match" in inspect.signature(storage.create).parameters
-
-
-def _version(reader: ObjectReader) -> str:
-    """The version token of the object a reader holds (contract: ``ObjectInfo.etag``; "" from a backend that has
-    none yet)."""
-    return str(getattr(reader.info, "etag", None) or "")
-
-
-def _create_if_unchanged(storage: Storage, key: str, size: int, etag: str | None) -> ObjectWriter:
-    """A writer whose commit publishes only if ``key`` is still at version ``etag`` (None: still absent), else
-    ObjectChanged / ObjectExists. Until the backend has ``if_match`` (the compare-and-set built on wip-engine), a
-    replacement is unconditional: exact within one process (the ledger's lock), not across replicas."""
-    options: dict[str, Any] = {"size_hint": size}
-    if etag is None:
-        options["if_absent"] = True
-    elif etag and has_compare_and_set(storage):
-        options["if_match"] = etag
-    return storage.create(key, **options)
-
-
 class UsageLedger:
     """Per-key byte counts and quotas over one storage backend, exact across replicas (compare-and-set)."""
 
@@ -113,7 +89,7 @@ class UsageLedger:
             except ObjectNotFound:
                 return {}, None
             async with reader:
-                etag = _version(reader)
+                etag = reader.info.etag
                 raw = b"".join([piece async for piece in reader.read()])
         doc = json.loads(raw)
         return (doc if isinstance(doc, dict) else {}), etag
@@ -129,7 +105,9 @@ class UsageLedger:
                 result = change(doc)
                 body = json.dumps(doc.to_json(), ensure_ascii=True, separators=(",", ":")).encode()
                 try:
-                    async with _create_if_unchanged(self.storage, key, len(body), etag) as writer:
+                    async with self.storage.create(
+                        key, size_hint=len(body), if_absent=etag is None, if_match=etag
+                    ) as writer:
                         await writer.write(body)
                         await writer.commit({})
                     return result

@@ -434,6 +434,16 @@ async def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _service_options(p: argparse.ArgumentParser, server_default: str) -> None:
+    """The options of every command that talks to a running service: where it is and the key to use."""
+    p.add_argument("--server", default=server_default, help=f"service URL (TRANSFER_SERVER, default {DEFAULT_SERVER})")
+    p.add_argument("--api-key", help="API key (default: TRANSFER_API_KEY)")
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    return getattr(args, "api_key", None) or os.environ.get("TRANSFER_API_KEY") or None
+
+
 def _size(n: int | None) -> str:
     return "-" if n is None else f"{n:,}"
 
@@ -514,16 +524,6 @@ async def cmd_gc(args: argparse.Namespace) -> int:
         for name, count in removed.items():
             print(f"{name}: {'failed (see the server log)' if count < 0 else count}")
     return 1 if any(count < 0 for count in removed.values()) else 0
-
-
-def _service_options(p: argparse.ArgumentParser, server_default: str) -> None:
-    """The options of every command that talks to a running service: where it is and the key to use."""
-    p.add_argument("--server", default=server_default, help=f"service URL (TRANSFER_SERVER, default {DEFAULT_SERVER})")
-    p.add_argument("--api-key", help="API key (default: TRANSFER_API_KEY)")
-
-
-def _api_key(args: argparse.Namespace) -> str | None:
-    return getattr(args, "api_key", None) or os.environ.get("TRANSFER_API_KEY") or None
 
 
 def cmd_keys_new(args: argparse.Namespace) -> int:

@@ -313,14 +313,14 @@ class TransferClient:
     def delete(self, file_id: str) -> None:
         self._call(self._client.delete, file_id)
 
-    def usage(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._call(self._client.usage)
-        return result
-
     def resolve(
         self, descriptor: Descriptor | str | dict[str, Any], dest: str | os.PathLike[str] | None = None
     ) -> bytes | Path:
         result: bytes | Path = self._call(self._client.resolve, descriptor, dest)
+        return result
+
+    def usage(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call(self._client.usage)
         return result
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ import httpx
 import pytest
 import xxhash
 
+from storage.errors import BackendUnavailable, StorageFull
 from storage.local import LocalStorage
 from tests.conftest import Clock, LiveServer, running, serving
 from tests.test_api_upload import assert_error
@@ -27,7 +28,7 @@ from transfer.api.app import create_app
 from transfer.cli import main as cli_main
 from transfer.core.auth import new_token, parse_keys, token_hash
 from transfer.core.lifecycle import LifetimePolicy, expiry_bucket, parse_expires_in
-from transfer.errors import InvalidRequest, LifetimeTooLong, QuotaExceeded
+from transfer.errors import InsufficientStorage, InvalidRequest, LifetimeTooLong, QuotaExceeded
 from transfer.service.files import FileService
 from transfer.service.ingest import UploadRequest
 from transfer.settings import Settings
@@ -556,4 +557,39 @@ async def test_an_index_entry_without_its_file_is_kept_while_a_publication_may_b
     clock.advance(3 * 3600)
     assert await files.sweep_expired_files() == 0
     assert [i.key async for i in files.storage.list("expiry/")] == []
+    await files.close()
+
+
+class FailingPublishStorage(LocalStorage):
+    """Local storage whose disk fills when a file is published, and whose usage record cannot be written after
+    the charge (a fault injected: a full disk at that exact moment cannot be produced on demand)."""
+
+    charged = False
+
+    def create(self, key: str, **options: Any) -> Any:
+        if key.startswith("usage/") and FailingPublishStorage.charged:
+            raise BackendUnavailable("usage record unreachable")
+        writer = super().create(key, **options)
+        if key.startswith("usage/"):
+            FailingPublishStorage.charged = True
+        if key.startswith("files/"):
+
+            async def commit(metadata: Any) -> Any:
+                raise StorageFull("no space left on the device")
+
+            writer.commit = commit
+        return writer
+
+
+@pytest.mark.anyio
+async def test_a_failed_refund_does_not_hide_why_the_publish_failed(tmp_path: Path, clock: Clock) -> None:
+    settings = life_settings(tmp_path)
+    files = FileService(FailingPublishStorage(settings.data_dir), settings, clock=clock)
+    await files.start()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b"p" * 100
+
+    with pytest.raises(InsufficientStorage):  # the disk filled: 507, not the refund's 503
+        await files.upload(body(), UploadRequest(owner="bob", expected_size=100))  # no quota: one charge
     await files.close()

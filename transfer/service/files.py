@@ -136,7 +136,7 @@ class FileService:
                 )
         except BaseException:
             if room is not None and declared is not None:
-                await lifecycle.release(request.owner, file_id)
+                await lifecycle.release_after_failure(request.owner, file_id)
             raise
 
     async def record(self, file_id: str, caller: Grant) -> FileRecord:

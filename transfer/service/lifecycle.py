@@ -25,7 +25,7 @@ from transfer.core.lifecycle import (
     expiry_key,
     parse_expiry_key,
 )
-from transfer.errors import storage_errors_translated
+from transfer.errors import TransferError, storage_errors_translated
 from transfer.service.records import FileRecord
 from transfer.service.usage import UsageLedger
 from transfer.settings import Settings
@@ -79,6 +79,14 @@ class Lifecycle:
         """Upload ``rid`` ended without a file: its reservation goes."""
         await self.usage.release(owner, rid)
 
+    async def release_after_failure(self, owner: str | None, rid: str) -> None:
+        """:meth:`release` on the way out of a failure: a backend that fails here too must not replace the error
+        the client is told (the reservation then lapses at its time)."""
+        try:
+            await self.usage.release(owner, rid)
+        except TransferError as exc:
+            log.warning("reservation %s of %r stays until it lapses: %s", rid, owner, exc)
+
     @asynccontextmanager
     async def publishing(self, record: FileRecord, rid: str) -> AsyncIterator[None]:
         """Wrap the publication of ``record`` by upload ``rid``: the expiry index entry is written and the bytes
@@ -92,7 +100,10 @@ class Lifecycle:
         try:
             yield
         except BaseException:
-            await self.usage.refund(record.owner, record.size)
+            try:
+                await self.usage.refund(record.owner, record.size)
+            except TransferError as exc:  # the publish's own error is the one to report
+                log.warning("%s was not published; its %d bytes stay counted: %s", record.id, record.size, exc)
             raise
 
     async def deleted(self, record: FileRecord) -> None:

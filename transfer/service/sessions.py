@@ -215,7 +215,7 @@ class SessionService:
             async with self.quota.claim(owner, session.id):
                 await self._save(session, new=True)
         except BaseException:
-            await self.lifecycle.release(owner, session.id)
+            await self.lifecycle.release_after_failure(owner, session.id)
             raise
         return session
 

@@ -241,7 +241,7 @@ class TusService:
             async with self.quota.claim(owner if concat != "final" else None, upload.id):
                 await self._save(upload, new=True)
         except BaseException:
-            await self.lifecycle.release(owner, upload.id)
+            await self.lifecycle.release_after_failure(owner, upload.id)
             raise
         if concat == "final":
             upload = await self._finish(upload)

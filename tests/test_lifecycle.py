@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import hashlib
 import json
 import os
 import socket
@@ -593,3 +594,90 @@ async def test_a_failed_refund_does_not_hide_why_the_publish_failed(tmp_path: Pa
     with pytest.raises(InsufficientStorage):  # the disk filled: 507, not the refund's 503
         await files.upload(body(), UploadRequest(owner="bob", expected_size=100))  # no quota: one charge
     await files.close()
+
+
+# --- publish paths added on main: direct-to-S3 plans and MCP upload authorisations --------------------------------
+
+
+@pytest.mark.anyio
+async def test_mcp_authorized_uploads_are_charged_and_expire(life: LiveServer, clock: Clock) -> None:
+    """An upload authorisation (MCP authorize_upload) is a publish path like any: over the key's quota it is
+    refused with quota_exceeded and nothing is published (through the service: at the PUT; straight to the bucket:
+    at confirm), within it the bytes are charged, and the file lives for the expires_in asked for."""
+    from mcp import Client
+
+    from tests.test_mcp import _bearer, structured, tool_error
+
+    size = 1 * MiB
+    async with Client(_bearer(f"{life.url}/mcp", TOKENS["alice"])) as client:
+        too_long = tool_error(await client.call_tool("authorize_upload", {"expires_in": 8 * DAY}))
+        assert too_long["code"] == "expires_in_too_long"  # above alice's max_file_ttl: refused before any PUT
+
+        over = structured(await client.call_tool("authorize_upload", {"name": "over.bin"}))
+        with httpx.Client(timeout=60) as http:
+            put = http.put(over["upload"]["url"], headers=over["upload"]["headers"], content=os.urandom(QUOTA + 1))
+            if over["direct"]:  # the bucket took it; confirm checks the quota before publishing
+                assert put.status_code == 200, put.text
+                refused = tool_error(
+                    await client.call_tool("confirm_upload", {"authorization_id": over["authorization_id"]})
+                )
+                assert refused["code"] == "quota_exceeded"
+            else:
+                assert put.status_code == 413 and put.json()["error"]["code"] == "quota_exceeded", put.text
+
+            plan = structured(await client.call_tool("authorize_upload", {"name": "ok.bin", "expires_in": 3600}))
+            data = os.urandom(size)
+            put = http.put(plan["upload"]["url"], headers=plan["upload"]["headers"], content=data)
+            assert put.status_code in (200, 201), put.text
+        confirmed = structured(await client.call_tool("confirm_upload", {"authorization_id": plan["authorization_id"]}))
+        assert confirmed["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
+        assert confirmed["metadata"]["expires_at"] == rfc3339(clock() + 3600)
+        file_id = confirmed["metadata"]["file_id"]
+
+    with httpx.Client(base_url=life.url, timeout=30) as http:
+        counted = usage(http, "alice")
+        assert counted["bytes_used"] == size and counted["files"] == 1 and counted["bytes_reserved"] == 0
+        clock.advance(3601)
+        gone = http.get(f"/v1/files/{file_id}", headers=key("alice"))
+        assert gone.status_code == 410 and gone.json()["error"]["code"] == "file_expired"
+        assert gc(http)["expired_files"] == 1
+        assert usage(http, "alice")["bytes_used"] == 0 and file_id not in stored_files(life)
+
+
+@pytest.mark.s3
+def test_direct_plans_reserve_their_size_are_charged_and_expire(tmp_path: Path, s3_env: dict[str, str]) -> None:
+    """A direct-to-S3 plan reserves its size when it is made (over the quota: 413 quota_exceeded, no multipart
+    upload started), its file is charged when it is published and lives for the expires_in asked for; an aborted
+    plan gives its reservation back."""
+    clock = Clock()
+    data = os.urandom(1 * MiB)
+    with (
+        running(life_settings(tmp_path, storage="s3"), clock) as live,
+        httpx.Client(base_url=live.url, timeout=60, headers=key("alice")) as http,
+    ):
+        over = http.post("/v1/direct", json={"size": QUOTA + 1})
+        assert over.status_code == 413 and over.json()["error"]["code"] == "quota_exceeded", over.text
+        too_long = http.post("/v1/direct", json={"size": 1, "expires_in": 8 * DAY})
+        assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "expires_in_too_long"
+
+        dropped = http.post("/v1/direct", json={"size": len(data)}).json()
+        assert usage(http, "alice")["bytes_reserved"] == len(data)
+        assert http.delete(f"/v1/direct/{dropped['id']}").status_code in (200, 204)
+        assert usage(http, "alice")["bytes_reserved"] == 0
+
+        sha = hashlib.sha256(data).hexdigest()
+        plan = http.post("/v1/direct", json={"size": len(data), "checksum": sha, "expires_in": 3600}).json()
+        assert usage(http, "alice")["bytes_reserved"] == len(data)
+        target = http.post(f"/v1/direct/{plan['id']}/parts", json={"parts": [{"number": 1, "sha256": sha}]}).json()
+        part = target["parts"][0]
+        assert httpx.put(part["url"], content=data, headers=part["headers"]).status_code == 200
+        done = http.post(f"/v1/direct/{plan['id']}/complete", json={})
+        assert done.status_code == 200, done.text
+        assert done.json()["metadata"]["expires_at"] == rfc3339(clock() + 3600)
+        counted = usage(http, "alice")
+        assert counted["bytes_used"] == len(data) and counted["files"] == 1 and counted["bytes_reserved"] == 0
+
+        clock.advance(3601)
+        assert http.get(f"/v1/files/{done.json()['metadata']['file_id']}").status_code == 410
+        assert gc(http)["expired_files"] == 1
+        assert usage(http, "alice")["bytes_used"] == 0

@@ -249,6 +249,7 @@ async def cmd_upload(args: argparse.Namespace) -> int:
                             description=args.description,
                             progress=progress,
                             remember=Path(args.state_dir) if args.state_dir else state_dir(),
+                            expires_in=args.expires_in,
                         )
                         results.append(descriptor.to_json())
                         continue

@@ -431,13 +431,22 @@ class McpBinding:
         content_type: Annotated[str | None, Field(description="media type (default: sniffed)")] = None,
         max_size: Annotated[int | None, Field(gt=0, description="largest size to accept, bytes")] = None,
         start_ttl: Annotated[int | None, Field(gt=0, description="seconds to start the PUT (default 900)")] = None,
+        expires_in: Annotated[
+            int | None, Field(gt=0, description="seconds the stored file lives (default: the key's or server's)")
+        ] = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """An expiring signed URL to PUT a file to, outside MCP (SEP-2631 ``files/authorizeUpload``)."""
         grant = self.grant(ctx)
         grant(KeyScope.UPLOAD)
         return await self._authorizations.authorize_upload(
-            grant, self.base_url(ctx), name=name, content_type=content_type, max_size=max_size, start_ttl=start_ttl
+            grant,
+            self.base_url(ctx),
+            name=name,
+            content_type=content_type,
+            max_size=max_size,
+            start_ttl=start_ttl,
+            expires_in=expires_in,
         )
 
     async def confirm_upload(

@@ -195,13 +195,20 @@ class AsyncTransferClient:
         remember: Path | None = None,
         part_filter: PartFilter | None = None,
         on_part_stored: Callable[[int], None] | None = None,
+        expires_in: int | None = None,
     ) -> FileContent:
         """Upload a file straight to the service's bucket (presigned part URLs, ``connections`` parts in parallel);
         the service verifies the whole SHA-256 and publishes. With ``remember`` (a directory), a rerun resumes the
         same plan and sends only the parts the bucket lacks. Raises DirectUploadUnsupported, having sent nothing,
         when the service's backend cannot take parts directly: use :meth:`upload` then."""
         source = Path(path)
-        metadata = {"name": name or source.name, "content_type": content_type, "role": role, "description": description}
+        metadata = {
+            "name": name or source.name,
+            "content_type": content_type,
+            "role": role,
+            "description": description,
+            "expires_in": expires_in,
+        }
         doc = await upload_direct(
             self.http,
             self.server,

@@ -108,7 +108,7 @@ class Services:
             tp=TPService(files, sessions, imports, clock=clock),
             a2a=A2AService(files, imports, clock=clock),
             authorizations=Authorizations(files),
-            direct=DirectService(files.storage, settings, clock=clock),
+            direct=DirectService(files.storage, settings, clock=clock, lifecycle=files.lifecycle),
         )
 
     def maintenance(self) -> list[Sweep]:

@@ -4,7 +4,7 @@ GET    /v1/usage                      the calling key's bytes used, files, reser
 GET    /v1/admin/files                stored files of every key, with owner and expiry (``limit``, ``cursor``,
                                       ``owner``); DELETE /v1/files/{id} removes one (admin scope)
 GET    /v1/admin/usage                usage of every configured key
-POST   /v1/admin/gc                   run every sweep now; what each removed
+POST   /v1/admin/gc                   run every sweep of Services.maintenance() once, now; what each removed
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def add_admin_routes(app: FastAPI, services: Services, needs: Callable[[Scope], 
         "/v1/admin/gc",
         dependencies=[needs(Scope.ADMIN)],
         tags=["admin"],
-        summary="Run every sweep now (expired files, sessions, tus uploads, abandoned multipart uploads)",
+        summary="Run every maintenance sweep once, now; what each removed by name (-1: that sweep failed)",
     )
     async def gc() -> dict[str, Any]:
         return {"removed": await admin.run_sweeps(services)}

@@ -681,3 +681,26 @@ def test_direct_plans_reserve_their_size_are_charged_and_expire(tmp_path: Path, 
         assert http.get(f"/v1/files/{done.json()['metadata']['file_id']}").status_code == 410
         assert gc(http)["expired_files"] == 1
         assert usage(http, "alice")["bytes_used"] == 0
+
+
+@pytest.mark.anyio
+async def test_gc_runs_the_maintenance_list_once(tmp_path: Path, clock: Clock) -> None:
+    """POST /v1/admin/gc and `transfer gc` run Services.maintenance()'s own sweeps (expired files among them), so
+    a sweep added there is never missing from gc; a failing sweep counts -1 and does not stop the others."""
+    from transfer.service.container import Services
+
+    services = Services.build(life_settings(tmp_path), clock=clock)
+    await services.start()
+    try:
+        names = [sweep.name for sweep in services.maintenance()]
+        assert "expired_files" in names
+        assert list(await services.sweep_now()) == names
+
+        async def broken() -> int:
+            raise InsufficientStorage("disk full")
+
+        services.files.sweep_expired_files = broken  # type: ignore[method-assign]
+        removed = await services.sweep_now()
+        assert removed["expired_files"] == -1 and all(removed[n] >= 0 for n in names if n != "expired_files")
+    finally:
+        await services.close()

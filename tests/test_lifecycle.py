@@ -704,3 +704,29 @@ async def test_gc_runs_the_maintenance_list_once(tmp_path: Path, clock: Clock) -
         assert removed["expired_files"] == -1 and all(removed[n] >= 0 for n in names if n != "expired_files")
     finally:
         await services.close()
+
+
+def test_admin_file_listing_pages_from_its_cursor(local_life: LiveServer) -> None:
+    """GET /v1/admin/files pages through every key's files from the cursor on (the storage listing starts there),
+    an owner filter included: every file once, in id order, and no cursor after the last page."""
+    with httpx.Client(base_url=local_life.url, timeout=30) as http:
+        mine = {
+            who: [http.post("/v1/files", content=os.urandom(2 * KiB), headers=key(who)).json() for _ in range(3)]
+            for who in ("alice", "bob")
+        }
+        ids = {who: sorted(d["metadata"]["file_id"] for d in docs) for who, docs in mine.items()}
+
+        def pages(**params: Any) -> list[str]:
+            seen: list[str] = []
+            cursor: str | None = None
+            while True:
+                query = {**params, "limit": 2, **({"cursor": cursor} if cursor else {})}
+                r = http.get("/v1/admin/files", params=query, headers=key("admin"))
+                assert r.status_code == 200, r.text
+                seen += [f["file_id"] for f in r.json()["files"]]
+                cursor = r.json()["next_cursor"]
+                if cursor is None:
+                    return seen
+
+        assert pages() == sorted(ids["alice"] + ids["bob"])
+        assert pages(owner="bob") == ids["bob"]

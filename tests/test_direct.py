@@ -29,7 +29,6 @@ from transfer.client import AsyncTransferClient, ResolveOptions
 from transfer.core.auth import new_token, token_hash
 from transfer.errors import ChecksumMismatch, DirectUploadUnsupported
 from transfer.hosts import create_app
-from transfer.service.direct import DirectService
 from transfer.settings import Settings
 
 MiB = 1 << 20
@@ -277,8 +276,8 @@ async def test_expired_plans_are_swept(
         assert put_part(http, pid, 1, data[: 5 * MiB]).status_code == 200
         second = http.post("/v1/direct", json={"size": 1}).json()["id"]
     assert len(in_progress_uploads(s3_endpoint, s3_bucket)) == 2
-    storage = s3_service.app.state.service.storage
-    direct = DirectService(storage, s3_service.settings, clock=clock)
+    services = s3_service.app.state.services  # the app's own: its clock is the test's
+    storage, direct = services.files.storage, services.direct
     assert await direct.sweep_direct_plans() == 0  # not expired yet
     clock.advance(s3_service.settings.session_ttl + 1)
     assert await direct.sweep_direct_plans() == 2

@@ -249,6 +249,7 @@ async def cmd_upload(args: argparse.Namespace) -> int:
                             description=args.description,
                             progress=progress,
                             remember=Path(args.state_dir) if args.state_dir else state_dir(),
+                            expires_in=args.expires_in,
                         )
                         results.append(descriptor.to_json())
                         continue
@@ -270,6 +271,7 @@ async def cmd_upload(args: argparse.Namespace) -> int:
                         progress=progress,
                         remember=Path(args.state_dir) if args.state_dir else state_dir(),
                         on_session=announce,
+                        expires_in=args.expires_in,
                     )
                     results.append(descriptor.to_json())
                     continue
@@ -284,6 +286,7 @@ async def cmd_upload(args: argparse.Namespace) -> int:
                     ttl=args.ttl,
                     inline=False if args.url else None,
                     progress=progress,
+                    expires_in=args.expires_in,
                 )
             finally:
                 close()
@@ -466,6 +469,88 @@ def _api_key(args: argparse.Namespace) -> str | None:
     return getattr(args, "api_key", None) or os.environ.get("TRANSFER_API_KEY") or None
 
 
+def _size(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+async def cmd_usage(args: argparse.Namespace) -> int:
+    """This key's usage and quota (any key with the upload scope)."""
+    async with AsyncTransferClient(args.server, api_key=_api_key(args)) as client:
+        usage = await client.usage()
+    if args.json:
+        print(json.dumps(usage, indent=2))
+    else:
+        print(
+            f"{usage['key'] or '(no key)'}: {_size(usage['bytes_used'])} bytes in {usage['files']} files, "
+            f"{_size(usage['bytes_reserved'])} reserved, quota {_size(usage['quota_bytes'])}, "
+            f"available {_size(usage['bytes_available'])}"
+        )
+    return 0
+
+
+async def cmd_files_ls(args: argparse.Namespace) -> int:
+    """Admin: every stored file with owner, size and expiry, page after page (``--limit`` in all)."""
+    shown = 0
+    cursor: str | None = None
+    async with AsyncTransferClient(args.server, api_key=_api_key(args)) as client:
+        while shown < args.limit:
+            page = await client.admin_files(limit=min(1000, args.limit - shown), cursor=cursor, owner=args.owner)
+            for f in page["files"]:
+                if args.json:
+                    print(json.dumps(f, ensure_ascii=False))
+                else:
+                    print(
+                        f"{f['file_id']}  {f['size']:>14,}  {f['owner'] or '-':<16}  {f['created_at']}  "
+                        f"{f['expires_at'] or 'never':<20}  {f['name']}"
+                    )
+            shown += len(page["files"])
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+    return 0
+
+
+async def cmd_files_rm(args: argparse.Namespace) -> int:
+    """Admin: delete files by id (their URLs stop working at once)."""
+    failed = 0
+    async with AsyncTransferClient(args.server, api_key=_api_key(args)) as client:
+        for file_id in args.file_ids:
+            try:
+                await client.delete(file_id)
+                print(f"removed {file_id}")
+            except TransferError as exc:
+                print(f"transfer: {exc.code}: {file_id}: {exc.message}", file=sys.stderr)
+                failed += 1
+    return 1 if failed else 0
+
+
+async def cmd_files_usage(args: argparse.Namespace) -> int:
+    """Admin: usage and quota of every configured key."""
+    async with AsyncTransferClient(args.server, api_key=_api_key(args)) as client:
+        keys = (await client.admin_usage())["keys"]
+    if args.json:
+        print(json.dumps(keys, indent=2))
+        return 0
+    for name, u in keys.items():
+        print(
+            f"{name or '(no key)':<20} {_size(u['bytes_used']):>16} bytes  {u['files']:>8} files  "
+            f"{_size(u['bytes_reserved']):>14} reserved  quota {_size(u['quota_bytes'])}"
+        )
+    return 0
+
+
+async def cmd_gc(args: argparse.Namespace) -> int:
+    """Admin: run every sweep now and print what each removed."""
+    async with AsyncTransferClient(args.server, api_key=_api_key(args)) as client:
+        removed = await client.gc()
+    if args.json:
+        print(json.dumps(removed, indent=2))
+    else:
+        for name, count in removed.items():
+            print(f"{name}: {'failed (see the server log)' if count < 0 else count}")
+    return 1 if any(count < 0 for count in removed.values()) else 0
+
+
 def cmd_keys_new(args: argparse.Namespace) -> int:
     """Print a new API key and the settings entry that admits it (only its SHA-256 is stored)."""
     from transfer.core.auth import Scope, new_token, token_hash
@@ -583,7 +668,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--state-dir", help="where --chunked/--direct remember uploads to resume (default ~/.cache/transfer)"
     )
+    p.add_argument("--expires-in", type=int, metavar="SECONDS", help="seconds the stored file lives")
     p.set_defaults(func=cmd_upload)
+
+    p = sub.add_parser("usage", help="this key's stored bytes, files and quota")
+    _service_options(p, server_default)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_usage)
+
+    p = sub.add_parser("files", help="admin: stored files of every key")
+    files = p.add_subparsers(dest="files_command", required=True)
+    f = files.add_parser("ls", help="list stored files: id, size, owner, created, expires, name")
+    _service_options(f, server_default)
+    f.add_argument("--owner", help="only this key's files")
+    f.add_argument("--limit", type=int, default=10_000, help="at most this many (default 10000)")
+    f.add_argument("--json", action="store_true", help="one JSON object a line")
+    f.set_defaults(func=cmd_files_ls)
+    f = files.add_parser("rm", help="delete files; their URLs stop working at once")
+    f.add_argument("file_ids", nargs="+", metavar="FILE_ID")
+    _service_options(f, server_default)
+    f.set_defaults(func=cmd_files_rm)
+    f = files.add_parser("usage", help="usage and quota of every key")
+    _service_options(f, server_default)
+    f.add_argument("--json", action="store_true")
+    f.set_defaults(func=cmd_files_usage)
+
+    p = sub.add_parser("gc", help="admin: run the sweeps now (expired files, sessions, uploads); print what went")
+    _service_options(p, server_default)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_gc)
 
     p = sub.add_parser("bundle", help="upload files and make a ContentBundle of them (JSON to stdout)")
     p.add_argument(

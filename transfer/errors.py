@@ -19,6 +19,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── HostNotAllowed             400 host_not_allowed      (Host not in the allow-list: URLs are built from it)
     │   ├── InconsistentUploadLength   400 inconsistent_upload_length (IETF resumable upload: lengths disagree)
     │   ├── ChunkOutOfRange            400 chunk_out_of_range
+    │   ├── LifetimeTooLong            400 expires_in_too_long   (a file lifetime above the key's or service's max)
     │   └── ChunkLengthMismatch        400 chunk_length_mismatch
     ├── IntegrityError                 422 integrity_error
     │   ├── DigestMismatch             422 digest_mismatch       (RFC 9530 Content-Digest / Repr-Digest)
@@ -27,7 +28,8 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   └── SizeMismatch               422 size_mismatch
     ├── TooLarge                       413 payload_too_large
     │   ├── HeadersTooLarge            431 headers_too_large
-    │   └── DecodedSizeLimit           413 decoded_size_limit    (decompression bomb guard)
+    │   ├── DecodedSizeLimit           413 decoded_size_limit    (decompression bomb guard)
+    │   └── QuotaExceeded              413 quota_exceeded        (the key's max_bytes; detail: quota, used, reserved)
     ├── Unauthenticated                401 unauthenticated       (no, malformed or unknown API key)
     ├── AccessDenied                   403 access_denied
     │   ├── InsufficientScope          403 insufficient_scope
@@ -57,6 +59,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── PlanIncomplete             409 plan_incomplete       (direct upload: detail: missing parts, wrong sizes)
     │   └── DirectUploadUnsupported    409 direct_upload_unsupported (the backend cannot take parts: fall back)
     ├── Gone                           410 gone
+    │   ├── FileExpired                410 file_expired          (past the file's expires_at, service clock)
     │   ├── SessionAborted             410 session_aborted
     │   └── SessionExpired             410 session_expired
     ├── ChunkNotReady                  503 chunk_not_ready       (live read waited long enough; retry)
@@ -175,6 +178,13 @@ class ChunkLengthMismatch(InvalidRequest):
     code = "chunk_length_mismatch"
 
 
+class LifetimeTooLong(InvalidRequest):
+    """An upload asked for a lifetime (``expires_in``) above the maximum of its key or of the service: refused,
+    not shortened, so a client never holds a descriptor that lives less than it asked for without knowing it."""
+
+    code = "expires_in_too_long"
+
+
 class InvalidEnvelope(InvalidRequest):
     code = "invalid_envelope"
 
@@ -236,6 +246,14 @@ class HeadersTooLarge(TooLarge):
 
 class DecodedSizeLimit(TooLarge):
     code = "decoded_size_limit"
+
+
+class QuotaExceeded(TooLarge):
+    """The upload would take the key past its byte quota (``max_bytes``). RFC 9110 §15.5.14 (413): the server
+    refuses content larger than it is willing to accept — here, from this key. Not 507 (RFC 4918 §11.5), which
+    says the server itself is out of space and which clients retry: this one they must not retry unchanged."""
+
+    code = "quota_exceeded"
 
 
 class Unauthenticated(TransferError):
@@ -379,6 +397,10 @@ class DirectUploadUnsupported(Conflict):
 class Gone(TransferError):
     code = "gone"
     status = 410
+
+
+class FileExpired(Gone):
+    code = "file_expired"
 
 
 class SessionAborted(Gone):

@@ -104,6 +104,19 @@ class Settings(BaseSettings):
     session_max_ttl: int = Field(default=7 * 24 * 3600, gt=0)
     session_retention: int = Field(default=24 * 3600, ge=0, description="seconds ended sessions stay visible")
     session_gc_interval: float = Field(default=60.0, gt=0, description="seconds between expiry sweeps")
+    # file lifetimes (expires_in) and per-key byte quotas (a key's max_bytes, default_file_ttl, max_file_ttl)
+    default_file_ttl: int | None = Field(
+        default=None, gt=0, description="seconds a file lives when neither the upload nor its key says (none: kept)"
+    )
+    max_file_ttl: int | None = Field(
+        default=None, gt=0, description="the longest lifetime an upload may ask for (more: 400 expires_in_too_long)"
+    )
+    quota_reservation_ttl: int = Field(
+        default=6 * 3600,
+        gt=0,
+        description="seconds a plain upload's declared size stays reserved against its key's quota (a process that "
+        "died mid-upload leaves it no longer); sessions and tus uploads keep theirs until they end or expire",
+    )
     cors_allow_origins: list[str] = Field(
         default_factory=list, description='JSON list of origins allowed to call the API from a browser, e.g. ["*"]'
     )

@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from storage.errors import StorageError
 from transfer import __version__
 from transfer.api import observability
+from transfer.api.admin import add_admin_routes
 from transfer.api.authorized import add_authorized_routes
 from transfer.api.bundles import add_bundle_routes
 from transfer.api.caller import caller_of
@@ -39,6 +40,7 @@ from transfer.core.auth import Authenticator, Scope
 from transfer.core.content import DownloadMethod, FileRole, normalize_checksum
 from transfer.core.digests import sha256_from_digest_field
 from transfer.core.encodings import CODECS, coding_from_http, storage_encoding
+from transfer.core.lifecycle import parse_expires_in
 from transfer.core.naming import filename_from_content_disposition
 from transfer.core.numerals import parse_bounded, parse_count
 from transfer.errors import (
@@ -133,6 +135,7 @@ class UploadOptions:
     content_encoding: str | None
     content_digest: str | None
     repr_digest: str | None
+    expires_in: int | None = None
 
 
 async def upload_options(  # async: FastAPI runs a plain def dependency on a worker thread, a hop per upload
@@ -159,8 +162,19 @@ async def upload_options(  # async: FastAPI runs a plain def dependency on a wor
     content_encoding: Annotated[str | None, Header()] = None,
     content_digest: Annotated[str | None, Header()] = None,
     repr_digest: Annotated[str | None, Header()] = None,
+    expires_in: Annotated[
+        str | None,
+        Query(max_length=20, description="seconds the file lives; above the key's or service's maximum: 400"),
+    ] = None,
+    expires_in_header: Annotated[
+        str | None, Header(alias="expires-in", description="the same as the expires_in query parameter")
+    ] = None,
 ) -> UploadOptions:
     """A route dependency: the upload options both upload routes take."""
+    lifetime = parse_expires_in(expires_in)
+    from_header = parse_expires_in(expires_in_header, "Expires-In")
+    if lifetime is not None and from_header is not None and lifetime != from_header:
+        raise InvalidRequest("the expires_in query parameter and the Expires-In header field disagree")
     return UploadOptions(
         content_type,
         role,
@@ -175,6 +189,7 @@ async def upload_options(  # async: FastAPI runs a plain def dependency on a wor
         content_encoding,
         content_digest,
         repr_digest,
+        lifetime if lifetime is not None else from_header,
     )
 
 
@@ -265,6 +280,7 @@ def rest_app(
     base_url = public_base_url(settings)
     add_session_routes(app, sessions, service, base_url, needs)
     add_direct_routes(app, services.direct, service, base_url, needs)
+    add_admin_routes(app, services, needs)
     add_bundle_routes(app, services.bundles, base_url, needs)
     add_tus_routes(app, tus, service, base_url, needs)
     add_resumable_routes(app, tus, service, base_url, needs)
@@ -344,6 +360,7 @@ def rest_app(
             expected_size=options.size,
             store_encoding=storage_encoding(options.encoding),
             owner=caller_of(request).owner,
+            expires_in=options.expires_in,
         )
         if options.content_encoding:
             req.body_encoding = coding_from_http(options.content_encoding)

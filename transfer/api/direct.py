@@ -37,6 +37,9 @@ class PlanCreate(BaseModel):
     checksum: str | None = Field(default=None, description="sha256:<hex> of the whole file (else at completion)")
     role: FileRole | None = None
     description: str | None = Field(default=None, max_length=4096)
+    expires_in: int | None = Field(
+        default=None, gt=0, description="seconds the finished file lives; above the key's or service's maximum: 400"
+    )
 
     @field_validator("content_type")
     @classmethod
@@ -108,6 +111,7 @@ def add_direct_routes(
             checksum=body.checksum,
             role=body.role,
             description=body.description,
+            expires_in=body.expires_in,
         )
         return plan_document(plan)
 

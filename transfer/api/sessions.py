@@ -50,6 +50,9 @@ class SessionCreate(BaseModel):
     ttl: int | None = Field(default=None, gt=0, description="seconds the session may stay unfinished")
     role: FileRole | None = None
     description: str | None = Field(default=None, max_length=4096)
+    expires_in: int | None = Field(
+        default=None, gt=0, description="seconds the finished file lives; above the key's or service's maximum: 400"
+    )
 
     @field_validator("content_type")
     @classmethod
@@ -112,6 +115,7 @@ def add_session_routes(
             role=body.role,
             description=body.description,
             owner=caller_of(request).owner,
+            expires_in=body.expires_in,
         )
         return session_document(session, base_url(request))
 

@@ -265,6 +265,9 @@ class McpBinding:
             Field(description="how to store and serve it", json_schema_extra={"enum": list(CODECS.storage_names())}),
         ] = "none",
         ttl: Annotated[int | None, Field(gt=0, description="seconds the signed URL lives")] = None,
+        expires_in: Annotated[
+            int | None, Field(gt=0, description="seconds the stored file lives (default: the key's or server's)")
+        ] = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Upload a local file; returns its FileContent descriptor (url mode above the inline threshold)."""
@@ -279,6 +282,7 @@ class McpBinding:
             description=description,
             declared_length=full.stat().st_size,
             store_encoding=storage_encoding(encoding),
+            expires_in=expires_in,
         )
         files = self.services.files
         record = await files.upload(_read_file(full, self.settings.buffer_size), request)
@@ -294,6 +298,9 @@ class McpBinding:
         description: Annotated[str | None, Field(max_length=1024)] = None,
         checksum: Annotated[str | None, Field(description="sha256:<hex> of the bytes, verified")] = None,
         ttl: Annotated[int | None, Field(gt=0, description="seconds the signed URL lives")] = None,
+        expires_in: Annotated[
+            int | None, Field(gt=0, description="seconds the stored file lives (default: the key's or server's)")
+        ] = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Store bytes given in the call (at most ``mcp_max_inline_bytes``); returns the FileContent descriptor."""
@@ -309,6 +316,7 @@ class McpBinding:
             description=description,
             checksum=_checksum(checksum),
             expected_size=len(raw),
+            expires_in=expires_in,
         )
         files = self.services.files
         record = await files.upload(_one(raw), request)
@@ -322,6 +330,9 @@ class McpBinding:
         chunk_size: Annotated[int | None, Field(gt=0, description="bytes per chunk (default: server)")] = None,
         checksum: Annotated[str | None, Field(description="sha256:<hex> of the whole content")] = None,
         ttl: Annotated[int | None, Field(gt=0, description="seconds the session may stay open")] = None,
+        expires_in: Annotated[
+            int | None, Field(gt=0, description="seconds the stored file lives (default: the key's or server's)")
+        ] = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Open a chunked, resumable upload session; returns its id, chunk size and (size known) a streaming
@@ -339,6 +350,7 @@ class McpBinding:
             checksum=_checksum(checksum),
             ttl=ttl,
             owner=grant.owner,
+            expires_in=expires_in,
         )
         return session_document(self.services.files, session, self.base_url(ctx))
 
@@ -419,13 +431,22 @@ class McpBinding:
         content_type: Annotated[str | None, Field(description="media type (default: sniffed)")] = None,
         max_size: Annotated[int | None, Field(gt=0, description="largest size to accept, bytes")] = None,
         start_ttl: Annotated[int | None, Field(gt=0, description="seconds to start the PUT (default 900)")] = None,
+        expires_in: Annotated[
+            int | None, Field(gt=0, description="seconds the stored file lives (default: the key's or server's)")
+        ] = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """An expiring signed URL to PUT a file to, outside MCP (SEP-2631 ``files/authorizeUpload``)."""
         grant = self.grant(ctx)
         grant(KeyScope.UPLOAD)
         return await self._authorizations.authorize_upload(
-            grant, self.base_url(ctx), name=name, content_type=content_type, max_size=max_size, start_ttl=start_ttl
+            grant,
+            self.base_url(ctx),
+            name=name,
+            content_type=content_type,
+            max_size=max_size,
+            start_ttl=start_ttl,
+            expires_in=expires_in,
         )
 
     async def confirm_upload(

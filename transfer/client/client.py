@@ -76,9 +76,11 @@ class AsyncTransferClient:
         inline: bool | None = None,
         progress: Progress | None = None,
         job_id: str | None = None,
+        expires_in: int | None = None,
     ) -> FileContent:
         """Upload ``source`` and return its descriptor (inline when small, else url mode). With ``job_id``, others
-        can follow the upload's progress at ``/v1/jobs/{job_id}/events`` (:meth:`follow_job`)."""
+        can follow the upload's progress at ``/v1/jobs/{job_id}/events`` (:meth:`follow_job`); ``expires_in``:
+        seconds the file lives (the descriptor's ``metadata.expires_at`` says when it goes)."""
         size: int | None = None
         if isinstance(source, str | os.PathLike):
             path = Path(source)
@@ -118,6 +120,7 @@ class AsyncTransferClient:
                 "inline": None if inline is None else str(inline).lower(),
                 "size": size,
                 "job_id": job_id,
+                "expires_in": expires_in,
             }.items()
             if v is not None
         }
@@ -153,11 +156,18 @@ class AsyncTransferClient:
         progress: Progress | None = None,
         remember: Path | None = None,
         on_session: Callable[[dict[str, Any]], None] | None = None,
+        expires_in: int | None = None,
     ) -> FileContent:
         """Upload a file as a chunked session, ``connections`` chunks in parallel; with ``remember`` (a directory),
         a rerun after a crash resumes the same session and sends only the missing chunks."""
         source = Path(path)
-        metadata = {"name": name or source.name, "content_type": content_type, "role": role, "description": description}
+        metadata = {
+            "name": name or source.name,
+            "content_type": content_type,
+            "role": role,
+            "description": description,
+            "expires_in": expires_in,
+        }
         doc = await upload_chunked(
             self.http,
             self.server,
@@ -185,13 +195,20 @@ class AsyncTransferClient:
         remember: Path | None = None,
         part_filter: PartFilter | None = None,
         on_part_stored: Callable[[int], None] | None = None,
+        expires_in: int | None = None,
     ) -> FileContent:
         """Upload a file straight to the service's bucket (presigned part URLs, ``connections`` parts in parallel);
         the service verifies the whole SHA-256 and publishes. With ``remember`` (a directory), a rerun resumes the
         same plan and sends only the parts the bucket lacks. Raises DirectUploadUnsupported, having sent nothing,
         when the service's backend cannot take parts directly: use :meth:`upload` then."""
         source = Path(path)
-        metadata = {"name": name or source.name, "content_type": content_type, "role": role, "description": description}
+        metadata = {
+            "name": name or source.name,
+            "content_type": content_type,
+            "role": role,
+            "description": description,
+            "expires_in": expires_in,
+        }
         doc = await upload_direct(
             self.http,
             self.server,
@@ -273,6 +290,34 @@ class AsyncTransferClient:
         response = await self.http.delete(f"{self.server}/v1/files/{quote(file_id)}")
         await raise_for_error(response)
 
+    async def usage(self) -> dict[str, Any]:
+        """This key's stored bytes, files, bytes reserved by unfinished uploads, quota and what is left."""
+        return await self._get_json("/v1/usage")
+
+    async def admin_files(
+        self, *, limit: int = 1000, cursor: str | None = None, owner: str | None = None
+    ) -> dict[str, Any]:
+        """Admin: one page of stored files of every key (``files``, ``next_cursor``: None on the last page)."""
+        params = {k: v for k, v in {"limit": limit, "cursor": cursor, "owner": owner}.items() if v is not None}
+        return await self._get_json("/v1/admin/files", params)
+
+    async def admin_usage(self) -> dict[str, Any]:
+        """Admin: usage of every configured key."""
+        return await self._get_json("/v1/admin/usage")
+
+    async def gc(self) -> dict[str, int]:
+        """Admin: run every sweep now; how many objects each removed (-1: that sweep failed, see the log)."""
+        response = await self.http.post(f"{self.server}/v1/admin/gc")
+        await raise_for_error(response)
+        removed: dict[str, int] = response.json()["removed"]
+        return removed
+
+    async def _get_json(self, path: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        response = await self.http.get(f"{self.server}{path}", params=params)
+        await raise_for_error(response)
+        doc: dict[str, Any] = response.json()
+        return doc
+
     async def resolve(
         self,
         descriptor: Descriptor | str | dict[str, Any],
@@ -341,6 +386,10 @@ class TransferClient:
         self, descriptor: Descriptor | str | dict[str, Any], dest: str | os.PathLike[str] | None = None
     ) -> bytes | Path:
         result: bytes | Path = self._call(self._client.resolve, descriptor, dest)
+        return result
+
+    def usage(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call(self._client.usage)
         return result
 
     def close(self) -> None:

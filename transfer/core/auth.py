@@ -37,6 +37,9 @@ class ApiKey:
     sha256: str  # hex of the token's SHA-256
     scopes: frozenset[Scope]
     tp_identities: frozenset[str] = frozenset()  # TP receivers whose mailbox this key may read
+    max_bytes: int | None = None  # byte quota: original bytes of the files it stores (None: no quota)
+    default_file_ttl: int | None = None  # seconds its files live when an upload asks for no lifetime
+    max_file_ttl: int | None = None  # the longest lifetime an upload may ask for (None: the service's maximum)
 
     def allows(self, scope: Scope) -> bool:
         return scope in self.scopes or Scope.ADMIN in self.scopes
@@ -142,8 +145,19 @@ def check_scope(key: ApiKey | None, scope: Scope) -> None:
         raise InsufficientScope(f"the key {key.name!r} lacks the {scope.value!r} scope", needed=scope.value)
 
 
+def _limit(name: str, spec: Mapping[str, object], field: str) -> int | None:
+    """An optional positive whole number of a key's configuration (bytes or seconds)."""
+    value = spec.get(field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"API key {name!r}: {field} must be a positive whole number")
+    return value
+
+
 def parse_keys(config: Mapping[str, Mapping[str, object]]) -> dict[str, ApiKey]:
-    """``{"name": {"sha256": "<hex>", "scopes": ["upload", "read"]}}`` from settings; ValueError when malformed."""
+    """``{"name": {"sha256": "<hex>", "scopes": ["upload", "read"]}}`` from settings, with optional
+    ``max_bytes`` (byte quota), ``default_file_ttl`` and ``max_file_ttl`` (seconds); ValueError when malformed."""
     keys = {}
     for name, spec in config.items():
         digest = str(spec.get("sha256", "")).lower()
@@ -159,5 +173,10 @@ def parse_keys(config: Mapping[str, Mapping[str, object]]) -> dict[str, ApiKey]:
         identities = spec.get("tp_identities", [])
         if not isinstance(identities, list | tuple) or not all(isinstance(i, str) and i for i in identities):
             raise ValueError(f"API key {name!r}: tp_identities must be a list of TP identities (strings)")
-        keys[name] = ApiKey(name, digest, scopes, frozenset(identities))
+        max_bytes = _limit(name, spec, "max_bytes")
+        default_ttl = _limit(name, spec, "default_file_ttl")
+        max_ttl = _limit(name, spec, "max_file_ttl")
+        if default_ttl is not None and max_ttl is not None and default_ttl > max_ttl:
+            raise ValueError(f"API key {name!r}: default_file_ttl is longer than its max_file_ttl")
+        keys[name] = ApiKey(name, digest, scopes, frozenset(identities), max_bytes, default_ttl, max_ttl)
     return keys

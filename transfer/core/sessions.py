@@ -82,6 +82,7 @@ class Session:
     owner: str | None = None  # the API key that opened it (open-session quota)
     max_size: int | None = None  # the largest file it may make (the service's limit when it was opened)
     parts: dict[int, Part] = field(default_factory=dict)  # chunk index -> size and digests: the stored chunks
+    file_ttl: int | None = None  # seconds the file it makes lives from completion (None: until deleted)
 
     @property
     def total_chunks(self) -> int | None:
@@ -187,6 +188,7 @@ class Session:
             "chunk_digests": self.chunk_digests,
             "max_size": self.max_size,
             "parts": parts_to_json(self.parts),
+            "file_ttl": self.file_ttl,
         }
 
     @classmethod

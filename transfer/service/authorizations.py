@@ -32,7 +32,15 @@ from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding
 from transfer.core.mime import require_media_type
 from transfer.core.naming import resolve_content_type, sanitize_filename
-from transfer.errors import Conflict, Gone, InvalidRequest, NotFound, TooLarge, storage_errors_translated
+from transfer.errors import (
+    Conflict,
+    Gone,
+    InvalidRequest,
+    NotFound,
+    QuotaExceeded,
+    TooLarge,
+    storage_errors_translated,
+)
 from transfer.service.documents import publish_composed, read_document, write_document
 from transfer.service.files import FileService
 from transfer.service.ingest import UploadRequest
@@ -68,6 +76,7 @@ class UploadGrant:
     max_size: int
     start_by: int
     keep_until: int
+    file_ttl: int | None = None  # seconds the file it receives lives (None: until deleted)
 
 
 def _iso(seconds: float) -> str:
@@ -99,8 +108,10 @@ class Authorizations:
         content_type: str | None = None,
         max_size: int | None = None,
         start_ttl: int | None = None,
+        expires_in: int | None = None,
     ) -> dict[str, Any]:
-        """A new upload authorisation for the caller's key: where to PUT, until when, how much."""
+        """A new upload authorisation for the caller's key: where to PUT, until when, how much; ``expires_in``:
+        the lifetime of the file it receives (refused now when above the key's or the service's maximum)."""
         limit = self.files.settings.max_upload_size
         if max_size is not None and not 0 < max_size <= limit:
             raise InvalidRequest(f"max_size must be between 1 and {limit}", limit=limit)
@@ -108,6 +119,7 @@ class Authorizations:
             require_media_type(content_type, "content_type")
         if start_ttl is not None and not 0 < start_ttl <= MAX_START_TTL:
             raise InvalidRequest(f"start_ttl must be between 1 and {MAX_START_TTL} seconds")
+        file_ttl = self.files.lifecycle.lifetime(caller.owner, expires_in)
         now = int(self.files.clock())
         grant = UploadGrant(
             id=new_authorization_id(),
@@ -117,6 +129,7 @@ class Authorizations:
             max_size=max_size or limit,
             start_by=now + (start_ttl or START_TTL),
             keep_until=now + KEEP_TTL,
+            file_ttl=file_ttl,
         )
         await write_document(self.storage, f"authz/{grant.id}/grant.json", asdict(grant), if_absent=True)
         headers = {"content-type": content_type or "application/octet-stream"}
@@ -162,8 +175,13 @@ class Authorizations:
         grant = await self._grant(aid)
         if content_length is not None and content_length > grant.max_size:
             raise TooLarge(f"Content-Length {content_length} exceeds the authorised {grant.max_size} bytes")
+        # through FileService.upload: the key's quota and the file's lifetime apply as to any upload
         request = UploadRequest(
-            name=grant.name, content_type=grant.content_type, owner=grant.owner, declared_length=content_length
+            name=grant.name,
+            content_type=grant.content_type,
+            owner=grant.owner,
+            declared_length=content_length,
+            expires_in=grant.file_ttl,
         )
         record = await self.files.upload(_bounded(body, grant.max_size), request)
         try:
@@ -210,6 +228,17 @@ class Authorizations:
             with storage_errors_translated():
                 await self.storage.delete(staged)
             raise TooLarge(f"the upload is {info.size} bytes, more than the authorised {grant.max_size}")
+        lifecycle = self.files.lifecycle
+        # before the read-back: over quota, nothing is published and the staged bytes stay until the authorisation
+        # expires (the key may make room and confirm again); the charge at publication checks again, exactly
+        room = await lifecycle.room_for(grant.owner, grant.id)
+        if room is not None and info.size > room:
+            raise QuotaExceeded(
+                f"the {info.size} bytes uploaded go beyond the {room} bytes this key's quota has room for; "
+                "delete files and confirm again",
+                room=room,
+                requested=info.size,
+            )
         sha = hashlib.sha256()
         head = bytearray()
         with storage_errors_translated():
@@ -231,10 +260,12 @@ class Authorizations:
             encoding=ContentEncoding.NONE,
             encoded_size=info.size,
             encoded_sha256=sha.hexdigest(),
-            created_at=datetime.fromtimestamp(self.files.clock(), UTC).replace(microsecond=0),
+            created_at=(created := datetime.fromtimestamp(self.files.clock(), UTC).replace(microsecond=0)),
             owner=grant.owner,
+            expires_at=lifecycle.expiry(created, grant.file_ttl),
         )
-        await publish_composed(self.storage, record, [staged])
+        async with lifecycle.publishing(record, grant.id):
+            await publish_composed(self.storage, record, [staged])
         try:
             await write_document(self.storage, f"authz/{grant.id}/result.json", {"file_id": file_id}, if_absent=True)
         except Conflict:

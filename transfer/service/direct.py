@@ -49,6 +49,7 @@ from transfer.errors import (
     InvalidRequest,
     NotFound,
     PlanIncomplete,
+    QuotaExceeded,
     SizeMismatch,
     TooLarge,
     TransferError,
@@ -56,6 +57,7 @@ from transfer.errors import (
 )
 from transfer.service.documents import index_file, read_document, write_document
 from transfer.service.ingest import SNIFF_BYTES
+from transfer.service.lifecycle import Lifecycle
 from transfer.service.records import FileRecord, object_key
 from transfer.settings import Settings
 
@@ -99,6 +101,7 @@ class Plan:
     description: str | None = None
     state: str = "open"  # open | completed | aborted
     file_id: str | None = None
+    file_ttl: int | None = None  # seconds the published file lives (None: until deleted)
 
     @property
     def part_count(self) -> int:
@@ -137,10 +140,18 @@ def _sha256_b64(hex_or_checksum: str) -> str:
 class DirectService:
     """Upload plans on a backend with the DIRECT_UPLOAD capability."""
 
-    def __init__(self, storage: Storage, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        settings: Settings,
+        *,
+        clock: Callable[[], float] = time.time,
+        lifecycle: Lifecycle | None = None,
+    ) -> None:
         self.storage = storage
         self.settings = settings
         self.clock = clock
+        self.lifecycle = lifecycle or Lifecycle(storage, settings, clock=clock)
         self._locks: dict[str, asyncio.Lock] = {}
         self._plans: dict[str, Plan] = {}  # recently loaded plans, for part URLs only (see part_urls)
 
@@ -193,8 +204,11 @@ class DirectService:
         checksum: str | None = None,
         role: FileRole | None = None,
         description: str | None = None,
+        expires_in: int | None = None,
     ) -> Plan:
-        """A new plan owned by the caller's key: the backend's multipart upload is started now."""
+        """A new plan owned by the caller's key: the backend's multipart upload is started now. Its ``size`` is
+        reserved against the key's byte quota (QuotaExceeded, before anything is started, when it does not fit);
+        ``expires_in``: the lifetime of the file it makes."""
         backend = self._backend()
         s = self.settings
         if size < 0:
@@ -205,6 +219,7 @@ class DirectService:
             require_media_type(content_type, "content_type")
         if description is not None and len(description) > s.max_description_length:
             raise InvalidRequest(f"description longer than {s.max_description_length} characters")
+        file_ttl = self.lifecycle.lifetime(caller.owner, expires_in)
         with storage_errors_translated():
             part_size = plan_part_size(size, max_size=s.max_upload_size, preferred=s.s3_part_size)
         pid = new_plan_id()
@@ -222,15 +237,21 @@ class DirectService:
             checksum=None if checksum is None else _checksum(checksum),
             role=role.value if role else None,
             description=description,
+            file_ttl=file_ttl,
         )
-        with storage_errors_translated():
-            upload_id = await backend.begin_direct_upload(plan.key)
-        plan = replace(plan, upload_id=upload_id)
+        await self.lifecycle.admit(caller.owner, pid, size, plan.expires_at)
         try:
-            await self._save(plan, new=True)
-        except BaseException:
             with storage_errors_translated():
-                await backend.discard_direct_upload(plan.key, upload_id)
+                upload_id = await backend.begin_direct_upload(plan.key)
+            plan = replace(plan, upload_id=upload_id)
+            try:
+                await self._save(plan, new=True)
+            except BaseException:
+                with storage_errors_translated():
+                    await backend.discard_direct_upload(plan.key, upload_id)
+                raise
+        except BaseException:
+            await self.lifecycle.release_after_failure(caller.owner, pid)
             raise
         return plan
 
@@ -307,6 +328,16 @@ class DirectService:
                     return done, published
                 parts = await self.stored_parts(plan)
                 self._check_parts(plan, parts)
+                # refused before the parts are assembled, the plan left open: the key may make room and retry (the
+                # plan's reservation counts as its own room; the charge at publication checks again, exactly)
+                room = await self.lifecycle.room_for(plan.owner, plan.id)
+                if room is not None and plan.size > room:
+                    raise QuotaExceeded(
+                        f"the {plan.size} bytes of upload plan {plan.id} go beyond the {room} bytes this key's "
+                        "quota has room for; delete files and complete again",
+                        room=room,
+                        requested=plan.size,
+                    )
                 with storage_errors_translated():
                     await backend.assemble_direct_upload(plan.key, plan.upload_id, parts)
                 try:
@@ -319,8 +350,9 @@ class DirectService:
                             actual="sha256:" + sha_hex,
                         )
                     record = self._file_record(plan, sha_hex, head)
-                    with storage_errors_translated():
-                        await backend.publish_assembled(plan.key, record.to_metadata())
+                    async with self.lifecycle.publishing(record, plan.id):
+                        with storage_errors_translated():
+                            await backend.publish_assembled(plan.key, record.to_metadata())
                     await index_file(self.storage, record)
                 except BaseException:
                     await self._abort(plan, upload_used=True)
@@ -388,10 +420,11 @@ class DirectService:
             encoding=ContentEncoding.NONE,
             encoded_size=plan.size,
             encoded_sha256=sha_hex,
-            created_at=datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0),
+            created_at=(created := datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0)),
             role=FileRole(plan.role) if plan.role else None,
             description=plan.description,
             owner=plan.owner,
+            expires_at=self.lifecycle.expiry(created, plan.file_ttl),
         )
 
     async def _published(self, plan: Plan) -> FileRecord | None:
@@ -424,6 +457,7 @@ class DirectService:
         with storage_errors_translated():
             await self._backend().discard_direct_upload(plan.key, None if upload_used else plan.upload_id)
         await self._save(replace(plan, state="aborted"))
+        await self.lifecycle.release_after_failure(plan.owner, plan.id)  # on the way out of a failure too
 
     async def sweep_direct_plans(self) -> int:
         """Abort open plans past their expiry (their multipart uploads and any assembled bytes go) and delete the
@@ -446,6 +480,7 @@ class DirectService:
                 if plan.state == "open" and await self._published(plan) is None:
                     with storage_errors_translated():
                         await self._backend().discard_direct_upload(plan.key, plan.upload_id)
+                    await self.lifecycle.release(plan.owner, plan.id)
                 with storage_errors_translated():
                     await self.storage.delete(key)
                 removed += 1

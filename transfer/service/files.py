@@ -22,13 +22,15 @@ from storage.base import Capability, ObjectReader, Storage, SupportsAbandonedUpl
 from storage.errors import StorageError
 from transfer import metrics
 from transfer.core.auth import TRUSTED, Grant
-from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode
+from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode, format_timestamp
 from transfer.core.delivery import DeliveryPlan, DeliveryPolicy, Representation, plan_delivery
 from transfer.core.encodings import DecodeLimits, http_coding, make_decoder
+from transfer.core.lifecycle import expiry_bucket, expiry_key, is_expired
 from transfer.core.mime import is_active_type, is_compressible, is_media_type
 from transfer.core.naming import content_disposition
 from transfer.core.signing import UrlSigner, require_signed_path
 from transfer.errors import (
+    FileExpired,
     InvalidCursor,
     InvalidRequest,
     MethodNotAllowed,
@@ -42,6 +44,7 @@ from transfer.errors import (
 from transfer.service.backends import load_signing_keys
 from transfer.service.documents import index_file, unindex_file
 from transfer.service.ingest import UploadRequest, ingest
+from transfer.service.lifecycle import Lifecycle
 from transfer.service.records import FileRecord, is_file_id, new_file_id, object_key, owner_files_prefix
 from transfer.settings import MAX_URL_TTL, Settings
 
@@ -51,6 +54,7 @@ CONTENT_PATH = "/v1/files/{file_id}/content"
 LIST_DEFAULT = 100
 LIST_MAX = 1000
 _CURSOR_TAG = "f1:"  # inside the opaque cursor: which listing it belongs to, and its version
+ORPHAN_GRACE = 2 * 3600  # seconds after its hour before an expiry index entry without a file is dropped
 
 
 def content_path(file_id: str) -> str:
@@ -114,6 +118,7 @@ class FileService:
         self.settings = settings
         self._signer = signer
         self.clock = clock
+        self.lifecycle = Lifecycle(storage, settings, clock=clock)
 
     async def start(self) -> None:
         """Check the backend and load the signing keys (kept in the backend unless configured)."""
@@ -150,25 +155,56 @@ class FileService:
         s = self.settings
         if request.description is not None and len(request.description) > s.max_description_length:
             raise InvalidRequest(f"description longer than {s.max_description_length} characters")
-        with storage_errors_translated():
-            record = await ingest(
-                self.storage,
-                body,
-                request,
-                file_id=new_file_id(),
-                max_size=s.max_upload_size,
-                max_decode_ratio=s.max_decode_ratio,
-                buffer_size=s.buffer_size,
-                gzip_level=s.gzip_level,
-                zstd_level=s.zstd_level,
-                now=self._now,
-            )
+        lifecycle = self.lifecycle
+        lifetime = lifecycle.lifetime(request.owner, request.expires_in)  # refused before a byte is read
+        file_id = new_file_id()
+        # the original size, if known before reading: declared, or the body's length when it comes uncoded
+        declared = request.expected_size
+        if declared is None and request.body_encoding is ContentEncoding.NONE:
+            declared = request.declared_length
+        room = await lifecycle.admit(request.owner, file_id, declared, self.clock() + s.quota_reservation_ttl)
+        try:
+            with storage_errors_translated():
+                record = await ingest(
+                    self.storage,
+                    body,
+                    request,
+                    file_id=file_id,
+                    max_size=s.max_upload_size,
+                    max_decode_ratio=s.max_decode_ratio,
+                    buffer_size=s.buffer_size,
+                    gzip_level=s.gzip_level,
+                    zstd_level=s.zstd_level,
+                    now=self._now,
+                    room=room,
+                    expires=lambda created: lifecycle.expiry(created, lifetime),
+                    publishing=lambda record: lifecycle.publishing(record, file_id),
+                )
+        except BaseException:
+            if room is not None and declared is not None:
+                await lifecycle.release_after_failure(request.owner, file_id)
+            raise
         await index_file(self.storage, record)
         return record
 
     async def record(self, file_id: str, caller: Grant) -> FileRecord:
         """The record of a file the caller may see (its own; any for admin); NotFound otherwise, whether or not
-        the file exists."""
+        the file exists; FileExpired (410) from its expiry on, on the service clock, whether or not the sweep has
+        removed it yet."""
+        record = await self._stored_record(file_id, caller)
+        self._require_live(record)
+        return record
+
+    def _require_live(self, record: FileRecord) -> None:
+        if is_expired(record.expires_at, self.clock()):
+            assert record.expires_at is not None
+            raise FileExpired(
+                f"file {record.id} expired at {format_timestamp(record.expires_at)}",
+                expired_at=format_timestamp(record.expires_at),
+            )
+
+    async def _stored_record(self, file_id: str, caller: Grant) -> FileRecord:
+        """The record of a file the caller may see, expired or not (NotFound otherwise)."""
         if not is_file_id(file_id):
             raise NotFound(f"no file {file_id!r}")
         try:
@@ -182,11 +218,44 @@ class FileService:
         return record
 
     async def delete(self, file_id: str, caller: Grant) -> None:
-        """Delete a file; its signed URLs stop working at once. Deleting a missing file is NotFound."""
-        record = await self.record(file_id, caller)
+        """Delete a file (expired or not); its signed URLs stop working at once; its bytes leave its key's usage.
+        Deleting a missing file is NotFound."""
+        await self._remove(await self._stored_record(file_id, caller))
+
+    async def _remove(self, record: FileRecord) -> None:
+        """The one way a file goes (delete, expiry sweep): the object, then its usage and index entry."""
         with storage_errors_translated():
-            await self.storage.delete(object_key(file_id))
+            await self.storage.delete(object_key(record.id))
+        await self.lifecycle.deleted(record)
         await unindex_file(self.storage, record)  # after: a crash in between leaves an entry the listing skips
+
+    async def sweep_expired_files(self) -> int:
+        """Delete every file whose expiry has passed (service clock); returns how many. Reads the expiry index
+        only up to the current hour, so its cost follows the number of files due, not the number stored. Index
+        entries whose file is gone, or no longer expires then, are dropped."""
+        removed = 0
+        now = self.clock()
+        # an entry is written just before its file is published: one without a file may be a publication in
+        # flight, and is dropped only once its hour is well past (its file was deleted, or never published)
+        orphan_before = expiry_bucket(now - ORPHAN_GRACE)
+        async for key, bucket, file_id in self.lifecycle.due():
+            try:
+                record = await self._stored_record(file_id, TRUSTED)
+            except NotFound:
+                if bucket < orphan_before:
+                    await self.lifecycle.drop_index_entry(key)
+                continue
+            except StorageUnavailable:
+                log.warning("expiry sweep skips %s: its record cannot be read", file_id)
+                continue
+            if record.expires_at is None or expiry_key(record.expires_at, record.id) != key:
+                await self.lifecycle.drop_index_entry(key)  # not this entry's file any more
+                continue
+            if not is_expired(record.expires_at, now):
+                continue  # later in the current hour
+            await self._remove(record)
+            removed += 1
+        return removed
 
     async def list(self, caller: Grant, limit: int = LIST_DEFAULT, cursor: str | None = None) -> FilePage:
         """A page of at most ``limit`` (1..1000) stored files the caller may see, in file-id order, after the file
@@ -229,8 +298,8 @@ class FileService:
             return None
         try:
             record = await self.record(file_id, caller)
-        except NotFound:
-            return None  # deleted since it was indexed
+        except (NotFound, FileExpired):
+            return None  # deleted since it was indexed, or expired (the sweep removes it and its entry)
         except StorageUnavailable:
             log.warning("listing skips %s: it has no readable file record", file_id)
             return None
@@ -247,6 +316,8 @@ class FileService:
             except StorageUnavailable:
                 log.warning("listing skips %s: it has no readable file record", key)
                 return None
+        if is_expired(record.expires_at, self.clock()):
+            return None  # gone for its readers from its expiry on, whether or not the sweep has removed it yet
         if not is_media_type(record.content_type):
             log.warning("listing skips %s: its stored media type is not valid", key)
             return None
@@ -275,6 +346,11 @@ class FileService:
         s = self.settings
         ttl = min(ttl or s.url_ttl, MAX_URL_TTL)
         metadata = {"file_id": record.id}
+        if record.expires_at is not None:
+            # the seed's FileContent has no field for the file's own expiry: it travels in the metadata the seed
+            # leaves for extensions, and no URL claims to work past it
+            metadata["expires_at"] = format_timestamp(record.expires_at)
+            ttl = max(1, min(ttl, int(record.expires_at.timestamp()) - int(self.clock())))
         common = dict(
             content_type=record.content_type,
             size=record.size,
@@ -395,6 +471,7 @@ class FileService:
             record = FileRecord.from_metadata(reader.info.metadata)
             if not caller.sees(record.owner):
                 raise NotFound(f"no file {file_id!r}")
+            self._require_live(record)  # signed URLs too: they stop working at the file's expiry, as on delete
             rep = Representation(
                 length=reader.info.size,
                 content_type=record.content_type,

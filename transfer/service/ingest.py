@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -30,6 +31,7 @@ from transfer.errors import (
     ChecksumMismatch,
     ContentLengthMismatch,
     DigestMismatch,
+    QuotaExceeded,
     SizeMismatch,
     TooLarge,
 )
@@ -57,6 +59,7 @@ class UploadRequest:
     expected_size: int | None = None  # original size the client declares
     store_encoding: ContentEncoding = ContentEncoding.NONE
     owner: str | None = None  # the API key storing it: the file belongs to that key
+    expires_in: int | None = None  # the lifetime the client asks for, seconds (checked by the file service)
 
 
 class _Digests:
@@ -67,7 +70,13 @@ class _Digests:
     decoder's place, and the caller writes them before asking for more."""
 
     def __init__(
-        self, request: UploadRequest, limits: DecodeLimits, gzip_level: int, zstd_level: int, piece_size: int
+        self,
+        request: UploadRequest,
+        limits: DecodeLimits,
+        gzip_level: int,
+        zstd_level: int,
+        piece_size: int,
+        room: int | None = None,
     ) -> None:
         self.body = hashlib.sha256() if request.body_sha256 is not None else None
         self.original = hashlib.sha256()
@@ -75,6 +84,7 @@ class _Digests:
         self.decoder = make_decoder(request.body_encoding, limits, piece_size=piece_size)
         self.encoder = make_encoder(request.store_encoding, gzip_level=gzip_level, zstd_level=zstd_level)
         self.expected_size = request.expected_size
+        self.room = room  # original bytes the key's quota leaves for this upload (None: no quota)
         self.head = bytearray()
         self.size = 0
         self.budget = piece_size
@@ -93,6 +103,8 @@ class _Digests:
                 f"the content is longer than the declared size of {self.expected_size} bytes",
                 declared=self.expected_size,
             )
+        if self.room is not None and self.size > self.room:
+            raise _quota_exceeded(self.room)  # a stream of unknown length stops at the quota, publishing nothing
         self.original.update(piece)
         if len(self.head) < SNIFF_BYTES:
             self.head += piece[: SNIFF_BYTES - len(self.head)]
@@ -173,8 +185,14 @@ async def ingest(
     gzip_level: int,
     zstd_level: int,
     now: Callable[[], datetime],
+    room: int | None = None,
+    expires: Callable[[datetime], datetime | None] = lambda created: None,
+    publishing: Callable[[FileRecord], AbstractAsyncContextManager[object]] | None = None,
 ) -> FileRecord:
-    """Stream ``body`` into storage as file ``file_id`` and publish it only once verified."""
+    """Stream ``body`` into storage as file ``file_id`` and publish it only once verified. ``room``: the most
+    original bytes the owner's quota allows (QuotaExceeded beyond, before reading when a size is declared);
+    ``expires``: the file's expiry from its creation time; ``publishing``: a context the commit runs in (it may
+    refuse the publication by raising)."""
     if request.content_type is not None:
         require_media_type(request.content_type)
     if request.hinted_type is not None:
@@ -187,7 +205,14 @@ async def ingest(
     if request.expected_size is not None and request.expected_size > max_size:
         raise TooLarge(f"declared size exceeds the limit of {max_size} bytes", limit=max_size)
 
-    digests = _Digests(request, DecodeLimits(max_size, max_decode_ratio), gzip_level, zstd_level, buffer_size)
+    if room is not None:
+        plain = request.body_encoding is ContentEncoding.NONE  # then the body as sent is the original
+        for declared in (request.expected_size, request.declared_length if plain else None):
+            if declared is not None and declared > room:
+                raise _quota_exceeded(room)
+    digests = _Digests(
+        request, DecodeLimits(max_size, max_decode_ratio), gzip_level, zstd_level, buffer_size, room=room
+    )
     queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=2)
     received = 0
 
@@ -252,6 +277,7 @@ async def ingest(
         )
         require_media_type(content_type)  # again: multipart form fields and part headers arrive with the body
         original_hex = digests.original.hexdigest()
+        created = now()
         record = FileRecord(
             id=file_id,
             name=name,
@@ -261,13 +287,19 @@ async def ingest(
             encoding=request.store_encoding,
             encoded_size=writer.bytes_written,
             encoded_sha256=digests.stored.hexdigest() if digests.stored is not None else original_hex,
-            created_at=now(),
+            created_at=created,
             role=request.role,
             description=request.description,
             owner=request.owner,
+            expires_at=expires(created),
         )
-        await writer.commit(record.to_metadata())
+        async with publishing(record) if publishing is not None else nullcontext():
+            await writer.commit(record.to_metadata())
     return record
+
+
+def _quota_exceeded(room: int) -> QuotaExceeded:
+    return QuotaExceeded(f"the upload goes beyond the {room} bytes this key's quota has room for", room=room)
 
 
 def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:

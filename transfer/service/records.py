@@ -57,6 +57,7 @@ class FileRecord:
     role: FileRole | None = None
     description: str | None = None
     owner: str | None = None  # the API key that stored it (None: stored in open mode); other keys get 404
+    expires_at: datetime | None = None  # when it goes (service clock); None: kept until deleted
 
     def to_metadata(self) -> dict[str, str]:
         """ASCII-only string metadata (fits S3 user metadata)."""
@@ -64,6 +65,7 @@ class FileRecord:
         doc["encoding"] = self.encoding.value
         doc["role"] = self.role.value if self.role else None
         doc["created_at"] = self.created_at.isoformat()
+        doc["expires_at"] = None if self.expires_at is None else self.expires_at.isoformat()
         doc["v"] = RECORD_VERSION
         return {RECORD_KEY: json.dumps(doc, ensure_ascii=True, separators=(",", ":"))}
 
@@ -75,6 +77,8 @@ class FileRecord:
             doc["encoding"] = ContentEncoding(doc["encoding"])
             doc["role"] = FileRole(doc["role"]) if doc.get("role") else None
             doc["created_at"] = datetime.fromisoformat(doc["created_at"])
+            expiry = doc.get("expires_at")
+            doc["expires_at"] = None if expiry is None else datetime.fromisoformat(expiry)
             return cls(**doc)
         except (KeyError, ValueError, TypeError) as exc:
             raise StorageUnavailable("stored object has no readable file record") from exc

@@ -41,6 +41,7 @@ from transfer.errors import (
     ChunkNotReady,
     InvalidRequest,
     NotFound,
+    QuotaExceeded,
     SessionIncomplete,
     TooLarge,
     TransferError,
@@ -48,6 +49,7 @@ from transfer.errors import (
 )
 from transfer.service.documents import publish_composed
 from transfer.service.ingest import SNIFF_BYTES
+from transfer.service.lifecycle import Lifecycle
 from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord, object_key
 from transfer.service.session_views import chunks_path
@@ -127,10 +129,12 @@ class SessionService:
         quota: SessionQuota | None = None,
         engine: UploadEngine | None = None,
         check_signed: SignatureCheck | None = None,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self.storage = storage
         self.settings = settings
         self.clock = clock
+        self.lifecycle = lifecycle or Lifecycle(storage, settings, clock=clock)
         self.quota = quota or SessionQuota(storage, settings.max_open_sessions_per_key)
         self.quota.register(is_session_id, self.is_open)
         self.engine = engine or UploadEngine(storage)
@@ -176,9 +180,12 @@ class SessionService:
         role: FileRole | None = None,
         description: str | None = None,
         owner: str | None = None,
+        expires_in: int | None = None,
     ) -> Session:
-        """Open a session; ``owner`` (an API key name) counts it against that key's open-session limit."""
+        """Open a session; ``owner`` (an API key name) counts it against that key's open-session limit and, for
+        a declared ``size``, its byte quota; ``expires_in``: the lifetime of the file it makes."""
         s = self.settings
+        file_ttl = self.lifecycle.lifetime(owner, expires_in)
         if content_type is not None:
             require_media_type(content_type)  # every front door: REST, TP, MCP
         try:
@@ -207,9 +214,15 @@ class SessionService:
             description=description,
             owner=owner,
             max_size=s.max_upload_size,
+            file_ttl=file_ttl,
         )
-        async with self.quota.claim(owner, session.id):
-            await self.engine.create(session_key(session.id), session.to_json())
+        await self.lifecycle.admit(owner, session.id, size, session.expires_at)
+        try:
+            async with self.quota.claim(owner, session.id):
+                await self.engine.create(session_key(session.id), session.to_json())
+        except BaseException:
+            await self.lifecycle.release_after_failure(owner, session.id)
+            raise
         return session
 
     async def is_open(self, sid: str) -> bool:
@@ -240,6 +253,8 @@ class SessionService:
         repeat = session.state is SessionState.COMPLETED and index < len(session.chunk_digests)
         if not repeat:
             session.after(UploadEvent.PUT_PART, now)
+            if session.size is None:  # no reservation to hold it: the quota bounds where its chunks may reach
+                await self._require_room(session, index * session.chunk_size + (declared_length or limit))
 
         def verify(result: StoredPart) -> None:
             session.check_length(index, result.size)
@@ -295,6 +310,13 @@ class SessionService:
             self._arrived(session.id)
             self._spawn(self._advance(updated))
         return ChunkReceipt(index, mine.size, stored.xxh3, duplicate=True)
+
+    async def _require_room(self, session: Session, end: int) -> None:
+        room = await self.lifecycle.room_for(session.owner, session.id)
+        if room is not None and end > room:
+            raise QuotaExceeded(
+                f"chunks up to byte {end} go beyond the {room} bytes this key's quota has room for", room=room
+            )
 
     async def _record_part(self, sid: str, index: int, part: Part) -> Session:
         """Enter a stored chunk in the session's index (compare-and-set; a no-op if it is there already)."""
@@ -422,12 +444,14 @@ class SessionService:
                 encoding=ContentEncoding.NONE,
                 encoded_size=size,
                 encoded_sha256=sha_hex,
-                created_at=datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0),
+                created_at=(created := datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0)),
                 role=FileRole(session.role) if session.role else None,
                 description=session.description,
                 owner=session.owner,
+                expires_at=self.lifecycle.expiry(created, session.file_ttl),
             )
-            await publish_composed(self.storage, record, [chunk_key(sid, i) for i in range(total)])
+            async with self.lifecycle.publishing(record, sid):
+                await publish_composed(self.storage, record, [chunk_key(sid, i) for i in range(total)])
 
             def completed(current: Session) -> Session | None:
                 if current.state is SessionState.COMPLETED and current.file_id == file_id:
@@ -464,6 +488,7 @@ class SessionService:
                 session = await self._update(sid, ended)
             await self._delete_chunks(sid, sorted(doomed))
             await self.quota.release(session.owner, sid)
+            await self.lifecycle.release(session.owner, sid)
             self.engine.forget(sid)
             self._arrived(sid)
 

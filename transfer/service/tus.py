@@ -32,6 +32,7 @@ from typing import Any
 from storage.base import Storage
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding
+from transfer.core.lifecycle import parse_expires_in
 from transfer.core.mime import is_media_type, require_media_type
 from transfer.core.naming import resolve_content_type, sanitize_filename
 from transfer.core.uploads import (
@@ -52,6 +53,7 @@ from transfer.errors import (
     Gone,
     InvalidRequest,
     NotFound,
+    QuotaExceeded,
     TooLarge,
     TransferError,
     TusChecksumMismatch,
@@ -59,6 +61,7 @@ from transfer.errors import (
     storage_errors_translated,
 )
 from transfer.service.documents import publish_composed
+from transfer.service.lifecycle import Lifecycle
 from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord
 from transfer.service.uploads import PartExists, StoredPart, UploadEngine
@@ -126,6 +129,7 @@ class Upload:
     file_id: str | None = None
     owner: str | None = None  # the API key that created it (open-session quota)
     segments: dict[int, Part] = field(default_factory=dict)  # offset -> size and xxh3 of each stored PATCH
+    file_ttl: int | None = None  # seconds the finished file lives (Upload-Metadata expires_in, or the defaults)
 
     @property
     def received(self) -> int:
@@ -163,6 +167,7 @@ class Upload:
             "file_id": self.file_id,
             "owner": self.owner,
             "segments": parts_to_json(self.segments),
+            "file_ttl": self.file_ttl,
         }
 
     @classmethod
@@ -187,10 +192,12 @@ class TusService:
         clock: Callable[[], float] = time.time,
         quota: SessionQuota | None = None,
         engine: UploadEngine | None = None,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self.storage = storage
         self.settings = settings
         self.clock = clock
+        self.lifecycle = lifecycle or Lifecycle(storage, settings, clock=clock)
         self.quota = quota or SessionQuota(storage, settings.max_open_sessions_per_key)
         self.quota.register(is_upload_id, self.is_open)
         self.engine = engine or UploadEngine(storage)
@@ -245,6 +252,10 @@ class TusService:
         content_type = _declared_type(metadata)
         if content_type is not None:  # refused now, not when the finished upload is published
             require_media_type(content_type, "Upload-Metadata filetype")
+        # Upload-Metadata expires_in: the finished file's lifetime, refused now if too long
+        file_ttl = self.lifecycle.lifetime(
+            owner, parse_expires_in(metadata.get("expires_in"), "Upload-Metadata expires_in")
+        )
         now = self.clock()
         upload = Upload(
             id=new_upload_id(),
@@ -255,6 +266,7 @@ class TusService:
             concat=concat,
             parts=parts or [],
             owner=owner,
+            file_ttl=file_ttl,
         )
         if concat == "final":
             total = 0
@@ -268,9 +280,15 @@ class TusService:
             if total > self.settings.max_upload_size:
                 raise TooLarge("the concatenated upload exceeds Tus-Max-Size")
             upload = replace(upload, length=total)
+        if concat != "final":  # a final upload's bytes are its parts': charged when it is published
+            await self.lifecycle.admit(owner, upload.id, length, upload.expires_at)
         # a final upload is finished at once: nothing stays open, nothing counts against the key
-        async with self.quota.claim(owner if concat != "final" else None, upload.id):
-            await self.engine.create(_info_key(upload.id), upload.to_json())
+        try:
+            async with self.quota.claim(owner if concat != "final" else None, upload.id):
+                await self.engine.create(_info_key(upload.id), upload.to_json())
+        except BaseException:
+            await self.lifecycle.release_after_failure(owner, upload.id)
+            raise
         if concat == "final":
             upload = await self._finish(upload)
         return upload
@@ -386,13 +404,20 @@ class TusService:
                     offset=current,
                 )
             if upload.length is None:
+                # the declared length is reserved against the key's quota before a byte of it is stored
+                await self.lifecycle.admit(upload.owner, uid, declare_length, upload.expires_at)
                 upload = await self._update(uid, lambda u: _declared(u, declare_length, self.clock()))
         if offset != current:
             raise Conflict(f"Upload-Offset {offset} does not match the upload's offset {current}", offset=current)
         transition(upload.state_at(self.clock()), UploadEvent.PUT_PART, upload_id=f"upload {uid}")
-        # a deferred length is still bounded by Tus-Max-Size (tus 1.0.0 §creation-defer-length)
+        # a deferred length is still bounded by Tus-Max-Size (tus 1.0.0 §creation-defer-length) and by the quota
         length = upload.length
         limit = (self.settings.max_upload_size if length is None else length) - current
+        room = await self.lifecycle.room_for(upload.owner, uid) if length is None else None
+        if room is not None and room - current < limit:
+            limit = room - current
+            if limit <= 0:
+                raise QuotaExceeded(f"this key's quota has no room beyond the {current} bytes received", room=room)
         # the running SHA-256 follows the bytes of this process's PATCHes when they arrive in order
         hasher = self.engine.hashers.get(uid)
         if hasher is None and current == 0:
@@ -401,7 +426,9 @@ class TusService:
         staged = feed.staged() if feed is not None else None  # a PATCH that is not kept leaves the hasher as it was
         check = CHECKSUM_ALGORITHMS[checksum[0]]() if checksum else None
 
-        def too_long(_: int) -> TooLarge:
+        def too_long(received: int) -> TransferError:
+            if room is not None and current + received > room:
+                return QuotaExceeded(f"the upload goes beyond the {room} bytes of this key's quota", room=room)
             if length is not None:
                 return TooLarge(f"PATCH goes beyond Upload-Length {length}")
             return TooLarge(f"PATCH goes beyond Tus-Max-Size {self.settings.max_upload_size}")
@@ -490,10 +517,17 @@ class TusService:
                 encoding=ContentEncoding.NONE,
                 encoded_size=latest.length or 0,
                 encoded_sha256=sha_hex,
-                created_at=datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0),
+                created_at=(created := datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0)),
                 owner=latest.owner,
+                expires_at=self.lifecycle.expiry(created, latest.file_ttl),
             )
-            await publish_composed(self.storage, record, sources)
+            if latest.concat == "final":
+                # its bytes are its parts': their reservations give way to this file's charge (else they would
+                # count twice against the quota while it is checked)
+                for pid in latest.parts:
+                    await self.lifecycle.release(latest.owner, pid)
+            async with self.lifecycle.publishing(record, upload.id):
+                await publish_composed(self.storage, record, sources)
 
             def finished(current: Upload) -> Upload | None:
                 if current.file_id == file_id:
@@ -532,6 +566,7 @@ class TusService:
         upload = await self._update(uid, terminated)
         await self.engine.delete([key for _, key, _ in upload.ordered_segments()])
         await self.quota.release(upload.owner, uid)
+        await self.lifecycle.release(upload.owner, uid)
         self.engine.forget(uid)
 
     async def _free_segments(self, upload: Upload) -> None:
@@ -560,6 +595,8 @@ class TusService:
                 await self.engine.delete(segments)
                 continue
             if upload.terminated or now >= upload.expires_at:
+                if segments and upload.file_id is None:  # ended without a file: its reservation goes (once)
+                    await self.lifecycle.release(upload.owner, uid)
                 await self.engine.delete(segments)
                 if now >= upload.expires_at + self.settings.session_retention:
                     await self.engine.delete([_info_key(uid)])

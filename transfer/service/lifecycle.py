@@ -1,0 +1,134 @@
+"""What happens around a file's publication and deletion, whichever engine stored it (plain upload, chunked
+session, tus): its lifetime, its place in the expiry index, and its bytes in its key's usage record.
+
+Every publish path runs ``admit`` before it reads a byte (the lifetime is checked, a declared size reserved) and
+publishes inside ``publishing(record, upload id)``; every delete ends with ``deleted(record)``. The rules
+themselves are pure (``transfer.core.lifecycle``); the counter is ``transfer.service.usage``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from datetime import datetime
+
+from storage.base import Storage
+from storage.errors import ObjectNotFound
+from transfer.core.auth import parse_keys
+from transfer.core.lifecycle import (
+    EXPIRY_PREFIX,
+    LifetimePolicy,
+    expires_at,
+    expiry_bucket,
+    expiry_key,
+    parse_expiry_key,
+)
+from transfer.errors import TransferError, storage_errors_translated
+from transfer.service.records import FileRecord
+from transfer.service.usage import UsageLedger
+from transfer.settings import Settings
+
+log = logging.getLogger("transfer.lifecycle")
+
+
+class Lifecycle:
+    """Lifetimes, the expiry index and byte quotas of one service (shared by its upload engines)."""
+
+    def __init__(self, storage: Storage, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+        self.storage = storage
+        self.settings = settings
+        self.clock = clock
+        self.keys = parse_keys(settings.api_keys or {})
+        self.usage = UsageLedger(storage, self.keys, clock=clock)
+
+    def policy(self, owner: str | None) -> LifetimePolicy:
+        key = self.keys.get(owner) if owner is not None else None
+        return LifetimePolicy(
+            key_default=None if key is None else key.default_file_ttl,
+            key_max=None if key is None else key.max_file_ttl,
+            service_default=self.settings.default_file_ttl,
+            service_max=self.settings.max_file_ttl,
+        )
+
+    def lifetime(self, owner: str | None, requested: int | None) -> int | None:
+        """Seconds a new file of ``owner`` lives from its publication (None: until deleted); LifetimeTooLong when
+        ``requested`` is above the key's or the service's maximum."""
+        return self.policy(owner).lifetime(requested)
+
+    def expiry(self, published: datetime, lifetime: int | None) -> datetime | None:
+        return expires_at(published.timestamp(), lifetime)
+
+    async def admit(self, owner: str | None, rid: str, declared: int | None, until: float) -> int | None:
+        """Before a byte of upload ``rid`` is read: reserve its ``declared`` size (QuotaExceeded when it does not
+        fit). Returns the most bytes it may bring (None: no quota): its declared size, or for an upload of unknown
+        length what the key has left now (the charge at publication checks again, exactly)."""
+        if self.usage.quota_of(owner) is None:
+            return None
+        if declared is not None:
+            await self.usage.reserve(owner, rid, declared, until)
+            return declared
+        return await self.usage.available_to(owner, rid)
+
+    async def room_for(self, owner: str | None, rid: str) -> int | None:
+        """What upload ``rid`` (of unknown length) may still bring in all, its own reservation included."""
+        return await self.usage.available_to(owner, rid)
+
+    async def release(self, owner: str | None, rid: str) -> None:
+        """Upload ``rid`` ended without a file: its reservation goes."""
+        await self.usage.release(owner, rid)
+
+    async def release_after_failure(self, owner: str | None, rid: str) -> None:
+        """:meth:`release` on the way out of a failure: a backend that fails here too must not replace the error
+        the client is told (the reservation then lapses at its time)."""
+        try:
+            await self.usage.release(owner, rid)
+        except TransferError as exc:
+            log.warning("reservation %s of %r stays until it lapses: %s", rid, owner, exc)
+
+    @asynccontextmanager
+    async def publishing(self, record: FileRecord, rid: str) -> AsyncIterator[None]:
+        """Wrap the publication of ``record`` by upload ``rid``: the expiry index entry is written and the bytes
+        charged to the owner first (QuotaExceeded: nothing is published); if the publication then fails, the
+        charge is refunded. An index entry left by a failure points at no file and the sweep drops it."""
+        if record.expires_at is not None:
+            with storage_errors_translated():
+                async with self.storage.create(expiry_key(record.expires_at, record.id), size_hint=0) as writer:
+                    await writer.commit({})
+        await self.usage.charge(record.owner, rid, record.size)
+        try:
+            yield
+        except BaseException:
+            try:
+                await self.usage.refund(record.owner, record.size)
+            except TransferError as exc:  # the publish's own error is the one to report
+                log.warning("%s was not published; its %d bytes stay counted: %s", record.id, record.size, exc)
+            raise
+
+    async def deleted(self, record: FileRecord) -> None:
+        """``record``'s file is gone: its bytes leave the owner's usage and its index entry goes."""
+        await self.usage.refund(record.owner, record.size)
+        if record.expires_at is not None:
+            await self.drop_index_entry(expiry_key(record.expires_at, record.id))
+
+    async def drop_index_entry(self, key: str) -> None:
+        with storage_errors_translated():
+            try:
+                await self.storage.delete(key)
+            except ObjectNotFound:
+                pass
+
+    async def due(self) -> AsyncIterator[tuple[str, str, str]]:
+        """``(index key, hour, file id)`` of every index entry in an hour that has begun, oldest first. The listing
+        is in key order, so it stops at the first later hour: the entries of files that expire later are not read."""
+        now_bucket = expiry_bucket(self.clock())
+        with storage_errors_translated():
+            async for info in self.storage.list(EXPIRY_PREFIX):
+                parsed = parse_expiry_key(info.key)
+                if parsed is None:
+                    continue
+                bucket, file_id = parsed
+                if bucket > now_bucket:
+                    return
+                yield info.key, bucket, file_id

@@ -87,12 +87,16 @@ async def test_services_run_their_sweeps_and_close_stops_them(tmp_path: Path, ca
     storage = services.files.storage
     old = {"id": "old-job-0001", "kind": "upload", "owner": None, "state": "completed", "updated_at": 0, "events": []}
     await write_document(storage, job_key("old-job-0001", "state"), old)
-    for _ in range(200):
-        if await services.journal.load("old-job-0001") is None:
+
+    def logged() -> bool:
+        return any("sweep jobs removed 1" in r.getMessage() for r in caplog.records)
+
+    for _ in range(200):  # the sweep logs after it returns: wait for both the removal and the line
+        if await services.journal.load("old-job-0001") is None and logged():
             break
         await asyncio.sleep(0.05)
     assert await services.journal.load("old-job-0001") is None
-    assert any("sweep jobs removed 1" in r.getMessage() for r in caplog.records)
+    assert logged()
     sweepers = list(services._sweepers)
     await services.close()
     assert all(not t.done() for t in sweepers)  # still one host using it

@@ -235,22 +235,23 @@ async def cmd_upload(args: argparse.Namespace) -> int:
                 raise CliError("invalid_request", f"{file}: no such file")
             show = args.progress or (args.progress is None and sys.stderr.isatty() and path.stat().st_size > 8 << 20)
             progress, close = _progress_bar(show, path.name)
+            # what every way of uploading says about the file
+            about: dict[str, Any] = {
+                "name": args.name if len(args.files) == 1 else None,
+                "content_type": args.content_type,
+                "role": args.role,
+                "description": args.description,
+                "progress": progress,
+                "expires_in": args.expires_in,
+            }
+            remember = Path(args.state_dir) if args.state_dir else state_dir()
             try:
                 direct = args.direct
                 if direct is None:  # automatic: large files, unless another way was asked for
                     direct = not args.chunked and path.stat().st_size >= AUTO_DIRECT_THRESHOLD
                 if direct:
                     try:
-                        descriptor = await client.upload_direct(
-                            path,
-                            name=args.name if len(args.files) == 1 else None,
-                            content_type=args.content_type,
-                            role=args.role,
-                            description=args.description,
-                            progress=progress,
-                            remember=Path(args.state_dir) if args.state_dir else state_dir(),
-                            expires_in=args.expires_in,
-                        )
+                        descriptor = await client.upload_direct(path, remember=remember, **about)
                         results.append(descriptor.to_json())
                         continue
                     except DirectUploadUnsupported:
@@ -262,31 +263,17 @@ async def cmd_upload(args: argparse.Namespace) -> int:
                         _announce_session(session, server)
 
                     descriptor = await client.upload_chunked(
-                        path,
-                        chunk_size=args.chunk_size,
-                        name=args.name if len(args.files) == 1 else None,
-                        content_type=args.content_type,
-                        role=args.role,
-                        description=args.description,
-                        progress=progress,
-                        remember=Path(args.state_dir) if args.state_dir else state_dir(),
-                        on_session=announce,
-                        expires_in=args.expires_in,
+                        path, chunk_size=args.chunk_size, remember=remember, on_session=announce, **about
                     )
                     results.append(descriptor.to_json())
                     continue
                 descriptor = await client.upload(
                     path,
-                    name=args.name if len(args.files) == 1 else None,
-                    content_type=args.content_type,
-                    role=args.role,
-                    description=args.description,
                     encoding=args.encoding,
                     download_method=args.download_method,
                     ttl=args.ttl,
                     inline=False if args.url else None,
-                    progress=progress,
-                    expires_in=args.expires_in,
+                    **about,
                 )
             finally:
                 close()

@@ -21,35 +21,17 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field, field_validator
 
 from transfer.api.caller import caller_of
+from transfer.api.fields import NewFile
 from transfer.core.auth import Scope
-from transfer.core.content import DownloadMethod, FileRole, format_timestamp, normalize_checksum
-from transfer.core.mime import validate_media_type
+from transfer.core.content import DownloadMethod, format_timestamp, normalize_checksum
 from transfer.service.direct import DirectService, Plan
 from transfer.service.files import FileService
 
 SHA256_HEX = r"^(sha256:)?[0-9a-fA-F]{64}$"
 
 
-class PlanCreate(BaseModel):
+class PlanCreate(NewFile):
     size: int = Field(ge=0, description="total bytes of the file")
-    name: str | None = Field(default=None, max_length=1024)
-    content_type: str | None = Field(default=None, max_length=255)
-    checksum: str | None = Field(default=None, description="sha256:<hex> of the whole file (else at completion)")
-    role: FileRole | None = None
-    description: str | None = Field(default=None, max_length=4096)
-    expires_in: int | None = Field(
-        default=None, gt=0, description="seconds the finished file lives; above the key's or service's maximum: 400"
-    )
-
-    @field_validator("content_type")
-    @classmethod
-    def _media_type(cls, v: str | None) -> str | None:
-        return None if v is None else validate_media_type(v)
-
-    @field_validator("checksum")
-    @classmethod
-    def _checksum(cls, v: str | None) -> str | None:
-        return None if v is None else normalize_checksum(v)
 
 
 class PartRequest(BaseModel):

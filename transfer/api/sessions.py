@@ -19,21 +19,19 @@ from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Header, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 
 from transfer.api.caller import caller_of
+from transfer.api.fields import NewFile
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.streaming import OwningStreamResponse, request_body
 from transfer.core.auth import Scope
 from transfer.core.content import (
     DownloadMethod,
     FileContent,
-    FileRole,
-    normalize_checksum,
 )
 from transfer.core.delivery import CONTENT_SAFETY_HEADERS
 from transfer.core.digests import sha256_from_digest_field
-from transfer.core.mime import validate_media_type
 from transfer.core.numerals import decimal
 from transfer.errors import InvalidRequest, SessionIncomplete
 from transfer.service import session_views
@@ -41,28 +39,10 @@ from transfer.service.files import FileService
 from transfer.service.sessions import ChunkDigest, SessionService
 
 
-class SessionCreate(BaseModel):
-    name: str | None = Field(default=None, max_length=1024)
-    content_type: str | None = Field(default=None, max_length=255)
+class SessionCreate(NewFile):
     size: int | None = Field(default=None, ge=0, description="total bytes; omit if unknown until completion")
     chunk_size: int | None = Field(default=None, gt=0)
-    checksum: str | None = Field(default=None, description="sha256:<hex> of the whole file, verified at completion")
     ttl: int | None = Field(default=None, gt=0, description="seconds the session may stay unfinished")
-    role: FileRole | None = None
-    description: str | None = Field(default=None, max_length=4096)
-    expires_in: int | None = Field(
-        default=None, gt=0, description="seconds the finished file lives; above the key's or service's maximum: 400"
-    )
-
-    @field_validator("content_type")
-    @classmethod
-    def _media_type(cls, v: str | None) -> str | None:
-        return None if v is None else validate_media_type(v)
-
-    @field_validator("checksum")
-    @classmethod
-    def _checksum(cls, v: str | None) -> str | None:
-        return None if v is None else normalize_checksum(v)
 
 
 class SessionComplete(BaseModel):

@@ -33,6 +33,7 @@ from transfer.errors import NotFound, VersionConflict, from_storage_error, stora
 T = TypeVar("T")
 HEAD_BYTES = 4096  # the start of an upload kept by its hasher (media type sniffing)
 OFFLOAD_BYTES = 64 << 10  # pieces at least this long are hashed in a thread (below, the hop costs more than it saves)
+READ_ATTEMPTS = 50  # reads of a record replaced between its HEAD and its GET (S3) before giving up
 CAS_ATTEMPTS = 200  # compare-and-set rounds before a record update gives up (contention between replicas)
 SEEN_RECORDS = 4096  # record versions remembered per process (an optimistic start for updates; bounded)
 
@@ -140,7 +141,7 @@ class UploadEngine:
     async def read(self, key: str) -> tuple[Any, str]:
         """A record and its version (etag); NotFound when absent."""
         with storage_errors_translated():
-            for attempt in range(3):
+            for attempt in range(READ_ATTEMPTS):
                 try:
                     async with await self.storage.open(key) as reader:
                         raw = b"".join([chunk async for chunk in reader.read()])
@@ -148,9 +149,10 @@ class UploadEngine:
                         self._remember(key, doc, reader.info.etag)
                         return doc, reader.info.etag
                 except ObjectChanged:  # replaced between open and read (S3 pins the ETag): read again
-                    if attempt == 2:
+                    if attempt == READ_ATTEMPTS - 1:
                         raise
-                    await asyncio.sleep(0.01)
+                    # a busy record (parallel chunks each updating it) can change under several reads in a row
+                    await asyncio.sleep(random.uniform(0, min(0.05, 0.005 * (attempt + 1))))  # noqa: S311
         raise AssertionError("unreachable")
 
     async def create(self, key: str, doc: Any) -> None:

@@ -1,0 +1,32 @@
+"""What every request that makes a new file may say about it (sessions, direct-upload plans): one model, one set
+of checks."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field, field_validator
+
+from transfer.core.content import FileRole, normalize_checksum
+from transfer.core.mime import validate_media_type
+
+
+class NewFile(BaseModel):
+    """The file-to-be's name, type, declared SHA-256, role, description and lifetime."""
+
+    name: str | None = Field(default=None, max_length=1024)
+    content_type: str | None = Field(default=None, max_length=255)
+    checksum: str | None = Field(default=None, description="sha256:<hex> of the whole file, verified at completion")
+    role: FileRole | None = None
+    description: str | None = Field(default=None, max_length=4096)
+    expires_in: int | None = Field(
+        default=None, gt=0, description="seconds the finished file lives; above the key's or service's maximum: 400"
+    )
+
+    @field_validator("content_type")
+    @classmethod
+    def _media_type(cls, v: str | None) -> str | None:
+        return None if v is None else validate_media_type(v)
+
+    @field_validator("checksum")
+    @classmethod
+    def _checksum(cls, v: str | None) -> str | None:
+        return None if v is None else normalize_checksum(v)

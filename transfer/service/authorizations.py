@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import secrets
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -30,6 +29,7 @@ from typing import Any
 from storage.base import Capability, SupportsPresignPut
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding
+from transfer.core.ids import is_id, new_id
 from transfer.core.mime import require_media_type
 from transfer.core.naming import resolve_content_type, sanitize_filename
 from transfer.errors import (
@@ -52,11 +52,11 @@ KEEP_TTL = 24 * 3600  # seconds the authorisation and its result are kept
 
 
 def new_authorization_id() -> str:
-    return "az_" + secrets.token_hex(16)
+    return new_id("az_")
 
 
 def is_authorization_id(value: str) -> bool:
-    return value.startswith("az_") and len(value) == 35 and all(c in "0123456789abcdef" for c in value[3:])
+    return is_id(value, "az_")
 
 
 def _staged(aid: str) -> str:

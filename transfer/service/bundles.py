@@ -4,7 +4,6 @@ URLs), so a bundle outlives the URLs it was first handed out with."""
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -23,6 +22,7 @@ from transfer.core.content import (
     TextContent,
     parse_descriptor,
 )
+from transfer.core.ids import is_id, new_id
 from transfer.errors import InvalidDescriptor, InvalidRequest, NotFound
 from transfer.service.documents import read_document, write_document
 from transfer.service.files import FileService
@@ -33,7 +33,7 @@ def bundle_key(bundle_id: str) -> str:
 
 
 def is_bundle_id(value: str) -> bool:
-    return value.startswith("b_") and len(value) == 34 and all(c in "0123456789abcdef" for c in value[2:])
+    return is_id(value, "b_")
 
 
 class BundleService:
@@ -76,7 +76,7 @@ class BundleService:
             stored.append(entry)
         if len({e["id"] for e in stored}) != len(stored):
             raise InvalidRequest("bundle item ids must be unique")
-        bundle_id = "b_" + secrets.token_hex(16)
+        bundle_id = new_id("b_")
         doc = {
             "id": bundle_id,
             "name": name,

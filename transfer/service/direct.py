@@ -29,7 +29,6 @@ import base64
 import binascii
 import hashlib
 import logging
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -40,6 +39,7 @@ from storage.base import Capability, PartUrl, Storage, StoredPart, SupportsDirec
 from storage.parts import part_count, plan_part_size
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding, FileRole, checksum_hex
+from transfer.core.ids import is_id, new_id
 from transfer.core.mime import require_media_type
 from transfer.core.naming import resolve_content_type, sanitize_filename
 from transfer.errors import (
@@ -72,11 +72,11 @@ READ_BACK_AHEAD = 4  # ranged reads in flight while the hash runs (memory: READ_
 
 
 def new_plan_id() -> str:
-    return "d_" + secrets.token_hex(16)
+    return new_id("d_")
 
 
 def is_plan_id(value: str) -> bool:
-    return value.startswith("d_") and len(value) == 34 and all(c in "0123456789abcdef" for c in value[2:])
+    return is_id(value, "d_")
 
 
 def _plan_key(pid: str) -> str:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from transfer.core.content import ContentEncoding, FileRole
+from transfer.core.ids import is_id, new_id
 from transfer.errors import StorageUnavailable
 
 RECORD_KEY = "transfer-record"
@@ -18,7 +18,7 @@ RECORD_VERSION = 1
 
 def new_file_id() -> str:
     """A fresh, unguessable file id (128 random bits); object keys derive from it, never from user input."""
-    return "f_" + secrets.token_hex(16)
+    return new_id("f_")
 
 
 def object_key(file_id: str) -> str:
@@ -38,7 +38,7 @@ def owner_files_prefix(owner: str) -> str:
 
 
 def is_file_id(value: str) -> bool:
-    return value.startswith("f_") and len(value) == 34 and all(c in "0123456789abcdef" for c in value[2:])
+    return is_id(value, "f_")
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,6 @@ server-side (COMPOSE) into an ordinary stored file and deletes them.
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from typing import Any
 from storage.base import Capability, ObjectReader, Storage
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding, FileRole, checksum_hex
+from transfer.core.ids import is_id, new_id
 from transfer.core.mime import MIME_OCTET_STREAM, require_media_type
 from transfer.core.naming import sanitize_filename, sniff_content_type
 from transfer.core.sessions import Session, SessionState, compact_ranges, plan_chunk_size
@@ -61,11 +61,11 @@ POLL_SECONDS = 0.1
 
 
 def new_session_id() -> str:
-    return "s_" + secrets.token_hex(16)
+    return new_id("s_")
 
 
 def is_session_id(value: str) -> bool:
-    return value.startswith("s_") and len(value) == 34 and all(c in "0123456789abcdef" for c in value[2:])
+    return is_id(value, "s_")
 
 
 def session_key(sid: str) -> str:

@@ -22,7 +22,6 @@ import asyncio
 import base64
 import hashlib
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
@@ -32,6 +31,7 @@ from typing import Any
 from storage.base import Storage
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding
+from transfer.core.ids import is_id, new_id
 from transfer.core.lifecycle import parse_expires_in
 from transfer.core.mime import is_media_type, require_media_type
 from transfer.core.naming import resolve_content_type, sanitize_filename
@@ -73,11 +73,11 @@ CHECKSUM_ALGORITHMS = {"sha1": hashlib.sha1, "sha256": hashlib.sha256, "md5": ha
 
 
 def new_upload_id() -> str:
-    return "t_" + secrets.token_hex(16)
+    return new_id("t_")
 
 
 def is_upload_id(value: str) -> bool:
-    return value.startswith("t_") and len(value) == 34 and all(c in "0123456789abcdef" for c in value[2:])
+    return is_id(value, "t_")
 
 
 # Upload metadata key holding the SHA-256 (hex) the whole upload must have: checked before anything is published

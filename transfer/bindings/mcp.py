@@ -178,6 +178,12 @@ class BundleItemInput(BaseModel):
     content: dict[str, Any] | None = Field(default=None, description="a TextContent, JSONContent or CodeContent")
 
 
+# every tool that stores a file takes its lifetime the same way
+ExpiresIn = Annotated[
+    int | None, Field(gt=0, description="seconds the stored file lives (default: the key's or server's)")
+]
+
+
 class McpBinding:
     """The tools, bound to one Services; ``http`` says whether calls come over HTTP (remote callers)."""
 
@@ -265,9 +271,7 @@ class McpBinding:
             Field(description="how to store and serve it", json_schema_extra={"enum": list(CODECS.storage_names())}),
         ] = "none",
         ttl: Annotated[int | None, Field(gt=0, description="seconds the signed URL lives")] = None,
-        expires_in: Annotated[
-            int | None, Field(gt=0, description="seconds the stored file lives (default: the key's or server's)")
-        ] = None,
+        expires_in: ExpiresIn = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Upload a local file; returns its FileContent descriptor (url mode above the inline threshold)."""
@@ -298,9 +302,7 @@ class McpBinding:
         description: Annotated[str | None, Field(max_length=1024)] = None,
         checksum: Annotated[str | None, Field(description="sha256:<hex> of the bytes, verified")] = None,
         ttl: Annotated[int | None, Field(gt=0, description="seconds the signed URL lives")] = None,
-        expires_in: Annotated[
-            int | None, Field(gt=0, description="seconds the stored file lives (default: the key's or server's)")
-        ] = None,
+        expires_in: ExpiresIn = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Store bytes given in the call (at most ``mcp_max_inline_bytes``); returns the FileContent descriptor."""
@@ -330,9 +332,7 @@ class McpBinding:
         chunk_size: Annotated[int | None, Field(gt=0, description="bytes per chunk (default: server)")] = None,
         checksum: Annotated[str | None, Field(description="sha256:<hex> of the whole content")] = None,
         ttl: Annotated[int | None, Field(gt=0, description="seconds the session may stay open")] = None,
-        expires_in: Annotated[
-            int | None, Field(gt=0, description="seconds the stored file lives (default: the key's or server's)")
-        ] = None,
+        expires_in: ExpiresIn = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Open a chunked, resumable upload session; returns its id, chunk size and (size known) a streaming
@@ -431,9 +431,7 @@ class McpBinding:
         content_type: Annotated[str | None, Field(description="media type (default: sniffed)")] = None,
         max_size: Annotated[int | None, Field(gt=0, description="largest size to accept, bytes")] = None,
         start_ttl: Annotated[int | None, Field(gt=0, description="seconds to start the PUT (default 900)")] = None,
-        expires_in: Annotated[
-            int | None, Field(gt=0, description="seconds the stored file lives (default: the key's or server's)")
-        ] = None,
+        expires_in: ExpiresIn = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """An expiring signed URL to PUT a file to, outside MCP (SEP-2631 ``files/authorizeUpload``)."""

@@ -161,20 +161,14 @@ class AsyncTransferClient:
         """Upload a file as a chunked session, ``connections`` chunks in parallel; with ``remember`` (a directory),
         a rerun after a crash resumes the same session and sends only the missing chunks."""
         source = Path(path)
-        metadata = {
-            "name": name or source.name,
-            "content_type": content_type,
-            "role": role,
-            "description": description,
-            "expires_in": expires_in,
-        }
+        metadata = _about(source, name, content_type, role, description, expires_in)
         doc = await upload_chunked(
             self.http,
             self.server,
             source,
             options=ChunkOptions(connections=self.options.connections, retries=self.options.retries),
             chunk_size=chunk_size,
-            metadata={k: v for k, v in metadata.items() if v is not None},
+            metadata=metadata,
             progress=progress,
             remember=remember,
             on_session=on_session,
@@ -202,19 +196,13 @@ class AsyncTransferClient:
         same plan and sends only the parts the bucket lacks. Raises DirectUploadUnsupported, having sent nothing,
         when the service's backend cannot take parts directly: use :meth:`upload` then."""
         source = Path(path)
-        metadata = {
-            "name": name or source.name,
-            "content_type": content_type,
-            "role": role,
-            "description": description,
-            "expires_in": expires_in,
-        }
+        metadata = _about(source, name, content_type, role, description, expires_in)
         doc = await upload_direct(
             self.http,
             self.server,
             source,
             options=DirectOptions(connections=self.options.connections, retries=self.options.retries),
-            metadata={k: v for k, v in metadata.items() if v is not None},
+            metadata=metadata,
             progress=progress,
             remember=remember,
             part_filter=part_filter,
@@ -445,3 +433,23 @@ async def _fileobj_chunks(f: IO[bytes], size: int) -> AsyncIterator[bytes]:
 async def _aiter(source: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
     async for chunk in source:
         yield bytes(chunk)
+
+
+def _about(
+    source: Path,
+    name: str | None,
+    content_type: str | None,
+    role: str | None,
+    description: str | None,
+    expires_in: int | None,
+) -> dict[str, Any]:
+    """What a chunked session or a direct plan is told about the file (only what was given; the name defaults to
+    the file's)."""
+    given = {
+        "name": name or source.name,
+        "content_type": content_type,
+        "role": role,
+        "description": description,
+        "expires_in": expires_in,
+    }
+    return {k: v for k, v in given.items() if v is not None}

@@ -207,6 +207,7 @@ class LocalWriter(WriterContext):
         self._synced = 0
         self._sync_every = storage.sync_every if durable else 0
         self._done = False
+        self._syncing: asyncio.Future[None] | None = None  # the flush in flight (see write)
 
     @property
     def bytes_written(self) -> int:
@@ -266,11 +267,25 @@ class LocalWriter(WriterContext):
                 self._written += n
             if self._sync_every and self._written - self._synced >= self._sync_every:
                 # Flush as we go: the disk works while the network delivers, instead of one long fsync at commit
-                # with gigabytes of dirty pages behind it.
+                # with gigabytes of dirty pages behind it. Not awaited: waiting here would stop the upload for
+                # every flush (the writes, the hashing and the socket reads all wait on this write), so receiving
+                # and flushing would take turns. One flush at a time: at most two intervals' bytes are dirty.
+                await self._flushed()
                 self._synced = self._written
-                await asyncio.to_thread(os.fdatasync, f.fileno())
+                self._syncing = asyncio.ensure_future(asyncio.to_thread(os.fdatasync, f.fileno()))
         except OSError as exc:
             raise _translate(exc, "writing") from exc
+
+    async def _flushed(self) -> None:
+        """Until the flush in flight (if any) has ended; raises its error. Shielded: the flush runs on in its
+        thread whatever happens to the caller, and the file must stay open until it ends."""
+        syncing, self._syncing = self._syncing, None
+        if syncing is not None:
+            try:
+                await asyncio.shield(syncing)
+            except BaseException:
+                self._syncing = syncing if not syncing.done() else None  # still in flight: abort waits for it
+                raise
 
     async def _write_pending(self, f: AsyncFileIO) -> None:
         pending, self._pending = b"".join(self._pending), []
@@ -285,6 +300,11 @@ class LocalWriter(WriterContext):
         if self._done:
             raise BackendUnavailable("commit after commit or abort")
         record = {"metadata": dict(metadata), "size": self._written}
+        try:
+            await self._flushed()
+        except OSError as exc:
+            await self.abort()
+            raise _translate(exc, "writing") from exc
         # all the file work of a commit in one call on the storage's I/O pool (see the module docstring)
         finishing = asyncio.ensure_future(self._storage.run_io(self._commit_blocking, record))
         try:
@@ -353,6 +373,11 @@ class LocalWriter(WriterContext):
                 await aiofiles.os.remove(path)
             except FileNotFoundError:
                 pass
+        if self._syncing is not None:  # never close the descriptor under a flush in flight
+            await asyncio.wait([self._syncing])
+            if not self._syncing.cancelled():
+                self._syncing.exception()  # retrieved: the upload failed for another reason already
+            self._syncing = None
         if self._file is not None:
             try:
                 await self._file.close()

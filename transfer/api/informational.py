@@ -8,7 +8,7 @@ times before ``http.response.start``::
     {"type": "http.response.informational", "status": 104, "headers": [(b"location", b"...")]}
 
 The interim response is written to the transport at once, on the event loop, with no copy of the body path: the
-final response and the request body are handled by uvicorn's own code, unchanged.
+final response is uvicorn's own code, the request body :mod:`transfer.api.bodyread`'s.
 
 Rules kept (RFC 9110 §15.2): never to an HTTP/1.0 client (the extension is not offered), never 101 (it ends the
 exchange) nor a status outside 1xx, never after the final response started; header fields are validated like any
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from transfer.api.bodyread import BodyCycle, BodyProtocol
 
 EXTENSION = "http.response.informational"
 
@@ -40,7 +40,7 @@ def interim_head(status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
     return b"".join(lines)
 
 
-class InformationalCycle(RequestResponseCycle):
+class InformationalCycle(BodyCycle):
     """uvicorn's request/response cycle that also accepts ``http.response.informational`` messages."""
 
     async def send(self, message: Any) -> None:
@@ -57,7 +57,7 @@ class InformationalCycle(RequestResponseCycle):
         self.transport.write(head)
 
 
-class InformationalProtocol(HttpToolsProtocol):
+class InformationalProtocol(BodyProtocol):
     """uvicorn's httptools protocol offering :data:`EXTENSION` to every HTTP/1.1 request."""
 
     def on_headers_complete(self) -> None:
@@ -65,7 +65,7 @@ class InformationalProtocol(HttpToolsProtocol):
         cycle = self.cycle
         # the cycle was made for this request just now; its task has not run yet, so the scope and the class may
         # still change. An upgrade (WebSocket) leaves no cycle; HTTP/1.0 clients must not get 1xx (RFC 9110 §15.2)
-        if cycle is None or cycle.scope is not self.scope or type(cycle) is not RequestResponseCycle:
+        if cycle is None or cycle.scope is not self.scope or type(cycle) is not BodyCycle:
             return
         if self.scope.get("http_version") != "1.1":
             return

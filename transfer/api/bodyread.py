@@ -1,0 +1,170 @@
+"""Request bodies on uvicorn's httptools protocol without copying them in Python.
+
+uvicorn (0.54) copies every body byte three times on its way to the application: httptools hands each piece to
+``on_body`` as a new ``bytes`` (a copy out of the read buffer), ``on_body`` appends it to the cycle's ``bytearray``
+(a second copy), and ``receive`` turns that into ``bytes`` (a third); it also stops reading the socket as soon as
+64 KiB are waiting, so a busy application receives many small messages. On a 1 GiB upload the copies and the
+per-message overhead cost more CPU than the SHA-256 the upload needs.
+
+Here:
+
+- body pieces are queued as they come (no accumulation copy); ``receive`` hands out the one queued piece as it is,
+  or joins several into one message (one copy, only when the application fell behind);
+- a body with a ``Content-Length`` bypasses the HTTP parser once its head is parsed: each later socket read *is* a
+  body piece (uvloop's ``bytes``, passed on untouched), counted down to the declared length; at the end the request
+  is completed and a fresh parser takes the next request on the connection (keep-alive, pipelining). Chunked bodies
+  (RFC 9112 §7.1) and upgrades stay with the parser, which removes the chunk framing;
+- reading pauses once ``HIGH_WATER`` bytes wait for the application (back-pressure on the client, bounded memory per
+  connection) and resumes on its next ``receive``.
+
+Everything else is uvicorn's own behaviour, unchanged: ``100 Continue`` on the first ``receive`` (RFC 9110 §10.1.1),
+``http.disconnect`` once the client has gone or the response is complete, body bytes after an early response read
+and dropped so the connection can be reused.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+# bytes waiting for the application before the socket stops being read: a few socket reads, so that a busy
+# application takes them in one message
+HIGH_WATER = 1 << 20
+
+
+class BodyCycle(RequestResponseCycle):
+    """uvicorn's request/response cycle with a queue of body pieces instead of one accumulating ``bytearray``."""
+
+    pieces: deque[bytes]
+    queued: int
+
+    def start_body(self) -> None:
+        self.pieces = deque()
+        self.queued = 0
+
+    def deliver(self, piece: bytes) -> None:
+        self.pieces.append(piece)
+        self.queued += len(piece)
+        self.message_event.set()
+
+    async def receive(self) -> Any:
+        if self.waiting_for_100_continue and not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.waiting_for_100_continue = False
+        if not self.disconnected and not self.response_complete:
+            self.flow.resume_reading()
+            if not self.pieces:  # after the last piece, this waits for the disconnect (or the response's end)
+                await self.message_event.wait()
+            self.message_event.clear()
+        if self.disconnected or self.response_complete:
+            return {"type": "http.disconnect"}
+        pieces = self.pieces
+        if not pieces:
+            body = b""
+        elif len(pieces) == 1:
+            body = pieces.popleft()
+        else:
+            body = b"".join(pieces)
+            pieces.clear()
+        self.queued = 0
+        return {"type": "http.request", "body": body, "more_body": self.more_body}
+
+
+class BodyProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol delivering request bodies through :class:`BodyCycle` (see the module
+    docstring)."""
+
+    _seen = 0  # body bytes of the current request the parser has passed to on_body
+    _raw_left = 0  # body bytes still to come past the parser (0: the parser reads the connection)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._seen = 0
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        cycle = self.cycle
+        # a cycle made for this request just now (an upgrade makes none); its task has not run yet
+        if cycle is not None and cycle.scope is self.scope and type(cycle) is RequestResponseCycle:
+            cycle.__class__ = BodyCycle
+            cycle.start_body()  # type: ignore[attr-defined]
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if not isinstance(cycle, BodyCycle):
+            super().on_body(body)
+            return
+        self._seen += len(body)
+        if (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete:
+            return
+        self._deliver(cycle, body)
+
+    def _deliver(self, cycle: BodyCycle, piece: bytes) -> None:
+        cycle.deliver(piece)
+        if cycle.queued > HIGH_WATER:
+            self.flow.pause_reading()
+
+    def data_received(self, data: bytes) -> None:
+        left = self._raw_left
+        if left:
+            self._unset_keepalive_if_required()
+            cycle = self.cycle
+            size = len(data)
+            if size < left:
+                self._raw_left = left - size
+                if not cycle.response_complete:  # after an early response the rest of the body is dropped
+                    self._deliver(cycle, data)  # type: ignore[arg-type]
+                return
+            self._raw_left = 0
+            if not cycle.response_complete:
+                self._deliver(cycle, data if size == left else data[:left])  # type: ignore[arg-type]
+            self._end_raw_body()
+            if size == left:
+                return
+            data = data[left:]  # the next request, pipelined
+        super().data_received(data)
+        self._maybe_bypass_parser()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._raw_left = 0
+        super().connection_lost(exc)
+
+    def _maybe_bypass_parser(self) -> None:
+        """After the parser has taken a request's head: read the rest of a ``Content-Length`` body ourselves."""
+        cycle = self.cycle
+        if (
+            self._raw_left
+            or not isinstance(cycle, BodyCycle)
+            or cycle.scope is not self.scope  # a later request's head is still incomplete
+            or not cycle.more_body  # the whole body was in this read
+            or self.parser is None
+            or self.transport.is_closing()
+            or self.parser.should_upgrade()
+        ):
+            return
+        length: bytes | None = None
+        for name, value in self.headers:
+            if name == b"transfer-encoding":
+                return  # chunked framing: the parser's job
+            if name == b"content-length":
+                if length is not None:
+                    return
+                length = value
+        if length is None or not length.isdigit():
+            return  # (the parser has refused malformed lengths already)
+        left = int(length) - self._seen
+        if left > 0:
+            self._raw_left = left
+
+    def _end_raw_body(self) -> None:
+        """The body read past the parser is complete: end the request as the parser would, and give the
+        connection a fresh parser for the next request (the old one still waits for this body)."""
+        self.on_message_complete()
+        self.parser = httptools.HttpRequestParser(self)
+        try:
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn sets it up
+        except AttributeError:  # pragma: no cover - httptools < 0.6.3
+            pass

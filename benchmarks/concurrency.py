@@ -40,7 +40,7 @@ async def client():
     sock = socket.socket()
     sock.setblocking(False)
     await loop.sock_connect(sock, (u.hostname, u.port))
-    buf = bytearray(256 << 10)  # reused: the client must not be what is measured (256 clients: 64 MiB)
+    buf = bytearray(1 << 20)  # reused: the client must not be what is measured (256 clients: 256 MiB, fine)
     view = memoryview(buf)
     while left > 0:
         left -= 1

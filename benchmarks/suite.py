@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             sections.append(kernels_table(report["kernels"]))
             chart_rows += [r for r in report["kernels"] if r["baseline_MBps"]]
         if "codecs" not in skip:
-            report["codecs"] = run_codecs(kernel_size, 3)
+            report["codecs"] = run_codecs(16 << 20 if args.quick else kernel_size, 2 if args.quick else 3)
             sections.append(codecs_table(report["codecs"]))
         if "e2e" not in skip:
             report["e2e"] = run(size, reps, work)

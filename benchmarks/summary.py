@@ -68,6 +68,7 @@ GOALS: dict[str, Goal] = {
     "clients_256": Goal("256 concurrent clients: MB/s and p99, down / up", unit="MB/s"),
     "memory_peak": Goal("server peak RSS, largest file", 200, "MB", at_most=True),
     "memory_growth": Goal("server peak RSS, largest file / smallest file", 1.1, at_most=True),
+    "memory_s3": Goal("server peak RSS, upload into S3", 200, "MB", at_most=True),
 }
 
 
@@ -191,6 +192,14 @@ def _memory_growth(report: dict[str, Any]) -> Figure | None:
     return Figure(round(_peak(big) / _peak(small), 2), runs=1, detail=detail)
 
 
+def _memory_s3(report: dict[str, Any]) -> Figure | None:
+    m = (report.get("s3") or {}).get("memory")
+    if not m:
+        return None
+    detail = f"{m['size'] // MiB} MiB file through the service into S3"
+    return Figure(round(m["peak_rss_after_upload"] / 1e6), runs=1, detail=detail)
+
+
 # Where each goal row's figure comes from in the report (section and case).
 ROWS: dict[str, Callable[[dict[str, Any]], Figure | None]] = {
     "download_full": _case("e2e", "download full body"),
@@ -215,6 +224,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], Figure | None]] = {
     "clients_256": _clients(256),
     "memory_peak": _memory_peak,
     "memory_growth": _memory_growth,
+    "memory_s3": _memory_s3,
 }
 
 

@@ -184,7 +184,15 @@ def test_goals_table_reads_every_row_and_says_not_run() -> None:
     assert rows["memory_peak"]["value"] == 95 and rows["memory_peak"]["met"] is True
     assert rows["memory_growth"]["value"] == round(95 / 90, 2) and rows["memory_growth"]["met"] is True
     # sections that did not run, and rows whose section ran without them: "not run", never a number
-    for row_id in ("s3_upload", "s3_download", "chunked_wan", "resolve_four", "small_durable", "clients_256"):
+    for row_id in (
+        "s3_upload",
+        "s3_download",
+        "memory_s3",
+        "chunked_wan",
+        "resolve_four",
+        "small_durable",
+        "clients_256",
+    ):
         assert rows[row_id]["value"] is None and rows[row_id]["met"] is None
     table = summary_table(list(rows.values()), "Test CPU, 2 vCPU")
     assert "## Goals — host CPU: Test CPU, 2 vCPU" in table

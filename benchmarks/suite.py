@@ -1,37 +1,31 @@
 """``python -m benchmarks``: every case, each against its baseline in the same run, into one report.
 
-Writes ``benchmarks/results/latest.json`` (everything), ``latest.md`` (the tables README carries) and
-``latest.png`` (the chart). ``--quick`` keeps it to a few minutes; the full profile takes 15-25 minutes here.
+Writes ``benchmarks/results/latest.json`` (everything; ``summary`` holds the goals table's rows), ``latest.md``
+(the goals table first — every row the performance issue sets a goal for, with the host's CPU — then each section's
+own tables), ``latest.png`` (the goals chart) and ``latest-throughput.png`` (MB/s of every case next to its
+baseline). ``--quick`` keeps it to a few minutes; the full profile (``make bench``) takes about 25-35 minutes here.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from benchmarks.bombs import bombs_table, run_bombs
-from benchmarks.chart import write_chart
+from benchmarks.chart import write_chart, write_goals_chart
 from benchmarks.concurrency import concurrency_table, run_concurrency
 from benchmarks.e2e import make_file, memory_profile, memory_table, run, table
-from benchmarks.kernels import kernels_table, run_kernels
+from benchmarks.kernels import codecs_table, kernels_table, run_codecs, run_kernels
 from benchmarks.network import network_table, run_small_objects, run_wan
+from benchmarks.summary import host_cpu, summarize, summary_table
 
 
 def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} × {cpu}, Python {platform.python_version()}, {platform.system()} {platform.release()}"
+    return f"{host_cpu()}, Python {platform.python_version()}, {platform.system()} {platform.release()}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,12 +34,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, help="file size in MiB (default 1024; --quick: 256)")
     parser.add_argument("--reps", type=int, help="runs per case (default 5; --quick: 3)")
     parser.add_argument("--out", default="benchmarks/results", help="directory for latest.json/.md/.png")
-    parser.add_argument("--s3", action="store_true", help="also the S3 cases (starts a Swift s3api server)")
+    parser.add_argument(
+        "--s3", action="store_true", help="also the S3 cases (starts a Swift s3api server; TRANSFER_SWIFT_VENV)"
+    )
     parser.add_argument(
         "--memory-sizes", help="MiB sizes for the peak-RSS runs (default 1024,4096; --quick: 256,1024; 0: skip)"
     )
     parser.add_argument(
-        "--skip", default="", help="comma-separated: kernels,e2e,memory,bombs,wan,small,concurrency,scale"
+        "--skip", default="", help="comma-separated: kernels,codecs,e2e,memory,bombs,wan,small,concurrency,scale"
     )
     parser.add_argument(
         "--scale-counts", help="stored-object counts for the scale table (default 0,10000,100000; --quick: 0,2000)"
@@ -54,15 +50,19 @@ def main(argv: list[str] | None = None) -> int:
     size = (args.size or (256 if args.quick else 1024)) << 20
     reps = args.reps or (3 if args.quick else 5)
     skip = set(filter(None, args.skip.split(",")))
-    report: dict[str, Any] = {"machine": machine(), "size": size, "reps": reps}
+    report: dict[str, Any] = {"machine": machine(), "cpu": host_cpu(), "size": size, "reps": reps}
     sections: list[str] = [f"Machine: {report['machine']}; file size {size >> 20} MiB, {reps} runs per case."]
+    kernel_size = 32 << 20 if args.quick else 64 << 20
     chart_rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="transfer-bench-") as tmp:
         work = Path(tmp)
         if "kernels" not in skip:
-            report["kernels"] = run_kernels(64 << 20 if not args.quick else 32 << 20, 3)
+            report["kernels"] = run_kernels(kernel_size, 3)
             sections.append(kernels_table(report["kernels"]))
             chart_rows += [r for r in report["kernels"] if r["baseline_MBps"]]
+        if "codecs" not in skip:
+            report["codecs"] = run_codecs(16 << 20 if args.quick else kernel_size, 2 if args.quick else 3)
+            sections.append(codecs_table(report["codecs"]))
         if "e2e" not in skip:
             report["e2e"] = run(size, reps, work)
             sections.append(table(report["e2e"]))
@@ -80,9 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             chart_rows.append(report["wan"])
         if "small" not in skip:
             report["small"] = run_small_objects(2000 if args.quick else 5000, 64, work)
-        if "concurrency" not in skip:  # --quick: up to 64 clients (256 x 16 MiB uploads is 4 GiB on disk)
-            levels = (1, 8, 64) if args.quick else (1, 8, 64, 256)
-            report["concurrency"] = run_concurrency(work, levels)
+        if "concurrency" not in skip:
+            report["concurrency"] = run_concurrency(work, quick=args.quick)
         if report.get("wan") or report.get("small"):
             sections.append(network_table(report.get("wan"), report.get("small")))
         if report.get("concurrency"):
@@ -105,12 +104,17 @@ def main(argv: list[str] | None = None) -> int:
             report["s3"] = run_s3(size, reps, work, memory_size=2 * size)
             sections.append(s3_table(report["s3"]))
             chart_rows += report["s3"]["cases"]
+    report["summary"] = summarize(report)
+    profile = f"{'--quick' if args.quick else 'full'} profile: {size >> 20} MiB files, {reps} runs per case."
+    sections.insert(0, summary_table(report["summary"], report["cpu"], profile))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "latest.json").write_text(json.dumps(report, indent=2))
     markdown = "\n\n".join(sections) + "\n"
     (out / "latest.md").write_text(markdown)
+    write_goals_chart(report["summary"], out / "latest.png", f"goals of the performance issue — {report['cpu']}")
     if chart_rows:  # e.g. only the memory sections were run: nothing to chart
-        write_chart(chart_rows, out / "latest.png", f"transfer service vs baselines, same run — {report['machine']}")
+        title = f"transfer service vs baselines, same run — {report['machine']}"
+        write_chart(chart_rows, out / "latest-throughput.png", title)
     print(markdown)
     return 0

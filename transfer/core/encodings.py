@@ -6,7 +6,10 @@ with ``decoded_size_limit`` as soon as the decoded size or the expansion ratio p
 ``malformed_body`` on a truncated stream. Multiple gzip members and multiple zstd frames are decoded in sequence
 (RFC 9112 §7.2, RFC 8878 §3.1). zstd windows are limited to 8 MiB (RFC 9659).
 
-gzip/deflate use python-isal (~1 GB/s, versus ~80-200 MB/s for zlib); zstd encoding uses ``zstandard``; zstd
+gzip/deflate use python-isal both ways: encoding at ~1 GB/s (zlib: ~80-200 MB/s; zlib-ng level 1 is slower with a
+larger output), decoding at ~2x stdlib zlib on the same stream, text or incompressible (``benchmarks/kernels.py``
+compares isal, zlib-ng and stdlib zlib: zlib-ng decodes incompressible data ~1.2-1.4x faster than isal but text
+~0.9x, and text is what clients compress); zstd encoding uses ``zstandard``; zstd
 decoding uses ``backports.zstd`` (the stdlib ``compression.zstd`` API), whose ``decompress`` takes ``max_length`` —
 ``zstandard``'s push decoder has no output bound, so one crafted input chunk could expand to gigabytes.
 
@@ -24,7 +27,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import pybase64
 import zstandard
@@ -38,8 +41,21 @@ if sys.version_info >= (3, 14):  # pragma: no cover
 else:
     from backports import zstd as _zstd
 
+
+@dataclass(frozen=True, slots=True)
+class InflateBackend:
+    """A zlib-compatible inflater (``isal.isal_zlib``; stdlib ``zlib`` and ``zlib_ng`` have the same API) that
+    gzip/deflate decode with: its ``decompressobj(wbits=...)`` and the exception it raises on corrupt data."""
+
+    name: str
+    decompressobj: Callable[..., Any]
+    error: type[Exception]
+
+
 # isal's stub declares its error oddly; it is a plain Exception subclass at run time
-_ISAL_ERROR: type[Exception] = isal_zlib.error  # type: ignore[assignment]
+ISAL = InflateBackend("isal", isal_zlib.decompressobj, isal_zlib.error)  # type: ignore[arg-type]
+# gzip/deflate decoding (the kernels benchmark compares the candidates on the same streams; see the module doc)
+INFLATE = ISAL
 ZSTD_MAX_WINDOW_LOG = 23  # 8 MiB, RFC 9659 §3
 DEFAULT_PIECE = 1 << 20
 _INPUT_WINDOW = 256 << 10  # compressed bytes handed to zlib/isal per call (see _ZlibFamilyDecoder._run)
@@ -116,11 +132,14 @@ class StreamDecoder(Protocol):
 class _ZlibFamilyDecoder:
     """gzip (members in sequence) or deflate (zlib-wrapped, or raw if the zlib header is absent)."""
 
-    def __init__(self, encoding: ContentEncoding, limits: DecodeLimits, piece_size: int) -> None:
+    def __init__(
+        self, encoding: ContentEncoding, limits: DecodeLimits, piece_size: int, backend: InflateBackend | None = None
+    ) -> None:
         self._gzip = encoding is ContentEncoding.GZIP
         self._limits = limits
         self._piece = piece_size
-        self._obj: isal_zlib._Decompress | None = None  # type: ignore[name-defined]
+        self._backend = INFLATE if backend is None else backend
+        self._obj: Any = None
         self._head = b""  # deflate: bytes held until the wrapper can be recognised
         self._ended = False
         self.encoded_in = 0
@@ -128,11 +147,11 @@ class _ZlibFamilyDecoder:
 
     def _new(self, first: bytes) -> None:
         if self._gzip:
-            self._obj = isal_zlib.decompressobj(wbits=31)
+            self._obj = self._backend.decompressobj(wbits=31)
         else:
             # zlib header: CM=8 and (CMF*256+FLG) % 31 == 0 (RFC 1950 §2.2); otherwise raw deflate (RFC 1951)
             zlib_wrapped = len(first) >= 2 and first[0] & 0x0F == 8 and (first[0] * 256 + first[1]) % 31 == 0
-            self._obj = isal_zlib.decompressobj(wbits=15 if zlib_wrapped else -15)
+            self._obj = self._backend.decompressobj(wbits=15 if zlib_wrapped else -15)
 
     def _run(self, data: bytes | memoryview) -> Iterator[bytes]:
         # the input goes in windows: each call that stops at max_length copies the rest of its input into
@@ -157,7 +176,7 @@ class _ZlibFamilyDecoder:
             assert self._obj is not None
             try:
                 out = self._obj.decompress(data, self._piece)
-            except _ISAL_ERROR as exc:
+            except self._backend.error as exc:
                 raise MalformedBody(f"corrupt {'gzip' if self._gzip else 'deflate'} data: {exc}") from exc
             if out:
                 self.decoded_out += len(out)
@@ -173,7 +192,7 @@ class _ZlibFamilyDecoder:
                 return
 
     def feed(self, data: bytes | memoryview) -> Iterator[bytes]:
-        # no bytes() copy of the input: isal reads any buffer, and a fresh copy per call cost ~25 % on
+        # no bytes() copy of the input: the backend reads any buffer, and a fresh copy per call cost ~25 % on
         # incompressible data, where decoding is little more than a copy itself
         chunk: bytes | memoryview = data
         self.encoded_in += len(chunk)

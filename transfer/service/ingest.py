@@ -188,11 +188,13 @@ async def ingest(
     room: int | None = None,
     expires: Callable[[datetime], datetime | None] = lambda created: None,
     publishing: Callable[[FileRecord], AbstractAsyncContextManager[object]] | None = None,
-) -> FileRecord:
+) -> tuple[FileRecord, bytes | None]:
     """Stream ``body`` into storage as file ``file_id`` and publish it only once verified. ``room``: the most
     original bytes the owner's quota allows (QuotaExceeded beyond, before reading when a size is declared);
     ``expires``: the file's expiry from its creation time; ``publishing``: a context the commit runs in (it may
-    refuse the publication by raising)."""
+    refuse the publication by raising). Returns the record, and the original bytes when the whole file fits in
+    the sniffed head (``SNIFF_BYTES``), which the pipeline holds anyway: an inline descriptor of a small file
+    needs no read back."""
     if request.content_type is not None:
         require_media_type(request.content_type)
     if request.hinted_type is not None:
@@ -295,7 +297,7 @@ async def ingest(
         )
         async with publishing(record) if publishing is not None else nullcontext():
             await writer.commit(record.to_metadata())
-    return record
+    return record, bytes(digests.head) if digests.size <= len(digests.head) else None
 
 
 def _quota_exceeded(room: int) -> QuotaExceeded:

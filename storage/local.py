@@ -435,6 +435,7 @@ class LocalStorage:
         self.stale_after = stale_after
         self._dir_syncs: dict[Path, _DirectorySync] = {}
         self._dir_syncs_lock = threading.Lock()
+        self._folders: set[Path] = set()  # folders of objects and metadata known to exist
         self._helpers: ThreadPoolExecutor | None = None
 
     async def run_io(self, fn: Callable[..., T], *args: Any) -> T:
@@ -603,28 +604,41 @@ class LocalStorage:
         key = final.relative_to(self.objects_dir).as_posix()
         data_synced = self._alongside(os.fsync, data_fd) if durable and data_fd is not None else None
         try:
-            with open(tmp_meta, "x", encoding="ascii") as mf:
-                json.dump(record, mf, ensure_ascii=True)
-                mf.flush()
+            # json.dumps, not json.dump: dump streams through the pure-Python encoder
+            meta_bytes = json.dumps(record, ensure_ascii=True).encode("ascii")
+            mfd = os.open(tmp_meta, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                view = memoryview(meta_bytes)
+                while view:
+                    view = view[os.write(mfd, view) :]
                 if durable:
-                    os.fsync(mf.fileno())
+                    os.fsync(mfd)
+            finally:
+                os.close(mfd)
         finally:
             if data_synced is not None:
                 data_synced.result()  # never rename bytes that may not be on disk (raises the fsync's error)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        final_meta.parent.mkdir(parents=True, exist_ok=True)
+        for folder in (final.parent, final_meta.parent):
+            if folder not in self._folders:  # made once: a mkdir per publish is two failing system calls
+                folder.mkdir(parents=True, exist_ok=True)
+                if len(self._folders) < MAX_SHARED_DIRECTORIES:
+                    self._folders.add(folder)
         with self._key_locked(key):  # the compare and the renames: one step for every process (microseconds)
             if if_match is not None:
                 current = self._current_version(key)
                 if current != if_match:
                     raise ObjectChanged(f"{key} is at version {current or 'none'}, not {if_match}")
-            if if_absent:
-                os.link(tmp, final)  # FileExistsError: another writer published first
-                os.replace(tmp_meta, final_meta)
-                os.remove(tmp)  # last: a temp meta never outlives its part (see the sweep)
-            else:
-                os.replace(tmp_meta, final_meta)
-                os.replace(tmp, final)
+            try:
+                if if_absent:
+                    os.link(tmp, final)  # FileExistsError: another writer published first
+                    os.replace(tmp_meta, final_meta)
+                    os.remove(tmp)  # last: a temp meta never outlives its part (see the sweep)
+                else:
+                    os.replace(tmp_meta, final_meta)
+                    os.replace(tmp, final)
+            except FileNotFoundError:
+                self._folders.clear()  # a folder was removed behind our back: the next publish makes it again
+                raise
         if durable:
             objects_synced = self._alongside(self.sync_dir, final.parent)
             try:

@@ -129,6 +129,14 @@ def _torn(record: dict[str, Any], st: os.stat_result) -> bool:
     return ino is not None and (ino != st.st_ino or mtime != st.st_mtime_ns)
 
 
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -353,16 +361,16 @@ class LocalWriter(WriterContext):
         if self._done:
             raise BackendUnavailable("commit after commit or abort")
         record = {"metadata": dict(metadata), "size": self._written}
-        finishing: asyncio.Future[ObjectInfo]
-        if self._file is None and self._durable and self._storage.group_sync:
-            # the whole object is in memory: it joins the next group commit (see the module docstring)
-            data, self._pending = b"".join(self._pending), []
-            finishing = self._storage.commit_small(self._pending_commit(data, record))
-        else:
-            # all the file work of a commit in one call on the storage's I/O pool (see the module docstring)
-            finishing = asyncio.ensure_future(self._storage.run_io(self._commit_blocking, record))
         try:
-            info = await asyncio.shield(finishing)  # a publish is not interrupted half way
+            if self._file is None and self._durable and self._storage.group_sync != "off":
+                # the whole object is in memory: it joins the next group commit (see the module docstring), which
+                # goes on whatever happens to this caller (nothing to shield: the future is only its answer)
+                data, self._pending = b"".join(self._pending), []
+                info = await self._storage.commit_small(self._pending_commit(data, record))
+            else:
+                # all the file work of a commit in one call on the storage's I/O pool (see the module docstring)
+                finishing = asyncio.ensure_future(self._storage.run_io(self._commit_blocking, record))
+                info = await asyncio.shield(finishing)  # a publish is not interrupted half way
             if self._file is not None:
                 await self._file.close()
         except FileExistsError as exc:
@@ -508,14 +516,20 @@ class LocalStorage:
         sync_every: int = 64 << 20,
         small_object: int = 1 << 20,
         io_threads: int = 64,
-        group_sync: bool = True,
+        group_sync: str = "syncfs",
+        group_commits: int = 4,
     ):
         self.root = Path(root)
-        # small objects share two syncfs calls per group commit where syncfs reports errors (else fsyncs each)
-        self.group_sync = group_sync and _syncfs is not None
+        # how a group commit of small objects makes them durable: "syncfs" (two calls per commit, where syncfs
+        # reports write-back errors; else "fsync"), "fsync" (each file and each folder, all at once) or "off"
+        # (no group commit: each object publishes on its own)
+        if group_sync not in ("syncfs", "fsync", "off"):
+            raise ValueError(f"group_sync must be syncfs, fsync or off, not {group_sync!r}")
+        self.group_sync = "fsync" if group_sync == "syncfs" and _syncfs is None else group_sync
         self._small: list[_SmallCommit] = []  # waiting for the next group commit
         self._small_lock = threading.Lock()
-        self._committing = False  # a thread is running group commits
+        self.group_commits = max(1, group_commits)
+        self._committing = 0  # threads running group commits
         self.sync_every = sync_every
         self.small_object = small_object  # objects up to this size are written in one call at commit
         self.io_threads = io_threads
@@ -544,7 +558,10 @@ class LocalStorage:
         commit.future = loop.create_future()
         with self._small_lock:
             self._small.append(commit)
-            start, self._committing = not self._committing, True
+            # another commit starts while the running ones wait on the disk, up to ``group_commits`` at once
+            start = self._committing < self.group_commits
+            if start:
+                self._committing += 1
         if start:
             if self._io is None:
                 self._io = ThreadPoolExecutor(self.io_threads, thread_name_prefix="local-storage-io")
@@ -558,7 +575,7 @@ class LocalStorage:
             with self._small_lock:
                 batch, self._small = self._small, []
                 if not batch:
-                    self._committing = False
+                    self._committing -= 1
                     return
             try:
                 self._group_commit(batch)
@@ -581,8 +598,8 @@ class LocalStorage:
         An object is answered only after step 4: its data, metadata and names are all durable by then. syncfs
         reports a write-back error that happened after its descriptor was opened (Linux >= 5.8), so the descriptor
         is opened before the first write of the batch."""
-        assert _syncfs is not None
-        root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        syncfs = _syncfs if self.group_sync == "syncfs" else None
+        root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if syncfs is not None else -1
         try:
             staged: list[_SmallCommit] = []
             for commit in batch:
@@ -597,7 +614,10 @@ class LocalStorage:
                 except Exception as exc:  # noqa: BLE001 - this object's own failure; the others go on
                     commit.error = exc
             try:
-                _syncfs(root)
+                if syncfs is not None:
+                    syncfs(root)
+                else:
+                    staged = self._fsync_staged(staged)
                 placed: list[_SmallCommit] = []
                 for commit in staged:
                     try:
@@ -613,15 +633,20 @@ class LocalStorage:
                     except Exception as exc:  # noqa: BLE001 - refused (exists, changed) or failed: its own answer
                         commit.error = exc
                         commit.info = None
-                if placed:
-                    _syncfs(root)
+                if placed and syncfs is not None:
+                    syncfs(root)
+                elif placed:
+                    folders = {c.final.parent for c in placed} | {c.final_meta.parent for c in placed}
+                    for done in [self._alongside(self.sync_dir, folder) for folder in folders]:
+                        done.result()
             except OSError as exc:
                 for commit in staged:  # not known to be durable: nobody is told it is
                     if commit.error is None:
                         commit.error, commit.info = exc, None
                 raise
         finally:
-            os.close(root)
+            if root >= 0:
+                os.close(root)
             for commit in batch:
                 if commit.fd >= 0:
                     os.close(commit.fd)  # after the rename: the lock kept the sweep off the temp file
@@ -633,6 +658,24 @@ class LocalStorage:
                         except FileNotFoundError:
                             pass
                 commit.data = b""
+
+    def _fsync_staged(self, staged: list[_SmallCommit]) -> list[_SmallCommit]:
+        """fsync every staged object's bytes and metadata, all at once on helper threads (concurrent fsyncs share
+        the filesystem's journal commits); returns those whose fsyncs succeeded (the others get their error)."""
+        waits = [
+            (commit, self._alongside(os.fsync, commit.fd), self._alongside(_fsync_path, commit.tmp_meta))
+            for commit in staged
+        ]
+        synced: list[_SmallCommit] = []
+        for commit, data_synced, meta_synced in waits:
+            for done in (data_synced, meta_synced):
+                try:
+                    done.result()
+                except OSError as exc:
+                    commit.error, commit.info = exc, None
+            if commit.error is None:
+                synced.append(commit)
+        return synced
 
     def sync_dir(self, path: Path) -> None:
         """fsync ``path`` so that the renames made in it so far are durable, shared with concurrent callers

@@ -20,7 +20,7 @@ import pytest
 
 import storage.local as local
 from devtools.serving import free_port
-from storage.errors import ObjectExists
+from storage.errors import BackendUnavailable, ObjectChanged, ObjectExists
 from storage.local import LocalStorage, _DirectorySync
 from tests.storage_conformance import read_all
 from tests.test_sessions_resume import start_server
@@ -241,3 +241,61 @@ def test_every_acknowledged_small_object_survives_kill_9(tmp_path: Path) -> None
     finally:
         second.kill()
         second.wait()
+
+
+@pytest.mark.parametrize("mode", ["syncfs", "fsync", "off"])
+async def test_group_commits_publish_every_object_and_refuse_only_the_conflicting_one(
+    tmp_path: Path, mode: str
+) -> None:
+    store = LocalStorage(tmp_path / "s", group_sync=mode)
+    await store.start()
+
+    async def put(key: str, body: bytes, **options: Any) -> Any:
+        async with store.create(key, **options) as writer:
+            await writer.write(body)
+            return await writer.commit({"n": body.decode()})
+
+    # one batch: 40 new objects, two writers racing for one if-absent key, and a compare-and-set on a stale version
+    first = await put("files/cas", b"v1")
+    await put("files/cas", b"v2")
+    results = await asyncio.gather(
+        *(put(f"files/o{i}", str(i).encode()) for i in range(40)),
+        put("files/once", b"a", if_absent=True),
+        put("files/once", b"b", if_absent=True),
+        put("files/cas", b"stale", if_match=first.etag),
+        return_exceptions=True,
+    )
+    assert all(not isinstance(r, BaseException) for r in results[:40])
+    assert sorted(type(r).__name__ for r in results[40:42]) == ["ObjectExists", "ObjectInfo"]
+    assert isinstance(results[42], ObjectChanged)
+    for i in range(40):
+        assert await read_all(store, f"files/o{i}") == str(i).encode()
+        assert (await store.stat(f"files/o{i}")).metadata == {"n": str(i)}
+    assert await read_all(store, "files/cas") == b"v2"
+    assert list(store.tmp_dir.iterdir()) == []
+
+
+async def test_a_failed_syncfs_fails_every_object_of_its_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write-back error reported by syncfs: nobody in that group commit is told its object is stored, and no
+    temp file stays behind (the disk error cannot be produced for real here: syncfs is replaced)."""
+    store = LocalStorage(tmp_path / "s", group_sync="syncfs")
+    if store.group_sync != "syncfs":
+        pytest.skip("no syncfs that reports errors on this system")
+    await store.start()
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(local, "_syncfs", failing)
+
+    async def put(key: str) -> None:
+        async with store.create(key) as writer:
+            await writer.write(b"x" * 100)
+            await writer.commit({})
+
+    results = await asyncio.gather(*(put(f"files/f{i}") for i in range(10)), return_exceptions=True)
+    assert all(isinstance(r, BackendUnavailable) for r in results), results
+    assert list(store.tmp_dir.iterdir()) == []
+    assert not any((store.objects_dir / "files").glob("f*"))  # the first syncfs failed: nothing was renamed

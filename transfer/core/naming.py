@@ -175,6 +175,13 @@ class _MagicIndex:
 _MAGIC = _MagicIndex()
 
 
+def sniff_is_cheap(head: bytes) -> bool:
+    """True when :func:`resolve_content_type` on ``head`` costs microseconds: puremagic's full scan (about a
+    millisecond) would find nothing, so it is skipped. A caller on an event loop may then sniff in place rather
+    than in a worker thread."""
+    return not _MAGIC.may_match(head)
+
+
 def _puremagic(head: bytes) -> tuple[str | None, float]:
     """puremagic's best-named match for ``head`` and its confidence; (None, 0) when it knows none."""
     if not head or not _MAGIC.may_match(head):

@@ -11,16 +11,31 @@ Publishing is temp file + fsync + rename (+ fsync of the directory), so a reader
 object with its metadata; a crash leaves only files under ``tmp/``, which :meth:`LocalStorage.start` sweeps.
 
 Small objects are durable at the cost of a few fsyncs each, and fsync latency, not CPU, bounds how many a second
-can be stored. Three things keep that rate up (``benchmarks/network.py``, the small-object row):
+can be stored if each pays its own. So a durable object whose bytes all fit in memory (``small_object``) is
+published by a **group commit** (``group_sync``, setting ``TRANSFER_LOCAL_SYNC``): the objects committed while
+earlier commits wait on the disk are taken together by one I/O thread (up to ``group_commits`` commits in flight),
+which
 
-- a writer keeps up to ``small_object`` bytes in memory and does all of its file work (create, write, fsync,
-  publish, stat) in one call on a worker thread at commit, instead of one thread hop per step;
-- that work runs on the storage's own I/O pool (``io_threads``), not asyncio's default executor (min(32, cores +
-  4) threads: 6 on two cores), so many publishes wait on the disk at once and the filesystem's journal commits
-  them together;
-- a publish has two fsync waits, not four: the bytes' fsync runs alongside the metadata's, and the two
-  directories' alongside each other; and the directory fsyncs of concurrent publishes are shared
-  (:class:`_DirectorySync`): one fsync of a directory covers every rename made in it before that fsync started.
+1. writes every object's temp file and temp metadata (no fsync);
+2. makes them durable: ``syncfs`` mode, one ``syncfs(2)`` of the filesystem (every dirty page and inode in it,
+   ours included); ``fsync`` mode, an fsync of each temp file and temp metadata, all at once on helper threads
+   (concurrent fsyncs share the journal's commits);
+3. renames each object into place under its key's lock stripe (compare-and-set as for any publish);
+4. makes the renames durable: a second ``syncfs``, or one fsync of each folder they were made in;
+5. only then answers every caller of the batch (an error in 2 or 4 fails all of them; a refused rename in 3
+   fails only its own).
+
+When a caller hears "stored", its bytes and metadata were on disk before its names were made (2 before 3), and its
+names are on disk (4): a power cut after the answer loses nothing, and one before it leaves at worst temp files,
+which the start-up sweep removes, or an object published but never acknowledged. ``syncfs`` reports write-back
+errors only since Linux 5.8 (and only those after its descriptor was opened, which is before the batch's first
+write): elsewhere the ``fsync`` mode is used. ``syncfs`` also flushes other writers' dirty data on the same
+filesystem: on a volume shared with busy writers the ``fsync`` mode keeps small objects' latency their own.
+
+Large objects (and ``group_sync="off"``) publish one by one on the storage's own I/O pool (``io_threads``: many
+publishes wait on the disk at once), with the bytes' fsync alongside the metadata's and the directory fsyncs of
+concurrent publishes shared (:class:`_DirectorySync`: one fsync of a directory covers every rename made in it
+before that fsync started).
 
 Several processes may share one data directory, so the sweep must tell a dead writer's temp file from a live one's:
 each writer holds an exclusive ``flock`` on its ``.part`` file from creation until it is published or removed (the
@@ -589,15 +604,10 @@ class LocalStorage:
                 pass  # the loop is closed: nobody waits for these answers any more
 
     def _group_commit(self, batch: list[_SmallCommit]) -> None:
-        """Publish ``batch`` durably with two syncfs calls in all (blocking).
-
-        1. every object's temp file and temp metadata are written (no fsync);
-        2. syncfs: every byte and inode written so far in this filesystem is on disk, ours included;
-        3. each object is renamed into place under its key's lock (compare-and-set as in :meth:`publish`);
-        4. syncfs: the renames (directory entries) are on disk.
-        An object is answered only after step 4: its data, metadata and names are all durable by then. syncfs
-        reports a write-back error that happened after its descriptor was opened (Linux >= 5.8), so the descriptor
-        is opened before the first write of the batch."""
+        """Publish ``batch`` durably (blocking): the five steps of the module docstring. Objects are answered
+        after step 4 (by :func:`_settle`, once this returns): their data, metadata and names are all durable by
+        then. The descriptor syncfs reports errors through is opened before the batch's first write (syncfs
+        reports only the write-back errors after its descriptor's opening)."""
         syncfs = _syncfs if self.group_sync == "syncfs" else None
         root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if syncfs is not None else -1
         try:

@@ -11,16 +11,31 @@ Publishing is temp file + fsync + rename (+ fsync of the directory), so a reader
 object with its metadata; a crash leaves only files under ``tmp/``, which :meth:`LocalStorage.start` sweeps.
 
 Small objects are durable at the cost of a few fsyncs each, and fsync latency, not CPU, bounds how many a second
-can be stored. Three things keep that rate up (``benchmarks/network.py``, the small-object row):
+can be stored if each pays its own. So a durable object whose bytes all fit in memory (``small_object``) is
+published by a **group commit** (``group_sync``, setting ``TRANSFER_LOCAL_SYNC``): the objects committed while
+earlier commits wait on the disk are taken together by one I/O thread (up to ``group_commits`` commits in flight),
+which
 
-- a writer keeps up to ``small_object`` bytes in memory and does all of its file work (create, write, fsync,
-  publish, stat) in one call on a worker thread at commit, instead of one thread hop per step;
-- that work runs on the storage's own I/O pool (``io_threads``), not asyncio's default executor (min(32, cores +
-  4) threads: 6 on two cores), so many publishes wait on the disk at once and the filesystem's journal commits
-  them together;
-- a publish has two fsync waits, not four: the bytes' fsync runs alongside the metadata's, and the two
-  directories' alongside each other; and the directory fsyncs of concurrent publishes are shared
-  (:class:`_DirectorySync`): one fsync of a directory covers every rename made in it before that fsync started.
+1. writes every object's temp file and temp metadata (no fsync);
+2. makes them durable: ``syncfs`` mode, one ``syncfs(2)`` of the filesystem (every dirty page and inode in it,
+   ours included); ``fsync`` mode, an fsync of each temp file and temp metadata, all at once on helper threads
+   (concurrent fsyncs share the journal's commits);
+3. renames each object into place under its key's lock stripe (compare-and-set as for any publish);
+4. makes the renames durable: a second ``syncfs``, or one fsync of each folder they were made in;
+5. only then answers every caller of the batch (an error in 2 or 4 fails all of them; a refused rename in 3
+   fails only its own).
+
+When a caller hears "stored", its bytes and metadata were on disk before its names were made (2 before 3), and its
+names are on disk (4): a power cut after the answer loses nothing, and one before it leaves at worst temp files,
+which the start-up sweep removes, or an object published but never acknowledged. ``syncfs`` reports write-back
+errors only since Linux 5.8 (and only those after its descriptor was opened, which is before the batch's first
+write): elsewhere the ``fsync`` mode is used. ``syncfs`` also flushes other writers' dirty data on the same
+filesystem: on a volume shared with busy writers the ``fsync`` mode keeps small objects' latency their own.
+
+Large objects (and ``group_sync="off"``) publish one by one on the storage's own I/O pool (``io_threads``: many
+publishes wait on the disk at once), with the bytes' fsync alongside the metadata's and the directory fsyncs of
+concurrent publishes shared (:class:`_DirectorySync`: one fsync of a directory covers every rename made in it
+before that fsync started).
 
 Several processes may share one data directory, so the sweep must tell a dead writer's temp file from a live one's:
 each writer holds an exclusive ``flock`` on its ``.part`` file from creation until it is published or removed (the
@@ -43,17 +58,22 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import ctypes
+import ctypes.util
 import errno
 import fcntl
 import hashlib
 import json
 import os
+import platform
 import re
 import secrets
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -124,6 +144,14 @@ def _torn(record: dict[str, Any], st: os.stat_result) -> bool:
     return ino is not None and (ino != st.st_ino or mtime != st.st_mtime_ns)
 
 
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -178,6 +206,69 @@ class _DirectorySync:
             # any fsync that started after our call covers our renames; if none of them succeeded, the latest failed
             if self._succeeded < needed and self._error is not None:
                 raise self._error
+
+
+def _load_syncfs() -> Callable[[int], None] | None:
+    """``syncfs(2)`` (not in Python's os module) where it reports write-back errors: Linux 5.8 and later (before,
+    it returned 0 whatever happened to the data). None elsewhere: every object then fsyncs its own files."""
+    if sys.platform != "linux":
+        return None
+    try:
+        major, minor = (int(part) for part in platform.release().split(".")[:2])
+    except ValueError:
+        return None
+    if (major, minor) < (5, 8):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        call = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int]
+    call.restype = ctypes.c_int
+
+    def syncfs(fd: int) -> None:
+        # ctypes releases the GIL for the call: the event loop runs while the disk works
+        if call(fd) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+
+    return syncfs
+
+
+_syncfs = _load_syncfs()
+
+
+@dataclass(slots=True, eq=False)
+class _SmallCommit:
+    """One small object waiting for a group commit: its bytes and record, where they go, and its answer."""
+
+    tmp: Path
+    tmp_meta: Path
+    data: bytes
+    record: dict[str, Any]
+    final: Path
+    final_meta: Path
+    if_absent: bool
+    if_match: str | None
+    fd: int = -1
+    info: ObjectInfo | None = None
+    error: BaseException | None = None
+    future: asyncio.Future[ObjectInfo] | None = None
+
+
+def _settle(batch: list[_SmallCommit]) -> None:
+    """Hand each caller of a group commit its answer (on the event loop)."""
+    for commit in batch:
+        future = commit.future
+        if future is None or future.done():
+            continue
+        if commit.error is not None:
+            future.set_exception(commit.error)
+        elif commit.info is not None:
+            future.set_result(commit.info)
+        else:
+            future.set_exception(BackendUnavailable("group commit ended without an answer"))
 
 
 class LocalWriter(WriterContext):
@@ -305,10 +396,16 @@ class LocalWriter(WriterContext):
         except OSError as exc:
             await self.abort()
             raise _translate(exc, "writing") from exc
-        # all the file work of a commit in one call on the storage's I/O pool (see the module docstring)
-        finishing = asyncio.ensure_future(self._storage.run_io(self._commit_blocking, record))
         try:
-            info = await asyncio.shield(finishing)  # a publish is not interrupted half way
+            if self._file is None and self._durable and self._storage.group_sync != "off":
+                # the whole object is in memory: it joins the next group commit (see the module docstring), which
+                # goes on whatever happens to this caller (nothing to shield: the future is only its answer)
+                data, self._pending = b"".join(self._pending), []
+                info = await self._storage.commit_small(self._pending_commit(data, record))
+            else:
+                # all the file work of a commit in one call on the storage's I/O pool (see the module docstring)
+                finishing = asyncio.ensure_future(self._storage.run_io(self._commit_blocking, record))
+                info = await asyncio.shield(finishing)  # a publish is not interrupted half way
             if self._file is not None:
                 await self._file.close()
         except FileExistsError as exc:
@@ -322,6 +419,19 @@ class LocalWriter(WriterContext):
             raise _translate(exc, "publishing") from exc
         self._done = True
         return info
+
+    def _pending_commit(self, data: bytes, record: dict[str, Any]) -> _SmallCommit:
+        s = self._storage
+        return _SmallCommit(
+            self._tmp,
+            self._tmp_meta,
+            data,
+            record,
+            s.object_path(self._key),
+            s.meta_path(self._key),
+            self._if_absent,
+            self._if_match,
+        )
 
     def _commit_blocking(self, record: dict[str, Any]) -> ObjectInfo:
         """Write what is still in memory, fsync, publish, close and stat (blocking: runs on the I/O pool)."""
@@ -446,8 +556,20 @@ class LocalStorage:
         sync_every: int = 64 << 20,
         small_object: int = 1 << 20,
         io_threads: int = 64,
+        group_sync: str = "syncfs",
+        group_commits: int = 4,
     ):
         self.root = Path(root)
+        # how a group commit of small objects makes them durable: "syncfs" (two calls per commit, where syncfs
+        # reports write-back errors; else "fsync"), "fsync" (each file and each folder, all at once) or "off"
+        # (no group commit: each object publishes on its own)
+        if group_sync not in ("syncfs", "fsync", "off"):
+            raise ValueError(f"group_sync must be syncfs, fsync or off, not {group_sync!r}")
+        self.group_sync = "fsync" if group_sync == "syncfs" and _syncfs is None else group_sync
+        self._small: list[_SmallCommit] = []  # waiting for the next group commit
+        self._small_lock = threading.Lock()
+        self.group_commits = max(1, group_commits)
+        self._committing = 0  # threads running group commits
         self.sync_every = sync_every
         self.small_object = small_object  # objects up to this size are written in one call at commit
         self.io_threads = io_threads
@@ -460,6 +582,7 @@ class LocalStorage:
         self.stale_after = stale_after
         self._dir_syncs: dict[Path, _DirectorySync] = {}
         self._dir_syncs_lock = threading.Lock()
+        self._folders: set[Path] = set()  # folders of objects and metadata known to exist
         self._helpers: ThreadPoolExecutor | None = None
 
     async def run_io(self, fn: Callable[..., T], *args: Any) -> T:
@@ -467,6 +590,127 @@ class LocalStorage:
         if self._io is None:
             self._io = ThreadPoolExecutor(self.io_threads, thread_name_prefix="local-storage-io")
         return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+
+    def commit_small(self, commit: _SmallCommit) -> asyncio.Future[ObjectInfo]:
+        """Publish a small object held in memory with the next group commit; the future settles once its bytes,
+        metadata and names are on disk (or with the error that stopped it)."""
+        loop = asyncio.get_running_loop()
+        commit.future = loop.create_future()
+        with self._small_lock:
+            self._small.append(commit)
+            # another commit starts while the running ones wait on the disk, up to ``group_commits`` at once
+            start = self._committing < self.group_commits
+            if start:
+                self._committing += 1
+        if start:
+            if self._io is None:
+                self._io = ThreadPoolExecutor(self.io_threads, thread_name_prefix="local-storage-io")
+            self._io.submit(self._group_commits, loop)
+        return commit.future
+
+    def _group_commits(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run group commits until none is waiting: each takes every object queued meanwhile (while one waits on
+        the disk, the next gathers)."""
+        while True:
+            with self._small_lock:
+                batch, self._small = self._small, []
+                if not batch:
+                    self._committing -= 1
+                    return
+            try:
+                self._group_commit(batch)
+            except BaseException as exc:  # noqa: BLE001 - handed to every caller still without an answer
+                for commit in batch:
+                    if commit.info is None and commit.error is None:
+                        commit.error = exc
+            try:
+                loop.call_soon_threadsafe(_settle, batch)
+            except RuntimeError:
+                pass  # the loop is closed: nobody waits for these answers any more
+
+    def _group_commit(self, batch: list[_SmallCommit]) -> None:
+        """Publish ``batch`` durably (blocking): the five steps of the module docstring. Objects are answered
+        after step 4 (by :func:`_settle`, once this returns): their data, metadata and names are all durable by
+        then. The descriptor syncfs reports errors through is opened before the batch's first write (syncfs
+        reports only the write-back errors after its descriptor's opening)."""
+        syncfs = _syncfs if self.group_sync == "syncfs" else None
+        root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if syncfs is not None else -1
+        try:
+            staged: list[_SmallCommit] = []
+            for commit in batch:
+                try:
+                    commit.fd = _create_locked(commit.tmp, self.tmp_dir)
+                    view = memoryview(commit.data)
+                    while view:
+                        view = view[os.write(commit.fd, view) :]
+                    commit.record, st = self._stage(commit.tmp, commit.tmp_meta, commit.record, durable=False)
+                    commit.info = self._info(self._key_of(commit.final), commit.record, st)
+                    staged.append(commit)
+                except Exception as exc:  # noqa: BLE001 - this object's own failure; the others go on
+                    commit.error = exc
+            try:
+                if syncfs is not None:
+                    syncfs(root)
+                else:
+                    staged = self._fsync_staged(staged)
+                placed: list[_SmallCommit] = []
+                for commit in staged:
+                    try:
+                        self._place(
+                            commit.tmp,
+                            commit.tmp_meta,
+                            commit.final,
+                            commit.final_meta,
+                            if_absent=commit.if_absent,
+                            if_match=commit.if_match,
+                        )
+                        placed.append(commit)
+                    except Exception as exc:  # noqa: BLE001 - refused (exists, changed) or failed: its own answer
+                        commit.error = exc
+                        commit.info = None
+                if placed and syncfs is not None:
+                    syncfs(root)
+                elif placed:
+                    folders = {c.final.parent for c in placed} | {c.final_meta.parent for c in placed}
+                    for done in [self._alongside(self.sync_dir, folder) for folder in folders]:
+                        done.result()
+            except OSError as exc:
+                for commit in staged:  # not known to be durable: nobody is told it is
+                    if commit.error is None:
+                        commit.error, commit.info = exc, None
+                raise
+        finally:
+            if root >= 0:
+                os.close(root)
+            for commit in batch:
+                if commit.fd >= 0:
+                    os.close(commit.fd)  # after the rename: the lock kept the sweep off the temp file
+                    commit.fd = -1
+                if commit.error is not None:
+                    for path in (commit.tmp_meta, commit.tmp):  # the meta first: it never outlives its part
+                        try:
+                            os.remove(path)
+                        except FileNotFoundError:
+                            pass
+                commit.data = b""
+
+    def _fsync_staged(self, staged: list[_SmallCommit]) -> list[_SmallCommit]:
+        """fsync every staged object's bytes and metadata, all at once on helper threads (concurrent fsyncs share
+        the filesystem's journal commits); returns those whose fsyncs succeeded (the others get their error)."""
+        waits = [
+            (commit, self._alongside(os.fsync, commit.fd), self._alongside(_fsync_path, commit.tmp_meta))
+            for commit in staged
+        ]
+        synced: list[_SmallCommit] = []
+        for commit, data_synced, meta_synced in waits:
+            for done in (data_synced, meta_synced):
+                try:
+                    done.result()
+                except OSError as exc:
+                    commit.error, commit.info = exc, None
+            if commit.error is None:
+                synced.append(commit)
+        return synced
 
     def sync_dir(self, path: Path) -> None:
         """fsync ``path`` so that the renames made in it so far are durable, shared with concurrent callers
@@ -622,34 +866,9 @@ class LocalStorage:
 
         ``data_fd`` (durable only): the temp file's descriptor, not yet fsynced; its fsync runs alongside the
         metadata's, and both finish before any rename."""
-        st = os.stat(tmp)
-        # the bytes keep their inode and mtime through the rename: a reader checks its pair against them
-        record = {**record, "version": secrets.token_hex(12), "ino": st.st_ino, "mtime_ns": st.st_mtime_ns}
-        key = final.relative_to(self.objects_dir).as_posix()
-        data_synced = self._alongside(os.fsync, data_fd) if durable and data_fd is not None else None
-        try:
-            with open(tmp_meta, "x", encoding="ascii") as mf:
-                json.dump(record, mf, ensure_ascii=True)
-                mf.flush()
-                if durable:
-                    os.fsync(mf.fileno())
-        finally:
-            if data_synced is not None:
-                data_synced.result()  # never rename bytes that may not be on disk (raises the fsync's error)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        final_meta.parent.mkdir(parents=True, exist_ok=True)
-        with self._key_locked(key):  # the compare and the renames: one step for every process (microseconds)
-            if if_match is not None:
-                current = self._current_version(key)
-                if current != if_match:
-                    raise ObjectChanged(f"{key} is at version {current or 'none'}, not {if_match}")
-            if if_absent:
-                os.link(tmp, final)  # FileExistsError: another writer published first
-                os.replace(tmp_meta, final_meta)
-                os.remove(tmp)  # last: a temp meta never outlives its part (see the sweep)
-            else:
-                os.replace(tmp_meta, final_meta)
-                os.replace(tmp, final)
+        key = self._key_of(final)
+        record, st = self._stage(tmp, tmp_meta, record, durable=durable, data_fd=data_fd)
+        self._place(tmp, tmp_meta, final, final_meta, if_absent=if_absent, if_match=if_match)
         if durable:
             objects_synced = self._alongside(self.sync_dir, final.parent)
             try:
@@ -657,6 +876,62 @@ class LocalStorage:
             finally:
                 objects_synced.result()
         return self._info(key, record, st)
+
+    def _key_of(self, final: Path) -> str:
+        return final.relative_to(self.objects_dir).as_posix()
+
+    def _stage(
+        self, tmp: Path, tmp_meta: Path, record: dict[str, Any], *, durable: bool, data_fd: int | None = None
+    ) -> tuple[dict[str, Any], os.stat_result]:
+        """Write the temp metadata of the written temp file ``tmp`` with a new version token; durable: fsync
+        both (``data_fd``'s fsync alongside the metadata's) before returning. Returns the record and the stat."""
+        st = os.stat(tmp)
+        # the bytes keep their inode and mtime through the rename: a reader checks its pair against them
+        record = {**record, "version": secrets.token_hex(12), "ino": st.st_ino, "mtime_ns": st.st_mtime_ns}
+        data_synced = self._alongside(os.fsync, data_fd) if durable and data_fd is not None else None
+        try:
+            # json.dumps, not json.dump: dump streams through the pure-Python encoder
+            meta_bytes = json.dumps(record, ensure_ascii=True).encode("ascii")
+            mfd = os.open(tmp_meta, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                view = memoryview(meta_bytes)
+                while view:
+                    view = view[os.write(mfd, view) :]
+                if durable:
+                    os.fsync(mfd)
+            finally:
+                os.close(mfd)
+        finally:
+            if data_synced is not None:
+                data_synced.result()  # never rename bytes that may not be on disk (raises the fsync's error)
+        return record, st
+
+    def _place(
+        self, tmp: Path, tmp_meta: Path, final: Path, final_meta: Path, *, if_absent: bool, if_match: str | None
+    ) -> None:
+        """Rename the staged temp files into place: the compare and the renames under the key's lock stripe."""
+        key = self._key_of(final)
+        for folder in (final.parent, final_meta.parent):
+            if folder not in self._folders:  # made once: a mkdir per publish is two failing system calls
+                folder.mkdir(parents=True, exist_ok=True)
+                if len(self._folders) < MAX_SHARED_DIRECTORIES:
+                    self._folders.add(folder)
+        with self._key_locked(key):  # the compare and the renames: one step for every process (microseconds)
+            if if_match is not None:
+                current = self._current_version(key)
+                if current != if_match:
+                    raise ObjectChanged(f"{key} is at version {current or 'none'}, not {if_match}")
+            try:
+                if if_absent:
+                    os.link(tmp, final)  # FileExistsError: another writer published first
+                    os.replace(tmp_meta, final_meta)
+                    os.remove(tmp)  # last: a temp meta never outlives its part (see the sweep)
+                else:
+                    os.replace(tmp_meta, final_meta)
+                    os.replace(tmp, final)
+            except FileNotFoundError:
+                self._folders.clear()  # a folder was removed behind our back: the next publish makes it again
+                raise
 
     async def compose(self, key: str, sources: list[str], metadata: Mapping[str, str]) -> ObjectInfo:
         """Concatenate ``sources`` into ``key`` with copy_file_range (the bytes never enter this process)."""

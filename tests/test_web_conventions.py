@@ -577,3 +577,44 @@ def test_tus_filetype_is_a_hint_and_content_type_the_clients_word(
     assert done.status_code == 204
     file_id = done.headers["upload-file-id"]
     assert http.get(f"/v1/files/{file_id}").json()["content_type"] == expected
+
+
+def _puremagic_unfiltered(head: bytes) -> tuple[str | None, float]:
+    """What transfer.core.naming._puremagic answered before its signature index: puremagic on every head."""
+    import puremagic
+
+    from transfer.core import naming
+
+    try:
+        matches = puremagic.magic_string(head)
+    except (puremagic.PureError, ValueError, IndexError):
+        return None, 0.0
+    for match in matches:
+        found = str(match.mime_type)
+        if "/" in found and is_media_type(found):
+            return naming._ALIASES.get(found, found), float(match.confidence)
+    return None, 0.0
+
+
+def _with_a_signature(data: st.DataObject) -> bytes:
+    from puremagic import main as tables
+
+    row = data.draw(st.sampled_from([*tables.magic_header_array, *tables.magic_footer_array]))
+    filler = data.draw(st.binary(max_size=300))
+    if row.offset >= 0:
+        return bytes(data.draw(st.binary(min_size=row.offset, max_size=row.offset))) + row.byte_match + filler
+    return filler + row.byte_match + b"\0" * max(0, -row.offset - len(row.byte_match))
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data())
+def test_the_signature_index_never_changes_what_puremagic_finds(data: st.DataObject) -> None:
+    """The index only skips puremagic where it would find nothing: same answer for random bytes, text, and heads
+    that carry one of its signatures (header or footer) somewhere."""
+    from transfer.core import naming
+
+    if data.draw(st.booleans()):
+        head = _with_a_signature(data)
+    else:
+        head = data.draw(st.one_of(st.binary(min_size=1, max_size=4096), st.text(min_size=1).map(str.encode)))
+    assert naming._puremagic(head) == _puremagic_unfiltered(head)

@@ -22,6 +22,12 @@ class Settings(BaseSettings):
         default="local", description='storage backend ("null": keeps nothing large, for benchmarks only)'
     )
     data_dir: Path = Field(default=Path("transfer-data"), description="local storage directory")
+    local_sync: Literal["syncfs", "fsync", "off"] = Field(
+        default="syncfs",
+        description="how local storage makes small objects durable together: syncfs (two syncfs calls per group "
+        "commit; flushes the whole filesystem, best on a volume of its own), fsync (each file and folder, all at "
+        "once; better on a filesystem other busy writers share) or off (each object on its own)",
+    )
     web_assets_dir: Path | None = Field(
         default=None,
         description="node_modules with the web page's and /docs' libraries (default: the one `make install` fills)",

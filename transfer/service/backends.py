@@ -41,7 +41,7 @@ def make_storage(settings: Settings) -> Storage:
         )
     if settings.storage == "null":
         return NullStorage()
-    return LocalStorage(settings.data_dir, buffer_size=settings.buffer_size)
+    return LocalStorage(settings.data_dir, buffer_size=settings.buffer_size, group_sync=settings.local_sync)
 
 
 async def load_signing_keys(settings: Settings, storage: Storage) -> tuple[dict[str, bytes], str]:

@@ -57,6 +57,9 @@ _CURSOR_TAG = "f1:"  # inside the opaque cursor: which listing it belongs to, an
 ORPHAN_GRACE = 2 * 3600  # seconds after its hour before an expiry index entry without a file is dropped
 
 
+FRESH_ORIGINALS = 1024  # small files' bytes kept for the descriptor of their upload (4 KiB each at most)
+
+
 def content_path(file_id: str) -> str:
     return CONTENT_PATH.format(file_id=file_id)
 
@@ -119,6 +122,7 @@ class FileService:
         self._signer = signer
         self.clock = clock
         self.lifecycle = Lifecycle(storage, settings, clock=clock)
+        self._fresh: dict[str, bytes] = {}  # original bytes of small files just stored (insertion order)
 
     async def start(self) -> None:
         """Check the backend and load the signing keys (kept in the backend unless configured)."""
@@ -165,7 +169,7 @@ class FileService:
         room = await lifecycle.admit(request.owner, file_id, declared, self.clock() + s.quota_reservation_ttl)
         try:
             with storage_errors_translated():
-                record = await ingest(
+                record, original = await ingest(
                     self.storage,
                     body,
                     request,
@@ -185,7 +189,17 @@ class FileService:
                 await lifecycle.release_after_failure(request.owner, file_id)
             raise
         await index_file(self.storage, record)
+        if original is not None:
+            self._remember_original(record.id, original)
         return record
+
+    def _remember_original(self, file_id: str, original: bytes) -> None:
+        """Keep the original bytes of a file just stored whole in memory (at most ``SNIFF_BYTES`` each, the last
+        ``FRESH_ORIGINALS`` files), for its inline descriptor: the upload answers with one, and reading back what
+        was just written cost a file open and a read per small upload. Files never change under their id."""
+        self._fresh[file_id] = original
+        while len(self._fresh) > FRESH_ORIGINALS:
+            del self._fresh[next(iter(self._fresh))]
 
     async def record(self, file_id: str, caller: Grant) -> FileRecord:
         """The record of a file the caller may see (its own; any for admin); NotFound otherwise, whether or not
@@ -362,7 +376,9 @@ class FileService:
         )
         want_inline = record.size <= s.inline_threshold if inline is None else inline
         if want_inline and record.size <= s.inline_threshold:
-            data = await self._read_original(record)
+            data = self._fresh.pop(record.id, None)
+            if data is None or len(data) != record.size:
+                data = await self._read_original(record)
             return FileContent(
                 type=TransferMode.INLINE,
                 encoding=ContentEncoding.BASE64,

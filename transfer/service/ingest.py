@@ -21,12 +21,13 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 
 from storage.base import ObjectWriter, Storage
 from transfer.core.content import ContentEncoding, FileRole, checksum_hex
 from transfer.core.encodings import DecodeLimits, make_decoder, make_encoder
 from transfer.core.mime import require_media_type
-from transfer.core.naming import resolve_content_type, sanitize_filename
+from transfer.core.naming import resolve_content_type, sanitize_filename, sniff_is_cheap
 from transfer.errors import (
     ChecksumMismatch,
     ContentLengthMismatch,
@@ -188,11 +189,13 @@ async def ingest(
     room: int | None = None,
     expires: Callable[[datetime], datetime | None] = lambda created: None,
     publishing: Callable[[FileRecord], AbstractAsyncContextManager[object]] | None = None,
-) -> FileRecord:
+) -> tuple[FileRecord, bytes | None]:
     """Stream ``body`` into storage as file ``file_id`` and publish it only once verified. ``room``: the most
     original bytes the owner's quota allows (QuotaExceeded beyond, before reading when a size is declared);
     ``expires``: the file's expiry from its creation time; ``publishing``: a context the commit runs in (it may
-    refuse the publication by raising)."""
+    refuse the publication by raising). Returns the record, and the original bytes when the whole file fits in
+    the sniffed head (``SNIFF_BYTES``), which the pipeline holds anyway: an inline descriptor of a small file
+    needs no read back."""
     if request.content_type is not None:
         require_media_type(request.content_type)
     if request.hinted_type is not None:
@@ -267,14 +270,13 @@ async def ingest(
 
         _verify(request, digests, received)
         name = sanitize_filename(request.name, default=file_id)
-        # puremagic's fallback scan costs about a millisecond of CPU: not on the event loop
-        content_type = await asyncio.to_thread(
-            resolve_content_type,
-            bytes(digests.head),
-            request.name,
-            declared=request.content_type,
-            hinted=request.hinted_type,
+        head = bytes(digests.head)
+        sniff = partial(
+            resolve_content_type, head, request.name, declared=request.content_type, hinted=request.hinted_type
         )
+        # puremagic's full scan costs about a millisecond of CPU: not on the event loop; without it sniffing costs
+        # less than the thread hop
+        content_type = sniff() if request.content_type or sniff_is_cheap(head) else await asyncio.to_thread(sniff)
         require_media_type(content_type)  # again: multipart form fields and part headers arrive with the body
         original_hex = digests.original.hexdigest()
         created = now()
@@ -295,7 +297,7 @@ async def ingest(
         )
         async with publishing(record) if publishing is not None else nullcontext():
             await writer.commit(record.to_metadata())
-    return record
+    return record, head if digests.size <= len(head) else None
 
 
 def _quota_exceeded(room: int) -> QuotaExceeded:

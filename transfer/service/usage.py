@@ -34,6 +34,7 @@ USAGE_PREFIX = "usage/"
 ATTEMPTS = 50  # compare-and-set rounds before giving up (each loses only to another writer's success)
 
 T = TypeVar("T")
+_Change = tuple[Callable[["_Doc"], Any], "asyncio.Future[Any]"]
 
 
 def usage_key(owner: str | None) -> str:
@@ -76,6 +77,8 @@ class UsageLedger:
         self.keys = keys
         self.clock = clock
         self._locks: dict[str | None, asyncio.Lock] = {}
+        self._pending: dict[str | None, list[_Change]] = {}  # changes waiting for the next round, per owner
+        self._known: dict[str, tuple[dict[str, Any], str]] = {}  # record and version this process last wrote
 
     def quota_of(self, owner: str | None) -> int | None:
         key = self.keys.get(owner) if owner is not None else None
@@ -96,27 +99,82 @@ class UsageLedger:
 
     async def _update(self, owner: str | None, change: Callable[[_Doc], T]) -> T:
         """Apply ``change`` to the owner's record atomically: read, change, write only if nobody wrote meanwhile,
-        else again. ``change`` may raise (QuotaExceeded): then nothing is written."""
+        else again. ``change`` may raise (QuotaExceeded): then nothing of it is written.
+
+        Group commit: the changes of concurrent callers for one owner are applied in one compare-and-set round
+        (one durable write for all of them, not one each: the record's write is what every upload of a key would
+        otherwise queue behind). A caller returns only after the write that holds its change has succeeded."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[T] = loop.create_future()
+        queue = self._pending.setdefault(owner, [])
+        entry: _Change = (change, done)
+        queue.append(entry)
+        try:
+            async with self._locks.setdefault(owner, asyncio.Lock()):
+                if not done.done():  # nobody took it into a round while we waited: lead one for everyone queued
+                    batch, self._pending[owner] = self._pending[owner], []
+                    # shielded: the callers in the batch wait on it even if the one that leads it is cancelled
+                    await asyncio.shield(asyncio.ensure_future(self._round(owner, batch)))
+        except asyncio.CancelledError:
+            if entry in self._pending.get(owner, ()):
+                self._pending[owner].remove(entry)  # not taken into a round: it never happens
+            raise
+        return done.result()
+
+    async def _round(self, owner: str | None, batch: list[_Change]) -> None:
+        """One group-commit round: apply every change of ``batch`` in order to the current record (a change that
+        raises is left out and gets its error), write the result with compare-and-set, again on a conflict; then
+        settle every caller's future."""
         key = usage_key(owner)
-        async with self._locks.setdefault(owner, asyncio.Lock()):  # fewer lost rounds among this process' uploads
+        try:
             for attempt in range(ATTEMPTS):
-                raw, etag = await self._read(key)
+                cached = self._known.get(key)
+                raw, etag = cached if cached is not None else await self._read(key)
                 doc = _Doc(raw, self.clock())
-                result = change(doc)
-                body = json.dumps(doc.to_json(), ensure_ascii=True, separators=(",", ":")).encode()
-                try:
-                    async with self.storage.create(
-                        key, size_hint=len(body), if_absent=etag is None, if_match=etag
-                    ) as writer:
-                        await writer.write(body)
-                        await writer.commit({})
-                    return result
-                except (ObjectChanged, ObjectExists):
-                    pass  # another replica wrote first: read its version and apply the change again
-                except StorageError as exc:
-                    raise from_storage_error(exc) from exc
-                await asyncio.sleep(random.uniform(0, min(0.2, 0.005 * 2**attempt)))
-        raise StorageUnavailable(f"the usage record of {owner!r} changed {ATTEMPTS} times while it was being updated")
+                outcomes: list[tuple[bool, Any]] = []
+                for change, _ in batch:
+                    before = doc.to_json()
+                    try:
+                        outcomes.append((True, change(doc)))
+                    except Exception as exc:  # noqa: BLE001 - the caller's own error, handed to it below
+                        doc = _Doc(before, float("-inf"))  # undo whatever the change did before it raised
+                        outcomes.append((False, exc))
+                written = doc.to_json()
+                if any(ok for ok, _ in outcomes):
+                    body = json.dumps(written, ensure_ascii=True, separators=(",", ":")).encode()
+                    try:
+                        async with self.storage.create(
+                            key, size_hint=len(body), if_absent=etag is None, if_match=etag
+                        ) as writer:
+                            await writer.write(body)
+                            info = await writer.commit({})
+                    except (ObjectChanged, ObjectExists):
+                        # another replica wrote first: read its version and apply the changes again
+                        self._known.pop(key, None)
+                        await asyncio.sleep(random.uniform(0, min(0.2, 0.005 * 2**attempt)))
+                        continue
+                    except StorageError as exc:
+                        self._known.pop(key, None)  # the write may or may not have happened: read it next time
+                        raise from_storage_error(exc) from exc
+                    # what we wrote is the record until its version changes: the next round compares against it
+                    # instead of reading it back (another replica's write still makes that compare fail)
+                    self._known[key] = (written, info.etag)
+                for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
+                    if not future.done():
+                        if ok:
+                            future.set_result(value)
+                        else:
+                            future.set_exception(value)
+                return
+            raise StorageUnavailable(
+                f"the usage record of {owner!r} changed {ATTEMPTS} times while it was being updated"
+            )
+        except BaseException as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc if isinstance(exc, Exception) else StorageUnavailable(str(exc)))
+            if not isinstance(exc, Exception):
+                raise  # cancelled or exiting: every caller has its answer; the callers report the errors
 
     async def usage(self, owner: str | None) -> Usage:
         raw, _ = await self._read(usage_key(owner))

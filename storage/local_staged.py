@@ -15,6 +15,8 @@ for a region polls (no thread is parked on a lock a slow client holds).
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import errno
 import fcntl
 import os
@@ -34,6 +36,30 @@ _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _LOCK_WAIT_MAX = 0.1  # seconds between two tries to take a region another writer holds
 # F_OFD_SETLK (Linux 3.15+, Python 3.9+): without it, no region lock that holds between threads of one process
 OFD_LOCKS = hasattr(fcntl, "F_OFD_SETLK")
+_SYNC_FILE_RANGE_WRITE = 2  # sync_file_range(2): start writeback of dirty pages in the range, do not wait
+
+
+def _writeback_starter() -> Callable[[int, int, int], None]:
+    """``start(fd, offset, length)``: the kernel begins writing the range to disk now, in the background
+    (sync_file_range with SYNC_FILE_RANGE_WRITE, Linux; the os module has no binding). Without it, a part's pages
+    stay dirty until its flush, which then waits for all of them; with it, the disk works while the network
+    delivers and the flush waits only for the last pieces. A no-op where the call is missing."""
+    libc_name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(libc_name, use_errno=True)
+        call = libc.sync_file_range
+    except (OSError, AttributeError, TypeError):
+        return lambda fd, offset, length: None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    call.restype = ctypes.c_int
+
+    def start(fd: int, offset: int, length: int) -> None:
+        call(fd, offset, length, _SYNC_FILE_RANGE_WRITE)  # advisory: a failure leaves the work to the flush
+
+    return start
+
+
+start_writeback = _writeback_starter()
 
 
 def _translate(exc: OSError, what: str) -> StorageError:
@@ -132,9 +158,11 @@ class LocalRegionWriter:
 
     def _pwrite_all(self, data: bytes | bytearray | memoryview, at: int) -> None:
         view = memoryview(data)
+        start, length = at, len(view)
         while view:
             n = os.pwrite(self._fd, view, at)
             view, at = view[n:], at + n
+        start_writeback(self._fd, start, length)
 
     async def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._fd < 0:

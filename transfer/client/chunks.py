@@ -191,15 +191,15 @@ def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
 MiB = 1 << 20
 PLAN_ROUNDS = 2  # chunks each connection sends, in the plan
 PLAN_MIN = 8 * MiB  # the service's default chunk size (and above S3's 5 MiB minimum part)
-PLAN_MAX = 64 * MiB
+PLAN_MAX = 32 * MiB  # also bounds what completion hashes last: the final round of chunks arrives at once
 
 
 def plan_chunk_size(size: int, connections: int) -> int | None:
     """The chunk size a new session asks for: each connection sends about ``PLAN_ROUNDS`` chunks, within
-    [8 MiB, 64 MiB] in whole MiB. Every chunk costs a round trip and the server's record update on top of its
+    [8 MiB, 32 MiB] in whole MiB. Every chunk costs a round trip and the server's record update on top of its
     bytes, on a link whose round trip is long that is a large share of a small chunk (8 MiB at 50 MB/s per
     connection: ~170 ms of bytes against ~60 ms of round trip and answer); few large chunks pay it few times,
-    while a failed chunk still costs at most 64 MiB again. None: the server's default (an empty file)."""
+    while a failed chunk still costs at most 32 MiB again. None: the server's default (an empty file)."""
     if size <= 0:
         return None
     share = -(-size // (max(1, connections) * PLAN_ROUNDS))

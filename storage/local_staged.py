@@ -33,6 +33,7 @@ from storage.errors import BackendUnavailable, ObjectNotFound, StorageError, Sto
 T = TypeVar("T")
 
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+STAGED_PIECE = 4 << 20  # bytes per read of a staged object: few thread hops (it is read to be hashed)
 _LOCK_WAIT_MAX = 0.1  # seconds between two tries to take a region another writer holds
 # F_OFD_SETLK (Linux 3.15+, Python 3.9+): without it, no region lock that holds between threads of one process
 OFD_LOCKS = hasattr(fcntl, "F_OFD_SETLK")
@@ -220,7 +221,7 @@ class StagedFiles:
             pos = start
             while pos < end:
                 try:
-                    piece = await self.run_io(os.pread, fd, min(self.buffer_size, end - pos), pos)
+                    piece = await self.run_io(os.pread, fd, min(STAGED_PIECE, end - pos), pos)
                 except OSError as exc:
                     raise _translate(exc, f"reading staged {staged}") from exc
                 if not piece:

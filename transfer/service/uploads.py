@@ -32,7 +32,10 @@ from transfer.errors import NotFound, VersionConflict, from_storage_error, stora
 
 T = TypeVar("T")
 HEAD_BYTES = 4096  # the start of an upload kept by its hasher (media type sniffing)
-REGION_BATCH = 1 << 20  # bytes of a part gathered before one write at its offset (and one hashing hop)
+# bytes of a part gathered before one write at its offset and one hashing hop: every hop is a thread wake-up, and
+# on a loaded core each wake-up waits for a time slice (a CPU hog beside a server that hopped per 64 KiB piece made
+# chunked uploads 0.37x of one stream; see benchmarks/network.py)
+REGION_BATCH = 4 << 20
 OFFLOAD_BYTES = 64 << 10  # pieces at least this long are hashed in a thread (below, the hop costs more than it saves)
 READ_ATTEMPTS = 50  # reads of a record replaced between its HEAD and its GET (S3) before giving up
 CAS_ATTEMPTS = 200  # compare-and-set rounds before a record update gives up (contention between replicas)

@@ -625,6 +625,10 @@ class SessionService:
                 session.require_open(self.clock())  # SessionCompleted
             doomed = set(session.parts)
             if session.state is SessionState.OPEN:  # an ended one again: nothing to record, chunks deleted again
+                # the staged file goes first: on a full disk, writing the record needs the space it frees (a
+                # failure after this leaves an open record whose chunks are gone: completing it is refused as
+                # incomplete, and the expiry sweep ends it)
+                await self._discard_staged(session)
 
                 def ended(current: Session) -> Session | None:
                     doomed.update(current.parts)  # the latest index: a chunk recorded meanwhile goes too

@@ -10,10 +10,15 @@ backend, so a restarted process or another replica carries on:
                                       digests in the object's metadata too (a chunk stored by a process that died
                                       before its record said so is adopted when the client sends it again)
 
+    sessions/<id>/file                on backends with WRITE_AT_OFFSET (local), instead of the chunk objects: one
+                                      staged file, preallocated, each chunk written at its offset while its PUT
+                                      holds that region, flushed, then recorded; never written again once recorded
+
 Chunk PUT, status, completion and abort read the record; none lists storage. The whole file's SHA-256 is computed
 by the engine's prefix hasher that follows the contiguous prefix of stored chunks (re-reading each chunk once, in
-the background, as the prefix grows); after a restart it starts again from chunk 0. Completion composes the chunks
-server-side (COMPOSE) into an ordinary stored file and deletes them.
+the background, as the prefix grows, and checking it against its recorded xxh3-128); after a restart it starts
+again from chunk 0. Completion publishes the staged file by a rename (no byte copied), or, with chunk objects,
+composes them server-side (COMPOSE; S3: UploadPartCopy) into an ordinary stored file and deletes them.
 """
 
 from __future__ import annotations

@@ -1,8 +1,14 @@
 """Network-shaped cases: uploads over an emulated wide-area link, and many small objects at once.
 
 The link emulator is a small userspace TCP proxy on loopback (``tc netem`` is not available in this kernel):
-every connection is capped at ``rate`` bytes/s in each direction and every byte is delayed by ``latency`` seconds,
-so one TCP stream cannot go faster than the cap while parallel chunk uploads (one connection each) can.
+every connection is capped at ``rate`` bytes/s in each direction and every byte is delayed by ``latency`` seconds
+one way (a round trip of twice that), so one TCP stream cannot go faster than the cap while parallel chunk uploads
+(one connection each) can. The cap is per connection, not shared: it stands for a wide-area path whose limit is
+each connection's window over the round trip (a 2 MB window at a 40 ms round trip is 50 MB/s), not a shared
+bottleneck link (there, no number of connections beats one stream, and no client could reach the goal). It does not
+emulate slow start or loss. The proxy runs on one thread of the benchmark process, unpinned; it costs up to ~2.5
+CPU-seconds per GiB relayed (measured with raw senders), so on a loaded machine the x4 case, which needs four
+times the relay rate of one stream, is the first to be starved.
 """
 
 from __future__ import annotations
@@ -95,9 +101,12 @@ class LinkEmulator:
             client_writer.close()
             return
         self._writers.append(up_writer)
-        await asyncio.gather(
-            self._pipe(client_reader, up_writer), self._pipe(up_reader, client_writer), return_exceptions=True
-        )
+        try:
+            await asyncio.gather(
+                self._pipe(client_reader, up_writer), self._pipe(up_reader, client_writer), return_exceptions=True
+            )
+        except asyncio.CancelledError:
+            pass  # closed at exit: end quietly (a cancelled handler task is reported by asyncio's stream callback)
 
     def __enter__(self) -> LinkEmulator:
         self._thread.start()

@@ -59,6 +59,9 @@ class Capability(enum.Enum):
     ABANDONED_UPLOADS = "abandoned_uploads"  # unfinished uploads outlive dead writers (SupportsAbandonedUploads)
     ATOMIC_IF_MATCH = "atomic_if_match"  # create(if_match=...) holds under concurrent writers of other processes too
     DIRECT_UPLOAD = "direct_upload"  # clients upload parts straight to the backend (SupportsDirectUpload)
+    WRITE_AT_OFFSET = (
+        "write_at_offset"  # staged objects written at offsets, published by rename (SupportsWriteAtOffset)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +205,59 @@ class SupportsCompose(Protocol):
     through the caller (local: copy_file_range; S3: UploadPartCopy + CompleteMultipartUpload). Sources stay."""
 
     async def compose(self, key: str, sources: list[str], metadata: Mapping[str, str]) -> ObjectInfo: ...
+
+
+class RegionWriter(Protocol):
+    """Bytes ``[offset, offset + length)`` of a staged object (:class:`SupportsWriteAtOffset`), written in order from
+    ``offset``. From entering its ``async with`` until leaving it, the writer holds its region: another writer of
+    an overlapping region of the same staged object, in this process or any other sharing the backend, waits to
+    enter. Leaving releases the region; it neither flushes nor undoes what was written."""
+
+    @property
+    def bytes_written(self) -> int: ...
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        """The next bytes of the region (ValueError past its end; StorageFull / BackendUnavailable)."""
+
+    async def flush(self) -> None:
+        """Return once every byte written so far is on stable storage."""
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+@runtime_checkable
+class SupportsWriteAtOffset(Protocol):
+    """Capability WRITE_AT_OFFSET: a staged object — invisible to ``open``, ``stat`` and ``list`` — whose parts are
+    written straight at their offsets, in any order and from several processes at once, and which is published
+    whole under a key by a rename, so no byte is copied to assemble it (local: one preallocated file). Staged
+    names are keys too, in their own namespace: a staged object never collides with a published one."""
+
+    async def create_staged(self, staged: str, size: int | None) -> None:
+        """Create ``staged``, empty (idempotent); with ``size``, space for that many bytes is reserved now."""
+        ...
+
+    def write_region(self, staged: str, offset: int, length: int) -> RegionWriter:
+        """A writer of ``[offset, offset + length)`` of ``staged``; entering it raises ObjectNotFound once
+        ``staged`` is published or discarded (or was never created)."""
+        ...
+
+    def read_staged(self, staged: str, start: int, end: int) -> AsyncIterator[bytes]:
+        """Bytes ``[start, end)`` of ``staged`` as they are now (a hole reads as zeros; ObjectNotFound if it does
+        not exist; BackendUnavailable if it ends before ``end``)."""
+        ...
+
+    async def publish_staged(self, staged: str, key: str, size: int, metadata: Mapping[str, str]) -> ObjectInfo:
+        """Cut ``staged`` to ``size`` bytes, flush it and make it the object ``key`` (replacing one) with
+        ``metadata``, atomically; ``staged`` no longer exists afterwards (ObjectNotFound if it did not exist)."""
+        ...
+
+    async def discard_staged(self, staged: str) -> None:
+        """Remove ``staged`` and what was written to it; idempotent."""
+        ...
 
 
 @runtime_checkable

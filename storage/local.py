@@ -91,6 +91,7 @@ from storage.errors import (
     StorageError,
     StorageFull,
 )
+from storage.local_staged import OFD_LOCKS, StagedFiles
 
 T = TypeVar("T")
 
@@ -544,8 +545,9 @@ def _close_opened(opening: asyncio.Future[tuple[int, os.stat_result, dict[str, A
         os.close(opening.result()[0])
 
 
-class LocalStorage:
-    """Objects as files under one directory. Capabilities: ranged reads, compose."""
+class LocalStorage(StagedFiles):
+    """Objects as files under one directory. Capabilities: ranged reads, compose, staged objects written at offsets
+    (storage/local_staged.py)."""
 
     def __init__(
         self,
@@ -736,7 +738,8 @@ class LocalStorage:
 
     @property
     def capabilities(self) -> frozenset[Capability]:
-        return frozenset({Capability.COMPOSE, Capability.ATOMIC_IF_ABSENT, Capability.ATOMIC_IF_MATCH})
+        caps = {Capability.COMPOSE, Capability.ATOMIC_IF_ABSENT, Capability.ATOMIC_IF_MATCH}
+        return frozenset(caps | ({Capability.WRITE_AT_OFFSET} if OFD_LOCKS else set()))
 
     def object_path(self, key: str) -> Path:
         return self.objects_dir / validate_key(key)

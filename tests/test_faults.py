@@ -53,7 +53,15 @@ def test_disk_full_is_507_and_leaves_nothing(full_disk_server: LiveServer) -> No
         assert http.get(small["url"]).status_code == 200  # others are still served
         again = http.post("/v1/files", params={"inline": "false"}, content=os.urandom(3 * MiB))
         assert again.status_code == 201  # and the space came back
-        sid = http.post("/v1/sessions", json={"size": 30 * MiB, "chunk_size": 1 * MiB}).json()["streaming_session_id"]
+        # local storage preallocates a session's staged file when it opens: no room for the declared size is a 507
+        # at once, before a byte is sent, and nothing is left of it
+        assert_error(
+            http.post("/v1/sessions", json={"size": 30 * MiB, "chunk_size": 1 * MiB}), 507, "insufficient_storage"
+        )
+        staging = server.data_dir / "staging"
+        assert not [p for p in staging.rglob("*") if p.is_file()] and server.leftovers() == []
+        # a session of unknown size finds out at the chunk that does not fit
+        sid = http.post("/v1/sessions", json={"chunk_size": 1 * MiB}).json()["streaming_session_id"]
         codes = []
         for i in range(30):
             piece = os.urandom(MiB)
@@ -68,6 +76,7 @@ def test_disk_full_is_507_and_leaves_nothing(full_disk_server: LiveServer) -> No
                 break
         assert codes[-1] == 507 and server.leftovers() == []
         assert http.delete(f"/v1/sessions/{sid}").status_code == 204  # abort frees the chunks
+        assert not [p for p in staging.rglob("*") if p.is_file()]
         assert http.post("/v1/files", params={"inline": "false"}, content=os.urandom(3 * MiB)).status_code == 201
 
 

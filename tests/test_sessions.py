@@ -246,8 +246,10 @@ def test_a_chunk_damaged_on_disk_is_dropped_and_asked_for_again(live_server: Liv
     with httpx.Client(base_url=live_server.url, timeout=60) as http:
         sid = http.post("/v1/sessions", json={"size": len(data), "chunk_size": CHUNK}).json()["streaming_session_id"]
         assert put(http, sid, 1, pieces[1]).status_code == 201
-        chunk_file = live_server.data_dir / "objects" / "sessions" / sid / "chunks" / "00000001"
-        with open(chunk_file, "r+b") as f:  # what a machine crash can leave of unflushed pages
+        # local storage writes chunks at their offsets into the session's staged file
+        staged_file = live_server.data_dir / "staging" / "sessions" / sid / "file"
+        with open(staged_file, "r+b") as f:  # what a machine crash can leave of unflushed pages
+            f.seek(CHUNK)
             f.write(b"\0" * 4096)
         assert put(http, sid, 0, pieces[0]).status_code == 201
         body = assert_error(http.post(f"/v1/sessions/{sid}/complete", json={}), 409, "session_incomplete")

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import xxhash
 
-from storage.base import ObjectInfo
+from storage.base import Capability, ObjectInfo
 from storage.local import LocalStorage
 from transfer.core.auth import TRUSTED, ApiKey, Grant, Scope
 from transfer.core.uploads import TRANSITIONS, UploadEvent, UploadState, transition
@@ -83,6 +83,15 @@ async def _body(data: bytes, piece: int = 256 << 10) -> AsyncIterator[bytes]:
 
 def _digest(data: bytes) -> ChunkDigest:
     return ChunkDigest("xxh3-128", xxhash.xxh3_128_hexdigest(data))
+
+
+class PerChunkStorage(LocalStorage):
+    """Local storage without WRITE_AT_OFFSET: sessions store each chunk as an object of its own and compose them
+    at completion (what S3 does, and what sessions opened before staged files keep doing)."""
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        return super().capabilities - {Capability.WRITE_AT_OFFSET}
 
 
 async def _services(tmp_path: Path, storage: LocalStorage | None = None) -> Services:
@@ -178,8 +187,9 @@ async def test_concurrent_chunks_from_two_replicas_are_all_recorded(tmp_path: Pa
 
 async def test_a_chunk_stored_before_a_crash_but_not_recorded_is_adopted(tmp_path: Path) -> None:
     """The state a process leaves when it stops between storing a chunk and recording it: the client, told
-    nothing, sends the chunk again; the same bytes are a no-op that enters the stored chunk in the record."""
-    services = await _services(tmp_path)
+    nothing, sends the chunk again; the same bytes are a no-op that enters the stored chunk in the record. (Chunks
+    stored one by one; for chunks written into a staged file see tests/test_sessions_staged.py.)"""
+    services = await _services(tmp_path, PerChunkStorage(tmp_path / "data"))
     try:
         data = os.urandom(2 * CHUNK)
         session = await services.sessions.create(

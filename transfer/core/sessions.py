@@ -83,6 +83,7 @@ class Session:
     max_size: int | None = None  # the largest file it may make (the service's limit when it was opened)
     parts: dict[int, Part] = field(default_factory=dict)  # chunk index -> size and digests: the stored chunks
     file_ttl: int | None = None  # seconds the file it makes lives from completion (None: until deleted)
+    staged: bool = False  # chunks are written at their offsets into one staged object, not stored one by one
 
     @property
     def total_chunks(self) -> int | None:
@@ -189,6 +190,7 @@ class Session:
             "max_size": self.max_size,
             "parts": parts_to_json(self.parts),
             "file_ttl": self.file_ttl,
+            "staged": self.staged,
         }
 
     @classmethod

@@ -10,22 +10,30 @@ backend, so a restarted process or another replica carries on:
                                       digests in the object's metadata too (a chunk stored by a process that died
                                       before its record said so is adopted when the client sends it again)
 
+    sessions/<id>/file                on backends with WRITE_AT_OFFSET (local), instead of the chunk objects: one
+                                      staged file, preallocated, each chunk written at its offset while its PUT
+                                      holds that region, flushed, then recorded; never written again once recorded
+
 Chunk PUT, status, completion and abort read the record; none lists storage. The whole file's SHA-256 is computed
 by the engine's prefix hasher that follows the contiguous prefix of stored chunks (re-reading each chunk once, in
-the background, as the prefix grows); after a restart it starts again from chunk 0. Completion composes the chunks
-server-side (COMPOSE) into an ordinary stored file and deletes them.
+the background, as the prefix grows, and checking it against its recorded xxh3-128); after a restart it starts
+again from chunk 0. Completion publishes the staged file by a rename (no byte copied), or, with chunk objects,
+composes them server-side (COMPOSE; S3: UploadPartCopy) into an ordinary stored file and deletes them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 
-from storage.base import Capability, ObjectReader, Storage
+import xxhash
+
+from storage.base import Capability, ObjectInfo, ObjectReader, Storage, SupportsWriteAtOffset, capable
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding, FileRole, checksum_hex
 from transfer.core.ids import is_id, new_id
@@ -47,13 +55,13 @@ from transfer.errors import (
     TransferError,
     storage_errors_translated,
 )
-from transfer.service.documents import publish_composed
+from transfer.service.documents import index_file, publish_composed
 from transfer.service.ingest import SNIFF_BYTES
 from transfer.service.lifecycle import Lifecycle
 from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord, object_key
 from transfer.service.session_views import chunks_path
-from transfer.service.uploads import PartExists, StoredPart, UploadEngine
+from transfer.service.uploads import PartExists, PieceHasher, StoredPart, UploadEngine
 from transfer.settings import Settings
 
 MiB = 1 << 20
@@ -74,6 +82,11 @@ def session_key(sid: str) -> str:
 
 def chunk_key(sid: str, index: int) -> str:
     return f"sessions/{sid}/chunks/{index:08d}"
+
+
+def staged_key(sid: str) -> str:
+    """The staged object a session's chunks are written into at their offsets (backends with WRITE_AT_OFFSET)."""
+    return f"sessions/{sid}/file"
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +151,8 @@ class SessionService:
         self.quota = quota or SessionQuota(storage, settings.max_open_sessions_per_key)
         self.quota.register(is_session_id, self.is_open)
         self.engine = engine or UploadEngine(storage)
+        # chunks written at their offsets into one staged file, published by a rename: completion copies nothing
+        self.staging = capable(storage, Capability.WRITE_AT_OFFSET, SupportsWriteAtOffset)
         self._check_signed = check_signed
         self._arrivals: dict[str, asyncio.Event] = {}
         self._background: set[asyncio.Task[None]] = set()
@@ -215,12 +230,23 @@ class SessionService:
             owner=owner,
             max_size=s.max_upload_size,
             file_ttl=file_ttl,
+            staged=self.staging is not None,
         )
         await self.lifecycle.admit(owner, session.id, size, session.expires_at)
         try:
             async with self.quota.claim(owner, session.id):
+                # the record first: a crash before the staged file exists leaves a session the client never heard
+                # of, which expires (and is swept) like any other; a staged file is never without its record
                 await self.engine.create(session_key(session.id), session.to_json())
+                if self.staging is not None:
+                    try:
+                        with storage_errors_translated():
+                            await self.staging.create_staged(staged_key(session.id), size)
+                    except BaseException:
+                        await self.engine.delete([session_key(session.id)])
+                        raise
         except BaseException:
+            await self._discard_staged(session)
             await self.lifecycle.release_after_failure(owner, session.id)
             raise
         return session
@@ -268,6 +294,8 @@ class SessionService:
             if repeat or index in session.parts:
                 raise _Duplicate(result)  # compare with what was stored; nothing new is published
 
+        if session.staged:
+            return await self._put_staged_chunk(session, index, body, digest, limit, verify, caller)
         key = chunk_key(sid, index)
         try:
             # not flushed to disk one by one: completion re-reads every chunk and checks its xxh3 first
@@ -299,6 +327,91 @@ class SessionService:
         self._arrived(sid)
         self._spawn(self._advance(updated))
         return ChunkReceipt(index, result.size, result.xxh3, duplicate=False)
+
+    async def _put_staged_chunk(
+        self,
+        session: Session,
+        index: int,
+        body: AsyncIterator[bytes],
+        digest: ChunkDigest,
+        limit: int,
+        verify: Callable[[StoredPart], None],
+        caller: Grant,
+    ) -> ChunkReceipt:
+        """:meth:`put_chunk` for a staged session: the chunk is written at its offset in the session's staged file
+        while holding that region (no other writer, in any process, writes it meanwhile), flushed, and recorded
+        before the region is let go. A recorded chunk's bytes are never written again: a repeat is hashed and
+        compared, not written, so the bytes the prefix hasher verified are the bytes that get published."""
+        assert self.staging is not None
+        sid = session.id
+        if index in session.parts or session.state is SessionState.COMPLETED:
+            return await self._compare_repeat(session, index, body, digest, limit, verify)
+        try:
+            region = self.staging.write_region(staged_key(sid), index * session.chunk_size, limit)
+            with storage_errors_translated():
+                await region.__aenter__()
+        except NotFound:  # published or discarded since the record was read: its state says why
+            fresh = await self.load(sid, caller)
+            if index in fresh.parts or fresh.state is SessionState.COMPLETED:
+                return await self._compare_repeat(fresh, index, body, digest, limit, verify)
+            fresh.after(UploadEvent.PUT_PART, self.clock())  # ended: its refusal
+            raise
+        try:
+            fresh = await self.load(sid, caller)  # holding the region: was the chunk recorded while we waited?
+            if index in fresh.parts or fresh.state is SessionState.COMPLETED:
+                return await self._compare_repeat(fresh, index, body, digest, limit, verify)
+            fresh.after(UploadEvent.PUT_PART, self.clock())
+            result = await self.engine.write_part_at(
+                region,
+                body,
+                limit=limit,
+                too_long=lambda n: ChunkLengthMismatch(f"chunk {index} is longer than {limit} bytes", expected=limit),
+                sha256=digest.algorithm == "sha256",
+                verify=verify,
+            )
+            updated = await self._record_part(sid, index, result.part())
+        finally:
+            await region.__aexit__(None, None, None)
+        self._arrived(sid)
+        self._spawn(self._advance(updated))
+        return ChunkReceipt(index, result.size, result.xxh3, duplicate=False)
+
+    async def _compare_repeat(
+        self,
+        session: Session,
+        index: int,
+        body: AsyncIterator[bytes],
+        digest: ChunkDigest,
+        limit: int,
+        verify: Callable[[StoredPart], None],
+    ) -> ChunkReceipt:
+        """A chunk a staged session already holds, sent again: its bytes are hashed (and checked as any chunk's)
+        and compared with the recorded ones; nothing is written."""
+        x3 = xxhash.xxh3_128()
+        sha = hashlib.sha256() if digest.algorithm == "sha256" else None
+        hasher = PieceHasher(x3, sha)
+        size = 0
+        async for piece in body:
+            size += len(piece)
+            if size > limit:
+                raise ChunkLengthMismatch(f"chunk {index} is longer than {limit} bytes", expected=limit)
+            await hasher.update(piece)
+        mine = StoredPart(size, x3.hexdigest(), sha.hexdigest() if sha is not None else "", False)
+        if index not in session.parts and not (
+            session.state is SessionState.COMPLETED and index < len(session.chunk_digests)
+        ):
+            session.after(UploadEvent.PUT_PART, self.clock())  # a chunk past a completed session's end: refused
+        try:
+            verify(mine)
+        except _Duplicate:
+            pass
+        known = session.parts.get(index) or Part(mine.size, session.chunk_digests[index])
+        return await self._repeated(session, index, mine, known)
+
+    async def _discard_staged(self, session: Session) -> None:
+        if session.staged and self.staging is not None:
+            with storage_errors_translated():
+                await self.staging.discard_staged(staged_key(session.id))
 
     async def _repeated(self, session: Session, index: int, mine: StoredPart, stored: Part) -> ChunkReceipt:
         """A chunk sent again: ChunkConflict for other bytes; for the same bytes a no-op, except that a stored
@@ -388,6 +501,19 @@ class SessionService:
         dropped from the record: status lists it as missing, and the client sends it again)."""
         sid = session.id
         ordered = [(i, chunk_key(sid, i), session.parts[i]) for i in sorted(session.parts)]
+        if session.staged and self.staging is not None:
+            staging, cs, read_whole = self.staging, session.chunk_size, set()
+
+            async def read(index: int, _key: str, part: Part) -> AsyncIterator[bytes]:
+                async for piece in staging.read_staged(staged_key(sid), index * cs, index * cs + part.size):
+                    yield piece
+                read_whole.add(index)
+
+            hasher = await self.engine.catch_up(sid, ordered, read=read)
+            bad = hasher.next_part
+            if bad in read_whole:  # read, and not the bytes acknowledged (a crash lost them): to be sent again
+                await self._update(sid, lambda current: _without_part(current, bad, only_open=True))
+            return hasher.next_part
         hasher = await self.engine.catch_up(sid, ordered)
         bad = hasher.next_part
         if bad in session.parts and not await self._exists(chunk_key(sid, bad)):
@@ -451,7 +577,10 @@ class SessionService:
                 expires_at=self.lifecycle.expiry(created, session.file_ttl),
             )
             async with self.lifecycle.publishing(record, sid):
-                await publish_composed(self.storage, record, [chunk_key(sid, i) for i in range(total)])
+                if session.staged:
+                    await self._publish_staged(session, record)
+                else:
+                    await publish_composed(self.storage, record, [chunk_key(sid, i) for i in range(total)])
 
             def completed(current: Session) -> Session | None:
                 if current.state is SessionState.COMPLETED and current.file_id == file_id:
@@ -465,8 +594,29 @@ class SessionService:
             await self.quota.release(session.owner, sid)
             self.engine.forget(sid)
             self._arrived(sid)
-            self._spawn(self._delete_chunks(sid, list(session.parts)))
+            if not session.staged:
+                self._spawn(self._delete_chunks(sid, list(session.parts)))
             return done, record
+
+    async def _publish_staged(self, session: Session, record: FileRecord) -> ObjectInfo:
+        """The staged file becomes the file's object by a rename (no byte copied), then enters its owner's index.
+        If it is gone, a completion elsewhere (another replica, or one that stopped before recording itself)
+        published it already: the object under the file's key, if it is this record's bytes, is the outcome."""
+        assert self.staging is not None
+        key = object_key(record.id)
+        try:
+            with storage_errors_translated():
+                info = await self.staging.publish_staged(staged_key(session.id), key, record.size, record.to_metadata())
+        except NotFound:
+            try:
+                with storage_errors_translated():
+                    info = await self.storage.stat(key)
+            except NotFound:
+                raise SessionIncomplete("the session's chunks are gone; open a new session") from None
+            if FileRecord.from_metadata(info.metadata).sha256 != record.sha256:
+                raise SessionIncomplete("the session's chunks are gone; open a new session") from None
+        await index_file(self.storage, record)
+        return info
 
     async def _delete_chunks(self, sid: str, indices: list[int]) -> None:
         await self.engine.delete([chunk_key(sid, index) for index in indices])
@@ -480,12 +630,18 @@ class SessionService:
                 session.require_open(self.clock())  # SessionCompleted
             doomed = set(session.parts)
             if session.state is SessionState.OPEN:  # an ended one again: nothing to record, chunks deleted again
+                # the staged file goes first: on a full disk, writing the record needs the space it frees (a
+                # failure after this leaves an open record whose chunks are gone: completing it is refused as
+                # incomplete, and the expiry sweep ends it)
+                await self._discard_staged(session)
 
                 def ended(current: Session) -> Session | None:
                     doomed.update(current.parts)  # the latest index: a chunk recorded meanwhile goes too
                     return _ended(current, event)
 
                 session = await self._update(sid, ended)
+            if session.staged:
+                await self._discard_staged(session)
             await self._delete_chunks(sid, sorted(doomed))
             await self.quota.release(session.owner, sid)
             await self.lifecycle.release(session.owner, sid)
@@ -512,6 +668,7 @@ class SessionService:
                 await self.abort(sid, TRUSTED, state=SessionState.EXPIRED)
                 removed += 1
             elif session.state is not SessionState.OPEN and now >= session.expires_at + self.settings.session_retention:
+                await self._discard_staged(session)
                 await self._delete_listed_chunks(sid)
                 with storage_errors_translated():
                     await self.storage.delete(session_key(sid))
@@ -567,12 +724,20 @@ class SessionService:
                 with storage_errors_translated():
                     reader = await self.storage.open(object_key(session.file_id))
                 return session, ReaderStream(reader, start, end), end - start, session.chunk_digests[index]
-            try:
-                with storage_errors_translated():
-                    reader = await self.storage.open(chunk_key(sid, index))
-                return session, ReaderStream(reader, 0, None), reader.info.size, reader.info.metadata.get("xxh3", "")
-            except NotFound:
-                pass
+            if session.staged and self.staging is not None:
+                part = session.parts.get(index)
+                if part is not None:  # recorded: its bytes are in place and never written again
+                    start = index * session.chunk_size
+                    staged = _StagedChunk(self.staging, staged_key(sid), start, part.size)
+                    return session, ReaderStream(staged, 0, part.size), part.size, part.xxh3
+            else:
+                try:
+                    with storage_errors_translated():
+                        reader = await self.storage.open(chunk_key(sid, index))
+                    size, xxh3 = reader.info.size, reader.info.metadata.get("xxh3", "")
+                    return session, ReaderStream(reader, 0, None), size, xxh3
+                except NotFound:
+                    pass
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise ChunkNotReady(f"chunk {index} has not arrived yet", headers={"retry-after": "1"})
@@ -581,6 +746,35 @@ class SessionService:
                 await asyncio.wait_for(event.wait(), timeout=min(POLL_SECONDS * 5, remaining))
             except TimeoutError:
                 pass
+
+
+class _StagedChunk:
+    """One recorded chunk of a staged session's file, read as an :class:`ObjectReader` of its own."""
+
+    def __init__(self, staging: SupportsWriteAtOffset, staged: str, start: int, size: int) -> None:
+        self._staging = staging
+        self._staged = staged
+        self._start = start
+        self._info = ObjectInfo(key=staged, size=size, modified=datetime.now(UTC))
+
+    @property
+    def info(self) -> ObjectInfo:
+        return self._info
+
+    async def read(self, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
+        stop = self._info.size if end is None else min(end, self._info.size)
+        with storage_errors_translated():
+            async for piece in self._staging.read_staged(self._staged, self._start + start, self._start + stop):
+                yield piece
+
+    async def close(self) -> None:
+        return None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
 
 
 class ReaderStream:
@@ -618,8 +812,8 @@ def _ended(current: Session, event: UploadEvent) -> Session | None:
     return current.with_changes(state=after, parts={})  # its chunks are deleted next
 
 
-def _without_part(current: Session, index: int) -> Session | None:
-    if index not in current.parts:
+def _without_part(current: Session, index: int, *, only_open: bool = False) -> Session | None:
+    if index not in current.parts or (only_open and current.state is not SessionState.OPEN):
         return None
     return current.with_changes(parts={i: p for i, p in current.parts.items() if i != index})
 

@@ -145,8 +145,8 @@ def _torn(record: dict[str, Any], st: os.stat_result) -> bool:
     return ino is not None and (ino != st.st_ino or mtime != st.st_mtime_ns)
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+def _fsync_path(path: Path, *, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECTORY if directory else 0))
     try:
         os.fsync(fd)
     finally:
@@ -154,11 +154,7 @@ def _fsync_path(path: Path) -> None:
 
 
 def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _fsync_path(path, directory=True)
 
 
 class _DirectorySync:

@@ -581,19 +581,9 @@ def test_tus_filetype_is_a_hint_and_content_type_the_clients_word(
 
 def _puremagic_unfiltered(head: bytes) -> tuple[str | None, float]:
     """What transfer.core.naming._puremagic answered before its signature index: puremagic on every head."""
-    import puremagic
-
     from transfer.core import naming
 
-    try:
-        matches = puremagic.magic_string(head)
-    except (puremagic.PureError, ValueError, IndexError):
-        return None, 0.0
-    for match in matches:
-        found = str(match.mime_type)
-        if "/" in found and is_media_type(found):
-            return naming._ALIASES.get(found, found), float(match.confidence)
-    return None, 0.0
+    return naming._puremagic_scan(head) if head else (None, 0.0)
 
 
 def _with_a_signature(data: st.DataObject) -> bytes:

@@ -186,6 +186,11 @@ def _puremagic(head: bytes) -> tuple[str | None, float]:
     """puremagic's best-named match for ``head`` and its confidence; (None, 0) when it knows none."""
     if not head or not _MAGIC.may_match(head):
         return None, 0.0
+    return _puremagic_scan(head)
+
+
+def _puremagic_scan(head: bytes) -> tuple[str | None, float]:
+    """:func:`_puremagic` without the signature index: puremagic's whole scan of ``head``."""
     try:
         matches = puremagic.magic_string(head)
     except (puremagic.PureError, ValueError, IndexError):

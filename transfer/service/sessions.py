@@ -324,9 +324,7 @@ class SessionService:
         except TransferError:  # ended meanwhile (aborted, expired): the chunk it will never use goes now
             await self.engine.delete([key])
             raise
-        self._arrived(sid)
-        self._spawn(self._advance(updated))
-        return ChunkReceipt(index, result.size, result.xxh3, duplicate=False)
+        return self._accepted(sid, index, updated, result.size, result.xxh3)
 
     async def _put_staged_chunk(
         self,
@@ -372,9 +370,7 @@ class SessionService:
             updated = await self._record_part(sid, index, result.part())
         finally:
             await region.__aexit__(None, None, None)
-        self._arrived(sid)
-        self._spawn(self._advance(updated))
-        return ChunkReceipt(index, result.size, result.xxh3, duplicate=False)
+        return self._accepted(sid, index, updated, result.size, result.xxh3)
 
     async def _compare_repeat(
         self,
@@ -441,6 +437,12 @@ class SessionService:
             return current.with_changes(parts=with_part(current.parts, index, part))
 
         return await self._update(sid, change)
+
+    def _accepted(self, sid: str, index: int, updated: Session, size: int, xxh3: str) -> ChunkReceipt:
+        """A new chunk is recorded: wake its readers, let the hasher follow, answer the receipt."""
+        self._arrived(sid)
+        self._spawn(self._advance(updated))
+        return ChunkReceipt(index, size, xxh3, duplicate=False)
 
     def _arrived(self, sid: str) -> None:
         event = self._arrivals.pop(sid, None)

@@ -119,8 +119,14 @@ class HeadTimeoutProtocol(InformationalProtocol):
         self.transport.close()
 
 
-def head_timeout_protocol(header_timeout: float) -> type[HeadTimeoutProtocol]:
-    return type("HeadTimeoutProtocol", (HeadTimeoutProtocol,), {"header_timeout": header_timeout})
+def head_timeout_protocol(
+    header_timeout: float, *, body_grace: float = 30.0, body_min_rate: float = 0.0
+) -> type[HeadTimeoutProtocol]:
+    """The protocol class with these deadlines: ``header_timeout`` for each head, and the body rule of
+    :class:`BodyRateGuard` for the rest of a body the application answered without reading
+    (:mod:`transfer.api.bodyread`)."""
+    attributes = {"header_timeout": header_timeout, "discard_grace": body_grace, "discard_min_rate": body_min_rate}
+    return type("HeadTimeoutProtocol", (HeadTimeoutProtocol,), attributes)
 
 
 class BodyRateGuard:
@@ -200,7 +206,9 @@ def uvicorn_config(app: Any, settings: Settings, *, host: str, port: int, **kwar
         host=host,
         port=port,
         loop="uvloop",
-        http=head_timeout_protocol(settings.http_header_timeout),
+        http=head_timeout_protocol(
+            settings.http_header_timeout, body_grace=settings.http_body_grace, body_min_rate=settings.http_body_min_rate
+        ),
         ws=TPWebSocketProtocol,
         ws_ping_interval=settings.tp_ping_interval,
         ws_ping_timeout=settings.tp_pong_timeout,

@@ -131,6 +131,9 @@ class BodyProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if self._body_open and cycle.response_complete and not self.transport.is_closing():
             self._dropping = True
+            if isinstance(cycle, BodyCycle):  # pieces nobody will receive: not kept while the rest is dropped
+                cycle.pieces.clear()
+                cycle.queued = 0
             if self.discard_min_rate > 0:
                 self._discard_since = self.loop.time()
                 self._discarded = 0

@@ -94,6 +94,25 @@ class HeadTimeoutProtocol(InformationalProtocol):
         self._disarm_head_timer()
         super().connection_lost(exc)
 
+    _upgrade_waiting = False  # a WebSocket upgrade came in while an earlier request's response was still due
+
+    def handle_websocket_upgrade(self) -> None:
+        # RFC 9112 §9.3.2: responses go in the order of their requests. uvicorn switched protocols at once, so a
+        # 101 overtook the response of a request pipelined before it, which then landed inside the WebSocket stream
+        if self.pipeline or (self.cycle is not None and not self.cycle.response_complete):
+            self._upgrade_waiting = True
+            self.flow.pause_reading()  # the parser has stopped at the upgrade: nothing more to read till then
+            return
+        super().handle_websocket_upgrade()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._upgrade_waiting and not self.pipeline and self.cycle.response_complete:
+            self._upgrade_waiting = False
+            if not self.transport.is_closing():
+                self._unset_keepalive_if_required()  # armed just now for an idle connection: this one is upgrading
+                super().handle_websocket_upgrade()
+
     def _arm_head_timer(self) -> None:
         self._head_timer = self.loop.call_later(self.header_timeout, self._head_timed_out)
 

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from uvicorn.server import ServerState
 
 from devtools.serving import serve_in_thread
+from tests.conftest import running
 from transfer.api.bodyread import BodyCycle
 from transfer.api.server import uvicorn_config
 from transfer.settings import Settings
@@ -181,3 +182,32 @@ async def test_a_content_length_body_reaches_the_application_as_the_socket_reads
     for task in list(protocol.tasks):
         task.cancel()
     await asyncio.sleep(0)
+
+
+def test_a_websocket_upgrade_pipelined_after_an_upload_is_answered_after_the_upload(tmp_path: Any) -> None:
+    """RFC 9112 §9.3.2: responses in the order of their requests. The upload's 201 comes first, then the 101, and
+    the connection is a WebSocket from there on (uvicorn wrote the 101 at once, and the 201 after it landed inside
+    the WebSocket stream)."""
+    settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"})
+    with running(settings) as live:
+        authority = live.url.removeprefix("http://")
+        host, port = authority.split(":")
+        body = os.urandom(300 << 10)
+        upload = (
+            f"POST /v1/files?name=w.bin HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/octet-stream\r\n"
+            f"content-length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        upgrade = (
+            f"GET /tp/v1 HTTP/1.1\r\nhost: {authority}\r\nconnection: upgrade\r\nupgrade: websocket\r\n"
+            "sec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            "sec-websocket-protocol: tp.v1\r\n\r\n"
+        ).encode()
+        with socket.create_connection((host, int(port)), timeout=30) as sock, sock.makefile("rb") as f:
+            sock.sendall(upload + upgrade)
+            status, _, answer = _read_response(f)
+            assert status == 201, answer
+            assert f.readline().startswith(b"HTTP/1.1 101 ")
+            while f.readline() not in (b"\r\n", b""):
+                pass
+            sock.sendall(bytes([0x88, 0x82, 1, 2, 3, 4, 0x03 ^ 1, 0xE8 ^ 2]))  # a masked close frame, code 1000
+            assert f.read(2)[0] == 0x88  # the server's close frame: the stream is WebSocket, nothing else

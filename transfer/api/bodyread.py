@@ -15,15 +15,22 @@ Here:
   is completed and a fresh parser takes the next request on the connection (keep-alive, pipelining). Chunked bodies
   (RFC 9112 §7.1) and upgrades stay with the parser, which removes the chunk framing;
 - reading pauses once ``HIGH_WATER`` bytes wait for the application (back-pressure on the client, bounded memory per
-  connection) and resumes on its next ``receive``.
+  connection) and resumes on its next ``receive``;
+- the rest of a body the application answered without reading (401, 413, ...) is read and dropped so the connection
+  can be reused (RFC 9112 §9.6), but no longer than a body that is read may take: it must keep arriving at
+  ``discard_min_rate`` bytes/s after ``discard_grace`` seconds from the answer (the rule of
+  :class:`transfer.api.server.BodyRateGuard`), or the connection is closed; and once it has arrived an idle
+  connection is closed after the keep-alive timeout as after any response. uvicorn's own protocol read such a body
+  with no deadline at all (each read cancels the keep-alive timer), so a client could hold a connection open
+  forever at a byte a minute after its answer.
 
 Everything else is uvicorn's own behaviour, unchanged: ``100 Continue`` on the first ``receive`` (RFC 9110 §10.1.1),
-``http.disconnect`` once the client has gone or the response is complete, body bytes after an early response read
-and dropped so the connection can be reused.
+``http.disconnect`` once the client has gone or the response is complete.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from typing import Any
 
@@ -77,12 +84,24 @@ class BodyProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol delivering request bodies through :class:`BodyCycle` (see the module
     docstring)."""
 
+    # a body answered before it was read must arrive at this rate (bytes/s; 0: no deadline) after this grace (s)
+    discard_grace: float = 30.0
+    discard_min_rate: float = 0.0
+
     _seen = 0  # body bytes of the current request the parser has passed to on_body
     _raw_left = 0  # body bytes still to come past the parser (0: the parser reads the connection)
+    _body_open = False  # the latest request's body has not fully arrived
+    _dropping = False  # ... and its response is complete: the rest of the body is read and dropped
+    _discard_since = 0.0  # loop time the application answered a request whose body is still arriving
+    _discarded = 0  # bytes read since then
+    _discard_timer: asyncio.TimerHandle | None = None
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._seen = 0
+        # a request is under way: not idle (the keep-alive timer may still run when this head came in the same read
+        # as the end of a dropped body)
+        self._unset_keepalive_if_required()
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
@@ -91,6 +110,45 @@ class BodyProtocol(HttpToolsProtocol):
         if cycle is not None and cycle.scope is self.scope and type(cycle) is RequestResponseCycle:
             cycle.__class__ = BodyCycle
             cycle.start_body()  # type: ignore[attr-defined]
+            self._body_open = True
+
+    def on_message_complete(self) -> None:
+        self._body_open = False
+        if self._dropping:  # a dropped body is complete: the connection is idle again, the keep-alive clock runs
+            self._dropping = False
+            if self._discard_timer is not None:
+                self._discard_timer.cancel()
+                self._discard_timer = None
+            if not self.transport.is_closing() and not self.pipeline:
+                self._unset_keepalive_if_required()
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler
+                )
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        cycle = self.cycle
+        if self._body_open and cycle.response_complete and not self.transport.is_closing():
+            self._dropping = True
+            if isinstance(cycle, BodyCycle):  # pieces nobody will receive: not kept while the rest is dropped
+                cycle.pieces.clear()
+                cycle.queued = 0
+            if self.discard_min_rate > 0:
+                self._discard_since = self.loop.time()
+                self._discarded = 0
+                self._discard_timer = self.loop.call_later(self.discard_grace, self._discard_deadline)
+
+    def _discard_deadline(self) -> None:
+        """The dropped body's rest must keep arriving at ``discard_min_rate`` after ``discard_grace``."""
+        allowed = self._discard_since + self.discard_grace + self._discarded / self.discard_min_rate
+        now = self.loop.time()
+        if now < allowed:
+            self._discard_timer = self.loop.call_later(allowed - now, self._discard_deadline)
+            return
+        self._discard_timer = None
+        self.logger.info("closing a connection: the body of an answered request arrives too slowly")
+        self.transport.close()
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
@@ -108,6 +166,8 @@ class BodyProtocol(HttpToolsProtocol):
             self.flow.pause_reading()
 
     def data_received(self, data: bytes) -> None:
+        if self._discard_timer is not None:
+            self._discarded += len(data)
         left = self._raw_left
         if left:
             self._unset_keepalive_if_required()
@@ -130,6 +190,10 @@ class BodyProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._raw_left = 0
+        self._body_open = self._dropping = False
+        if self._discard_timer is not None:
+            self._discard_timer.cancel()
+            self._discard_timer = None
         super().connection_lost(exc)
 
     def _maybe_bypass_parser(self) -> None:

@@ -94,6 +94,25 @@ class HeadTimeoutProtocol(InformationalProtocol):
         self._disarm_head_timer()
         super().connection_lost(exc)
 
+    _upgrade_waiting = False  # a WebSocket upgrade came in while an earlier request's response was still due
+
+    def handle_websocket_upgrade(self) -> None:
+        # RFC 9112 §9.3.2: responses go in the order of their requests. uvicorn switched protocols at once, so a
+        # 101 overtook the response of a request pipelined before it, which then landed inside the WebSocket stream
+        if self.pipeline or (self.cycle is not None and not self.cycle.response_complete):
+            self._upgrade_waiting = True
+            self.flow.pause_reading()  # the parser has stopped at the upgrade: nothing more to read till then
+            return
+        super().handle_websocket_upgrade()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._upgrade_waiting and not self.pipeline and self.cycle.response_complete:
+            self._upgrade_waiting = False
+            if not self.transport.is_closing():
+                self._unset_keepalive_if_required()  # armed just now for an idle connection: this one is upgrading
+                super().handle_websocket_upgrade()
+
     def _arm_head_timer(self) -> None:
         self._head_timer = self.loop.call_later(self.header_timeout, self._head_timed_out)
 
@@ -119,8 +138,14 @@ class HeadTimeoutProtocol(InformationalProtocol):
         self.transport.close()
 
 
-def head_timeout_protocol(header_timeout: float) -> type[HeadTimeoutProtocol]:
-    return type("HeadTimeoutProtocol", (HeadTimeoutProtocol,), {"header_timeout": header_timeout})
+def head_timeout_protocol(
+    header_timeout: float, *, body_grace: float = 30.0, body_min_rate: float = 0.0
+) -> type[HeadTimeoutProtocol]:
+    """The protocol class with these deadlines: ``header_timeout`` for each head, and the body rule of
+    :class:`BodyRateGuard` for the rest of a body the application answered without reading
+    (:mod:`transfer.api.bodyread`)."""
+    attributes = {"header_timeout": header_timeout, "discard_grace": body_grace, "discard_min_rate": body_min_rate}
+    return type("HeadTimeoutProtocol", (HeadTimeoutProtocol,), attributes)
 
 
 class BodyRateGuard:
@@ -200,7 +225,9 @@ def uvicorn_config(app: Any, settings: Settings, *, host: str, port: int, **kwar
         host=host,
         port=port,
         loop="uvloop",
-        http=head_timeout_protocol(settings.http_header_timeout),
+        http=head_timeout_protocol(
+            settings.http_header_timeout, body_grace=settings.http_body_grace, body_min_rate=settings.http_body_min_rate
+        ),
         ws=TPWebSocketProtocol,
         ws_ping_interval=settings.tp_ping_interval,
         ws_ping_timeout=settings.tp_pong_timeout,

@@ -47,8 +47,8 @@ test: lint install
 test-quick: lint install
 	$(BIN)/pytest -q -m "not slow and not s3"
 
-# bench        every row of the goals table (benchmarks/results/latest.md, .png), S3 included: ~25-35 min here
-# bench-quick  the same rows on 256 MiB files: a few minutes (the S3 server is Swift s3api from .cache/swift-venv)
+# bench        every row of the goals table (benchmarks/results/latest.md, .png), S3 included: 17 min here (AMD EPYC, 2 vCPU)
+# bench-quick  the same rows on 256 MiB files: about 8 minutes (the S3 server is Swift s3api from .cache/swift-venv)
 bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks --quick --s3
 

@@ -75,8 +75,11 @@ def test_compose_pins_images_and_uses_health_checks_their_images_support() -> No
     config = compose["configs"]["haproxy"]["content"]
     assert "server-template transfer 3 transfer-replicas:8080" in config and "httpchk GET /readyz" in config
     # the service itself: readiness as its health check, and Docker's SIGKILL after our drain and grace
+    known = {f"TRANSFER_{field.upper()}" for field in Settings.model_fields}
     for name in ("transfer", "transfer-replicas", "transfer-minio"):
         service = services[name]
+        passed = {k for k in service["environment"] if k.startswith("TRANSFER_")}
+        assert passed <= known, f"{name}: settings the service does not read: {sorted(passed - known)}"
         assert "/readyz" in " ".join(service["healthcheck"]["test"])
         env = service["environment"]
         drain, grace = float(env["TRANSFER_SHUTDOWN_DRAIN"]), float(env["TRANSFER_SHUTDOWN_GRACE"])

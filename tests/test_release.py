@@ -176,6 +176,10 @@ def test_dockerfile_lints_clean_and_its_final_stage_is_small_and_unprivileged(tm
     (health,) = [ins["value"] for ins in final if ins["instruction"] == "HEALTHCHECK"]
     assert "/readyz" in health
     envs = parser.envs
+    from transfer.settings import Settings
+
+    known = {f"TRANSFER_{field.upper()}" for field in Settings.model_fields}
+    assert {k for k in envs if k.startswith("TRANSFER_")} <= known  # every setting the image passes is read
     assert float(envs["TRANSFER_SHUTDOWN_DRAIN"]) + float(envs["TRANSFER_SHUTDOWN_GRACE"]) < 40  # deploy/'s kill delay
 
 

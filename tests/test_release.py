@@ -247,6 +247,10 @@ def test_the_wheel_alone_serves_a_page_that_uploads_and_docs_that_render(
         cwd=tmp_path,
     ).stdout.strip()
     assert where.startswith(str(installed.parent)) and not (Path(where) / "node_modules").exists()
+    # the process serving is the fresh venv's interpreter (`transfer serve` re-executes itself with its allocator
+    # settings as `python -m transfer serve`; its working directory holds no `transfer` package)
+    interpreter = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    assert Path(interpreter).parent == installed
     assert httpx.get(base + "/healthz").json()["version"] == transfer.__version__
     assert subprocess.run(probe, env=clean_env(), timeout=30).returncode == 0  # the image's HEALTHCHECK: ready
 

@@ -53,14 +53,19 @@ def test_compose_pins_images_and_uses_health_checks_their_images_support() -> No
     for name, service in services.items():
         image = service.get("image")
         assert image is not None, f"{name}: every service names its image (ours is built once and shared)"
-        tag = image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else ""
+        reference, _, digest = image.partition("@")
+        assert not digest or re.fullmatch(r"sha256:[0-9a-f]{64}", digest), f"{name}: {digest} is not a digest"
+        tag = reference.rsplit(":", 1)[1] if ":" in reference.rsplit("/", 1)[-1] else ""
         assert tag and tag != "latest", f"{name}: image {image} is not pinned by a tag"
     built = {name for name, service in services.items() if "build" in service}
     assert {services[name]["image"] for name in built} == {f"agent-transfer:{transfer.__version__}"}
     # the default profile: SeaweedFS, no MinIO image anywhere in it
     default = {name for name, service in services.items() if "profiles" not in service}
     assert default == {"seaweedfs", "bucket", "transfer"}
-    assert services["seaweedfs"]["image"].startswith("chrislusf/seaweedfs:")
+    assert (
+        services["seaweedfs"]["image"].startswith("chrislusf/seaweedfs:")
+        and "@sha256:" in services["seaweedfs"]["image"]
+    )
     assert services["seaweedfs"]["healthcheck"]["test"][1] == "wget"  # busybox in the Alpine image; no curl
     assert services["transfer"]["depends_on"]["bucket"]["condition"] == "service_completed_successfully"
     assert services["transfer"]["environment"]["TRANSFER_S3_ENDPOINT_URL"] == "http://seaweedfs:8333"

@@ -5,6 +5,7 @@ scrape."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+import transfer
 from tests.conftest import running
 from transfer.settings import Settings
 
@@ -40,7 +42,7 @@ def test_compose_file_follows_the_compose_specification(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     # the validator does refuse what Compose would refuse (so the pass above means something)
     broken = yaml.safe_load(COMPOSE.read_text())
-    broken["services"]["minio"]["healthcheck"]["intervall"] = "5s"
+    broken["services"]["seaweedfs"]["healthcheck"]["intervall"] = "5s"
     (tmp_path / "broken.yml").write_text(yaml.safe_dump(broken))
     assert check_compose(tmp_path / "broken.yml").returncode != 0
 
@@ -50,22 +52,62 @@ def test_compose_pins_images_and_uses_health_checks_their_images_support() -> No
     services = compose["services"]
     for name, service in services.items():
         image = service.get("image")
-        if image is not None:
-            tag = image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else ""
-            assert tag and tag != "latest", f"{name}: image {image} is not pinned by a tag"
-    # MinIO images carry no curl since late 2023; `mc` is in the image
-    assert services["minio"]["healthcheck"]["test"] == ["CMD", "mc", "ready", "local"]
-    assert services["transfer"]["depends_on"]["minio-init"]["condition"] == "service_completed_successfully"
-    # the documented alternative, behind a profile, wired the same way
-    alternative = services["transfer-seaweedfs"]
-    assert alternative["profiles"] == ["seaweedfs"] and services["seaweedfs"]["profiles"] == ["seaweedfs"]
-    assert alternative["environment"]["TRANSFER_S3_ENDPOINT_URL"] == "http://seaweedfs:8333"
+        assert image is not None, f"{name}: every service names its image (ours is built once and shared)"
+        reference, _, digest = image.partition("@")
+        assert not digest or re.fullmatch(r"sha256:[0-9a-f]{64}", digest), f"{name}: {digest} is not a digest"
+        tag = reference.rsplit(":", 1)[1] if ":" in reference.rsplit("/", 1)[-1] else ""
+        assert tag and tag != "latest", f"{name}: image {image} is not pinned by a tag"
+    built = {name for name, service in services.items() if "build" in service}
+    assert {services[name]["image"] for name in built} == {f"agent-transfer:{transfer.__version__}"}
+    # the default profile: SeaweedFS, no MinIO image anywhere in it
+    default = {name for name, service in services.items() if "profiles" not in service}
+    assert default == {"seaweedfs", "bucket", "transfer"}
+    assert (
+        services["seaweedfs"]["image"].startswith("chrislusf/seaweedfs:")
+        and "@sha256:" in services["seaweedfs"]["image"]
+    )
     assert services["seaweedfs"]["healthcheck"]["test"][1] == "wget"  # busybox in the Alpine image; no curl
-    # the service itself: readiness as its health check, and Docker's SIGKILL after our grace
-    transfer = services["transfer"]
-    assert "/readyz" in " ".join(transfer["healthcheck"]["test"])
-    grace = float(transfer["environment"]["TRANSFER_SHUTDOWN_GRACE"])
-    assert float(transfer["stop_grace_period"].rstrip("s")) > grace
+    assert services["transfer"]["depends_on"]["bucket"]["condition"] == "service_completed_successfully"
+    assert services["transfer"]["environment"]["TRANSFER_S3_ENDPOINT_URL"] == "http://seaweedfs:8333"
+    # MinIO only behind its profile, wired the same way
+    for name in ("minio", "minio-bucket", "transfer-minio"):
+        assert services[name]["profiles"] == ["minio"], name
+    assert services["minio"]["healthcheck"]["test"] == ["CMD", "mc", "ready", "local"]
+    assert services["transfer-minio"]["environment"]["TRANSFER_S3_ENDPOINT_URL"] == "http://minio:9000"
+    # three replicas behind HAProxy, which takes a draining replica out on its /readyz
+    replicas, haproxy = services["transfer-replicas"], services["haproxy"]
+    assert replicas["deploy"]["replicas"] == 3 and replicas["profiles"] == haproxy["profiles"] == ["replicas"]
+    config = compose["configs"]["haproxy"]["content"]
+    assert "server-template transfer 3 transfer-replicas:8080" in config and "httpchk GET /readyz" in config
+    # the service itself: readiness as its health check, and Docker's SIGKILL after our drain and grace
+    known = {f"TRANSFER_{field.upper()}" for field in Settings.model_fields}
+    for name in ("transfer", "transfer-replicas", "transfer-minio"):
+        service = services[name]
+        passed = {k for k in service["environment"] if k.startswith("TRANSFER_")}
+        assert passed <= known, f"{name}: settings the service does not read: {sorted(passed - known)}"
+        assert "/readyz" in " ".join(service["healthcheck"]["test"])
+        env = service["environment"]
+        drain, grace = float(env["TRANSFER_SHUTDOWN_DRAIN"]), float(env["TRANSFER_SHUTDOWN_GRACE"])
+        assert float(service["stop_grace_period"].rstrip("s")) > drain + grace, name
+
+
+@pytest.mark.s3
+def test_the_bucket_init_makes_the_bucket_on_a_real_s3_server(s3_env: dict[str, str]) -> None:
+    """The compose file's one-shot bucket command, run as written against the suite's S3 server."""
+    compose = yaml.safe_load(COMPOSE.read_text())
+    command = compose["services"]["bucket"]["command"]
+    assert command[:2] == ["python", "-c"]
+    import boto3
+
+    bucket = "compose-init-" + os.urandom(4).hex()
+    script = command[2].replace('"transfer"', repr(bucket))
+    env = {**os.environ, "ENDPOINT": os.environ["TRANSFER_S3_ENDPOINT_URL"]}
+    for _ in range(2):  # and again: it is idempotent, as a restarted init must be
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+        assert result.returncode == 0, result.stderr
+    s3 = boto3.client("s3", endpoint_url=os.environ["TRANSFER_S3_ENDPOINT_URL"])
+    assert bucket in [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    s3.delete_bucket(Bucket=bucket)
 
 
 @pytest.mark.skipif(
@@ -74,7 +116,7 @@ def test_compose_pins_images_and_uses_health_checks_their_images_support() -> No
     reason="Docker's compose plugin is not installed here (the docker client alone has no `compose`)",
 )
 def test_docker_compose_config() -> None:
-    for profile in ([], ["--profile", "seaweedfs"]):
+    for profile in ([], ["--profile", "replicas"], ["--profile", "minio"]):
         result = subprocess.run(
             ["docker", "compose", "-f", str(COMPOSE), *profile, "config", "--quiet"], capture_output=True, text=True
         )

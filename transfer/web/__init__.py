@@ -3,10 +3,11 @@ the service itself: the machine may be offline, so nothing loads from a CDN.
 
 Our own page (``static/``: HTML, JS, CSS) uploads through tus with tus-js-client and lists the caller's files with
 copy descriptor / copy URL / delete. The browser libraries (tus-js-client, swagger-ui-dist, redoc) are npm packages
-pinned in ``package.json`` + ``package-lock.json`` beside this file and installed by ``make install`` (``npm ci``)
-into ``node_modules/`` (or ``TRANSFER_WEB_ASSETS_DIR``); they are never copied into the repository. Only the files
-named in :data:`VENDOR` are served from there. When one is missing the page says so in words and the asset URLs
-answer 503 ``assets_missing`` with the command that installs them.
+pinned in ``package.json`` + ``package-lock.json`` beside this file; they are never copied into the repository. They
+are looked for in ``TRANSFER_WEB_ASSETS_DIR`` when set, else in ``node_modules/`` (a checkout: ``make install`` runs
+``npm ci``), else in ``assets/`` (an installed wheel: its build fetched them, see ``setup.py``). Only the files named
+in :data:`VENDOR` are served. When one is missing the page says so in words and the asset URLs answer 503
+``assets_missing`` with the command that installs them.
 
 These routes are public, like ``/healthz``: they carry no data. Everything the page shows comes from the API with
 the key typed into the page.
@@ -23,19 +24,15 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 
 from transfer.errors import AssetsMissing, NotFound
 from transfer.settings import Settings
+from transfer.web.vendor import BUNDLED, VENDOR
 
 HERE = Path(__file__).resolve().parent
 STATIC = HERE / "static"
-INSTALL_HINT = "run `make install` (it runs `npm ci` in transfer/web) or set TRANSFER_WEB_ASSETS_DIR"
+INSTALL_HINT = (
+    "run `make install` (it runs `npm ci` in transfer/web), install the wheel (it carries them) "
+    "or set TRANSFER_WEB_ASSETS_DIR"
+)
 
-# URL name -> (path inside node_modules, media type): the only third-party files served
-VENDOR: dict[str, tuple[str, str]] = {
-    "tus.min.js": ("tus-js-client/dist/tus.min.js", "text/javascript"),
-    "swagger-ui-bundle.js": ("swagger-ui-dist/swagger-ui-bundle.js", "text/javascript"),
-    "swagger-ui.css": ("swagger-ui-dist/swagger-ui.css", "text/css"),
-    "swagger-favicon.png": ("swagger-ui-dist/favicon-32x32.png", "image/png"),
-    "redoc.standalone.js": ("redoc/bundles/redoc.standalone.js", "text/javascript"),
-}
 OWN: dict[str, str] = {"app.js": "text/javascript", "app.css": "text/css"}
 
 # the page runs only its own scripts and talks only to this service (CSP Level 3); it may not be framed
@@ -52,8 +49,11 @@ PAGE_HEADERS = {
 
 
 def assets_dir(settings: Settings) -> Path:
-    """Where the installed npm packages are."""
-    return settings.web_assets_dir or HERE / "node_modules"
+    """Where the npm packages' files are: the setting, a checkout's ``node_modules``, or a wheel's ``assets``."""
+    if settings.web_assets_dir is not None:
+        return settings.web_assets_dir
+    checkout = HERE / "node_modules"
+    return checkout if checkout.is_dir() else HERE / BUNDLED
 
 
 def missing_assets(settings: Settings, names: tuple[str, ...] = tuple(VENDOR)) -> list[str]:

@@ -28,10 +28,9 @@ from typing import Any
 
 from storage.base import Capability, SupportsPresignPut
 from transfer.core.auth import TRUSTED, Grant
-from transfer.core.content import ContentEncoding
 from transfer.core.ids import is_id, new_id
 from transfer.core.mime import require_media_type
-from transfer.core.naming import resolve_content_type, sanitize_filename
+from transfer.core.naming import sanitize_filename
 from transfer.errors import (
     Conflict,
     Gone,
@@ -44,7 +43,7 @@ from transfer.errors import (
 from transfer.service.documents import publish_composed, read_document, write_document
 from transfer.service.files import FileService
 from transfer.service.ingest import UploadRequest
-from transfer.service.records import FileRecord
+from transfer.service.publisher import SNIFF_BYTES, Candidate
 
 START_TTL = 15 * 60  # seconds to start the PUT (default; at most ``MAX_START_TTL``)
 MAX_START_TTL = 3600
@@ -221,6 +220,10 @@ class Authorizations:
             with storage_errors_translated():
                 info = await self.storage.stat(staged)
         except NotFound:
+            try:  # a concurrent confirm published it and removed the staged object meanwhile
+                return str((await read_document(self.storage, f"authz/{grant.id}/result.json"))["file_id"])
+            except NotFound:
+                pass
             raise Conflict(
                 f"nothing was uploaded to authorization {grant.id} yet", start_by=_iso(grant.start_by)
             ) from None
@@ -245,27 +248,24 @@ class Authorizations:
             async with await self.storage.open(staged) as reader:
                 async for piece in reader.read():
                     await asyncio.to_thread(sha.update, piece)
-                    if len(head) < 4096:
-                        head += piece[: 4096 - len(head)]
-        content_type = await asyncio.to_thread(
-            resolve_content_type, bytes(head), grant.name, declared=grant.content_type, hinted=None
-        )
-        file_id = "f_" + grant.id[3:]
-        record = FileRecord(
-            id=file_id,
-            name=grant.name or file_id,
-            content_type=content_type,
+                    if len(head) < SNIFF_BYTES:
+                        head += piece[: SNIFF_BYTES - len(head)]
+        candidate = Candidate(
+            owner=grant.owner,
+            upload_id=grant.id,
             size=info.size,
             sha256=sha.hexdigest(),
-            encoding=ContentEncoding.NONE,
-            encoded_size=info.size,
-            encoded_sha256=sha.hexdigest(),
-            created_at=(created := datetime.fromtimestamp(self.files.clock(), UTC).replace(microsecond=0)),
-            owner=grant.owner,
-            expires_at=lifecycle.expiry(created, grant.file_ttl),
+            head=bytes(head),
+            source="authorization",
+            name=grant.name,
+            content_type=grant.content_type,
+            lifetime=grant.file_ttl,
+            republishable_until=grant.keep_until,
         )
-        async with lifecycle.publishing(record, grant.id):
-            await publish_composed(self.storage, record, [staged])
+        record = await self.files.publisher.publish(
+            candidate, lambda record: publish_composed(self.storage, record, [staged])
+        )
+        file_id = record.id
         try:
             await write_document(self.storage, f"authz/{grant.id}/result.json", {"file_id": file_id}, if_absent=True)
         except Conflict:

@@ -32,16 +32,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from datetime import UTC, datetime
 from typing import Any
 
 from storage.base import Capability, PartUrl, Storage, StoredPart, SupportsDirectUpload
 from storage.parts import part_count, plan_part_size
 from transfer.core.auth import TRUSTED, Grant
-from transfer.core.content import ContentEncoding, FileRole, checksum_hex
+from transfer.core.content import FileRole, checksum_hex
 from transfer.core.ids import is_id, new_id
-from transfer.core.mime import require_media_type
-from transfer.core.naming import resolve_content_type, sanitize_filename
 from transfer.errors import (
     ChecksumMismatch,
     DirectUploadUnsupported,
@@ -51,14 +48,16 @@ from transfer.errors import (
     PlanIncomplete,
     QuotaExceeded,
     SizeMismatch,
+    StorageUnavailable,
     TooLarge,
     TransferError,
     storage_errors_translated,
 )
-from transfer.service.documents import index_file, read_document, write_document
-from transfer.service.ingest import SNIFF_BYTES
+from transfer.service.documents import read_document, write_document
 from transfer.service.lifecycle import Lifecycle
+from transfer.service.publisher import SNIFF_BYTES, Candidate, Publisher, file_id_for
 from transfer.service.records import FileRecord, object_key
+from transfer.service.uploads import UploadEngine
 from transfer.settings import Settings
 
 log = logging.getLogger("transfer.direct")
@@ -110,7 +109,7 @@ class Plan:
     @property
     def key(self) -> str:
         """The object the parts become: the file's own key (the file id follows from the plan id)."""
-        return object_key("f_" + self.id[2:])
+        return object_key(file_id_for(self.id))
 
     def part_length(self, number: int) -> int:
         return min(self.part_size, self.size - (number - 1) * self.part_size)
@@ -147,12 +146,14 @@ class DirectService:
         *,
         clock: Callable[[], float] = time.time,
         lifecycle: Lifecycle | None = None,
+        engine: UploadEngine | None = None,
     ) -> None:
         self.storage = storage
         self.settings = settings
         self.clock = clock
         self.lifecycle = lifecycle or Lifecycle(storage, settings, clock=clock)
-        self._locks: dict[str, asyncio.Lock] = {}
+        self.publisher = Publisher(storage, settings, self.lifecycle, clock=clock)
+        self.engine = engine or UploadEngine(storage)  # its keyed locks: one completion of a plan at a time here
         self._plans: dict[str, Plan] = {}  # recently loaded plans, for part URLs only (see part_urls)
 
     @property
@@ -215,10 +216,7 @@ class DirectService:
             raise InvalidRequest("size must not be negative")
         if size > s.max_upload_size:
             raise TooLarge(f"{size} bytes exceed the upload limit of {s.max_upload_size}")
-        if content_type is not None:
-            require_media_type(content_type, "content_type")
-        if description is not None and len(description) > s.max_description_length:
-            raise InvalidRequest(f"description longer than {s.max_description_length} characters")
+        self.publisher.check_fields(content_type=content_type, description=description)
         file_ttl = self.lifecycle.lifetime(caller.owner, expires_in)
         with storage_errors_translated():
             part_size = plan_part_size(size, max_size=s.max_upload_size, preferred=s.s3_part_size)
@@ -308,60 +306,59 @@ class DirectService:
         """Check every part, assemble, verify the whole SHA-256 by reading the bytes back, publish. A completed plan
         returns its file again (a retried completion is answered, not refused)."""
         backend = self._backend()
-        async with self._locks.setdefault(pid, asyncio.Lock()):
-            try:
-                plan = await self.load(pid, caller)
-                if plan.state == "completed" and plan.file_id is not None:
-                    return plan, await self._record(plan.file_id)
-                declared = plan.checksum
-                if checksum is not None:
-                    given = _checksum(checksum)
-                    if declared is not None and declared != given:
-                        raise InvalidRequest("the checksum differs from the one declared when planning")
-                    declared = given
-                if declared is None:
-                    raise InvalidRequest("declare the file's checksum (sha256:<hex>) to complete")
-                published = await self._published(plan)
-                if published is not None:  # published, then the process stopped before the plan said so
-                    done = replace(plan, state="completed", file_id=published.id)
-                    await self._save(done)
-                    return done, published
-                parts = await self.stored_parts(plan)
-                self._check_parts(plan, parts)
-                # refused before the parts are assembled, the plan left open: the key may make room and retry (the
-                # plan's reservation counts as its own room; the charge at publication checks again, exactly)
-                room = await self.lifecycle.room_for(plan.owner, plan.id)
-                if room is not None and plan.size > room:
-                    raise QuotaExceeded(
-                        f"the {plan.size} bytes of upload plan {plan.id} go beyond the {room} bytes this key's "
-                        "quota has room for; delete files and complete again",
-                        room=room,
-                        requested=plan.size,
-                    )
-                with storage_errors_translated():
-                    await backend.assemble_direct_upload(plan.key, plan.upload_id, parts)
-                try:
-                    sha_hex, head = await self._read_back(backend, plan)
-                    if sha_hex != checksum_hex(declared):
-                        raise ChecksumMismatch(
-                            "SHA-256 of the uploaded parts does not match the declared checksum; nothing was "
-                            "published and the plan is aborted",
-                            expected=declared,
-                            actual="sha256:" + sha_hex,
-                        )
-                    record = self._file_record(plan, sha_hex, head)
-                    async with self.lifecycle.publishing(record, plan.id):
-                        with storage_errors_translated():
-                            await backend.publish_assembled(plan.key, record.to_metadata())
-                    await index_file(self.storage, record)
-                except BaseException:
-                    await self._abort(plan, upload_used=True)
-                    raise
-                done = replace(plan, state="completed", file_id=record.id)
+        async with self.engine.locks.hold(pid):
+            plan = await self.load(pid, caller)
+            if plan.state == "completed" and plan.file_id is not None:
+                return plan, await self._record(plan.file_id)
+            declared = plan.checksum
+            if checksum is not None:
+                given = _checksum(checksum)
+                if declared is not None and declared != given:
+                    raise InvalidRequest("the checksum differs from the one declared when planning")
+                declared = given
+            if declared is None:
+                raise InvalidRequest("declare the file's checksum (sha256:<hex>) to complete")
+            published = await self._published(plan)
+            if published is not None:  # published, then the process stopped before the plan said so
+                done = replace(plan, state="completed", file_id=published.id)
                 await self._save(done)
-                return done, record
-            finally:
-                self._locks.pop(pid, None)
+                return done, published
+            parts = await self.stored_parts(plan)
+            self._check_parts(plan, parts)
+            # refused before the parts are assembled, the plan left open: the key may make room and retry (the
+            # plan's reservation counts as its own room; the charge at publication checks again, exactly)
+            room = await self.lifecycle.room_for(plan.owner, plan.id)
+            if room is not None and plan.size > room:
+                raise QuotaExceeded(
+                    f"the {plan.size} bytes of upload plan {plan.id} go beyond the {room} bytes this key's "
+                    "quota has room for; delete files and complete again",
+                    room=room,
+                    requested=plan.size,
+                )
+            with storage_errors_translated():
+                await backend.assemble_direct_upload(plan.key, plan.upload_id, parts)
+
+            async def publish(record: FileRecord) -> None:
+                with storage_errors_translated():
+                    await backend.publish_assembled(plan.key, record.to_metadata())
+
+            try:
+                sha_hex, head = await self._read_back(backend, plan)
+                if sha_hex != checksum_hex(declared):
+                    raise ChecksumMismatch(
+                        "SHA-256 of the uploaded parts does not match the declared checksum; nothing was "
+                        "published and the plan is aborted",
+                        expected=declared,
+                        actual="sha256:" + sha_hex,
+                    )
+                record = await self.publisher.publish(self._candidate(plan, sha_hex, head), publish)
+            except BaseException:
+                if await self._published(plan) is None:  # not placed by a completion elsewhere either
+                    await self._abort(plan, upload_used=True)
+                raise
+            done = replace(plan, state="completed", file_id=record.id)
+            await self._save(done)
+            return done, record
 
     def _check_parts(self, plan: Plan, parts: list[StoredPart]) -> None:
         """Every part 1..n present, each exactly the planned length (S3 would assemble any set of parts)."""
@@ -409,29 +406,27 @@ class DirectService:
             await asyncio.gather(*pending, return_exceptions=True)
         return sha.hexdigest(), head
 
-    def _file_record(self, plan: Plan, sha_hex: str, head: bytes) -> FileRecord:
-        file_id = "f_" + plan.id[2:]
-        return FileRecord(
-            id=file_id,
-            name=sanitize_filename(plan.name, default=file_id),
-            content_type=resolve_content_type(head, plan.name, declared=plan.content_type, hinted=None),
+    def _candidate(self, plan: Plan, sha_hex: str, head: bytes) -> Candidate:
+        return Candidate(
+            owner=plan.owner,
+            upload_id=plan.id,
             size=plan.size,
             sha256=sha_hex,
-            encoding=ContentEncoding.NONE,
-            encoded_size=plan.size,
-            encoded_sha256=sha_hex,
-            created_at=(created := datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0)),
+            head=head,
+            source="direct",
+            name=plan.name,
+            content_type=plan.content_type,
             role=FileRole(plan.role) if plan.role else None,
             description=plan.description,
-            owner=plan.owner,
-            expires_at=self.lifecycle.expiry(created, plan.file_ttl),
+            lifetime=plan.file_ttl,
+            republishable_until=plan.expires_at,
         )
 
     async def _published(self, plan: Plan) -> FileRecord | None:
         """The plan's file if it is published (whatever the plan record says), else None."""
         try:
-            return await self._record("f_" + plan.id[2:])
-        except NotFound:
+            return await self._record(file_id_for(plan.id))
+        except (NotFound, StorageUnavailable):  # absent, or assembled and not yet given its record
             return None
 
     async def _record(self, file_id: str) -> FileRecord:

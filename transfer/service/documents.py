@@ -58,8 +58,8 @@ async def unindex_file(storage: Storage, record: FileRecord) -> None:
 
 async def publish_composed(storage: Storage, record: FileRecord, sources: list[str]) -> None:
     """Publish ``record`` as the concatenation of ``sources``: server-side compose where the backend can (and, on
-    S3, where every source but the last is at least 5 MiB), else a streamed copy; then enter it in its owner's
-    file index."""
+    S3, where every source but the last is at least 5 MiB), else a streamed copy. (The publisher enters it in its
+    owner's file index.)"""
     with storage_errors_translated():
         composer = capable(storage, Capability.COMPOSE, SupportsCompose)
         if composer is not None and Capability.MULTIPART in storage.capabilities:
@@ -68,7 +68,6 @@ async def publish_composed(storage: Storage, record: FileRecord, sources: list[s
                 composer = None
         if composer is not None and sources:
             await composer.compose(object_key(record.id), sources, record.to_metadata())
-            await index_file(storage, record)
             return
         async with storage.create(object_key(record.id), size_hint=record.size) as writer:
             for source in sources:
@@ -76,4 +75,3 @@ async def publish_composed(storage: Storage, record: FileRecord, sources: list[s
                     async for piece in reader.read():
                         await writer.write(piece)
             await writer.commit(record.to_metadata())
-    await index_file(storage, record)

@@ -42,9 +42,10 @@ from transfer.errors import (
     storage_errors_translated,
 )
 from transfer.service.backends import load_signing_keys
-from transfer.service.documents import index_file, unindex_file
+from transfer.service.documents import unindex_file
 from transfer.service.ingest import UploadRequest, ingest
 from transfer.service.lifecycle import Lifecycle
+from transfer.service.publisher import Publisher
 from transfer.service.records import FileRecord, is_file_id, new_file_id, object_key, owner_files_prefix
 from transfer.settings import MAX_URL_TTL, Settings
 
@@ -122,6 +123,7 @@ class FileService:
         self._signer = signer
         self.clock = clock
         self.lifecycle = Lifecycle(storage, settings, clock=clock)
+        self.publisher = Publisher(storage, settings, self.lifecycle, clock=clock)
         self._fresh: dict[str, bytes] = {}  # original bytes of small files just stored (insertion order)
 
     async def start(self) -> None:
@@ -151,15 +153,22 @@ class FileService:
             raise StorageUnavailable("service not started")
         return self._signer
 
-    def _now(self) -> datetime:
-        return datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0)
-
-    async def upload(self, body: AsyncIterator[bytes], request: UploadRequest) -> FileRecord:
-        """Store a streamed body; published only once every declared digest and size has been verified."""
+    async def upload(
+        self,
+        body: AsyncIterator[bytes],
+        request: UploadRequest,
+        *,
+        source: str = "upload",
+        with_body: Callable[[UploadRequest], UploadRequest] | None = None,
+    ) -> FileRecord:
+        """Store a streamed body; published only once every declared digest and size has been verified (through
+        the one publisher: its fields checked there, whichever door it came by). ``request`` is only read;
+        ``with_body``: how the fields that come with the body (a multipart form's) complete it, once it ended."""
         s = self.settings
-        if request.description is not None and len(request.description) > s.max_description_length:
-            raise InvalidRequest(f"description longer than {s.max_description_length} characters")
         lifecycle = self.lifecycle
+        self.publisher.check_fields(
+            content_type=request.content_type, hinted_type=request.hinted_type, description=request.description
+        )
         lifetime = lifecycle.lifetime(request.owner, request.expires_in)  # refused before a byte is read
         file_id = new_file_id()
         # the original size, if known before reading: declared, or the body's length when it comes uncoded
@@ -179,16 +188,16 @@ class FileService:
                     buffer_size=s.buffer_size,
                     gzip_level=s.gzip_level,
                     zstd_level=s.zstd_level,
-                    now=self._now,
+                    publisher=self.publisher,
                     room=room,
-                    expires=lambda created: lifecycle.expiry(created, lifetime),
-                    publishing=lambda record: lifecycle.publishing(record, file_id),
+                    lifetime=lifetime,
+                    source=source,
+                    with_body=with_body,
                 )
         except BaseException:
             if room is not None and declared is not None:
                 await lifecycle.release_after_failure(request.owner, file_id)
             raise
-        await index_file(self.storage, record)
         if original is not None:
             self._remember_original(record.id, original)
         return record

@@ -18,7 +18,6 @@ its file id and the segments are deleted (the offset of a finished upload is its
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import logging
@@ -30,11 +29,9 @@ from typing import Any
 
 from storage.base import Storage
 from transfer.core.auth import TRUSTED, Grant
-from transfer.core.content import ContentEncoding
 from transfer.core.ids import is_id, new_id
 from transfer.core.lifecycle import parse_expires_in
 from transfer.core.mime import is_media_type, require_media_type
-from transfer.core.naming import resolve_content_type, sanitize_filename
 from transfer.core.uploads import (
     Part,
     UploadEvent,
@@ -62,8 +59,8 @@ from transfer.errors import (
 )
 from transfer.service.documents import publish_composed
 from transfer.service.lifecycle import Lifecycle
+from transfer.service.publisher import Candidate, Publisher
 from transfer.service.quota import SessionQuota
-from transfer.service.records import FileRecord
 from transfer.service.uploads import PartExists, StoredPart, UploadEngine
 from transfer.settings import Settings
 
@@ -198,6 +195,7 @@ class TusService:
         self.settings = settings
         self.clock = clock
         self.lifecycle = lifecycle or Lifecycle(storage, settings, clock=clock)
+        self.publisher = Publisher(storage, settings, self.lifecycle, clock=clock)
         self.quota = quota or SessionQuota(storage, settings.max_open_sessions_per_key)
         self.quota.register(is_upload_id, self.is_open)
         self.engine = engine or UploadEngine(storage)
@@ -498,36 +496,33 @@ class TusService:
                 raise ChecksumMismatch(
                     f"the upload's SHA-256 {sha_hex} is not the declared {declared}", actual="sha256:" + sha_hex
                 )
-            head = bytes(hasher.head)
             name = latest.metadata.get("filename") or latest.metadata.get("name")
             # ``filetype`` is the browser's guess from the extension (Uppy sends application/octet-stream when it has
             # none): a hint, like a Content-Type header; ``content_type`` is the client's word. Either one from an
             # upload created before create() checked it is dropped: sniff instead
             declared, hinted = latest.metadata.get("content_type"), latest.metadata.get("filetype")
-            declared = declared if declared and is_media_type(declared) else None
-            hinted = hinted if hinted and is_media_type(hinted) else None
-            content_type = await asyncio.to_thread(resolve_content_type, head, name, declared=declared, hinted=hinted)
-            file_id = "f_" + upload.id[2:]
-            record = FileRecord(
-                id=file_id,
-                name=sanitize_filename(name, default=file_id),
-                content_type=content_type,
+            candidate = Candidate(
+                owner=latest.owner,
+                upload_id=upload.id,
                 size=latest.length or 0,
                 sha256=sha_hex,
-                encoding=ContentEncoding.NONE,
-                encoded_size=latest.length or 0,
-                encoded_sha256=sha_hex,
-                created_at=(created := datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0)),
-                owner=latest.owner,
-                expires_at=self.lifecycle.expiry(created, latest.file_ttl),
+                head=bytes(hasher.head),
+                source="tus",
+                name=name,
+                content_type=declared if declared and is_media_type(declared) else None,
+                hinted_type=hinted if hinted and is_media_type(hinted) else None,
+                lifetime=latest.file_ttl,
+                republishable_until=latest.expires_at,
             )
             if latest.concat == "final":
                 # its bytes are its parts': their reservations give way to this file's charge (else they would
                 # count twice against the quota while it is checked)
                 for pid in latest.parts:
                     await self.lifecycle.release(latest.owner, pid)
-            async with self.lifecycle.publishing(record, upload.id):
-                await publish_composed(self.storage, record, sources)
+            record = await self.publisher.publish(
+                candidate, lambda record: publish_composed(self.storage, record, sources)
+            )
+            file_id = record.id
 
             def finished(current: Upload) -> Upload | None:
                 if current.file_id == file_id:

@@ -1,11 +1,16 @@
 """Bytes stored per API key, counted in one small record per key that every replica updates with the storage
 backend's compare-and-set (``create(key, if_match=<etag>)``; ``if_absent`` for the first write).
 
-Record ``usage/<key hash>``: ``{"used": bytes, "files": n, "reservations": {"<upload id>": [bytes, until]}}``.
+Record ``usage/<key hash>``: ``{"used": bytes, "files": n, "reservations": {"<upload id>": [bytes, until]},
+"charged": {"<upload id>": [bytes, until]}}``.
 
     reserve(owner, rid, n)   an unfinished upload declares its size: refused (QuotaExceeded) unless it fits
     charge(owner, rid, n)    a file is about to be published: its reservation goes, its bytes count; refused
-                             unless they fit (the exact check: a stream of unknown length is caught here at last)
+                             unless they fit (the exact check: a stream of unknown length is caught here at last).
+                             With ``until``, at most once per upload id: the compare-and-set round that records
+                             the upload in ``charged`` is the one that counts it, so two replicas (or four
+                             concurrent confirmations) publishing the same upload's one file charge it once
+    withdraw(owner, rid, n)  the publication that charged upload ``rid`` failed: its charge is taken back
     refund(owner, n)         a file was deleted (or its publish failed after the charge)
     release(owner, rid)      an upload ended without a file (aborted, expired, terminated)
 
@@ -56,6 +61,13 @@ class _Doc:
             for rid, entry in (reservations.items() if isinstance(reservations, dict) else ())
             if float(entry[1]) > now  # a reservation past its time (its upload ended or its process died) is dropped
         }
+        charged = raw.get("charged", {})
+        # uploads already counted, kept while a second completion of the same upload could still come
+        self.charged: dict[str, tuple[int, float]] = {
+            rid: (int(entry[0]), float(entry[1]))
+            for rid, entry in (charged.items() if isinstance(charged, dict) else ())
+            if float(entry[1]) > now
+        }
 
     def usage(self, quota: int | None, excluding: str | None = None) -> Usage:
         reserved = sum(n for rid, (n, _) in self.reservations.items() if rid != excluding)
@@ -66,6 +78,7 @@ class _Doc:
             "used": self.used,
             "files": self.files,
             "reservations": {rid: [n, until] for rid, (n, until) in self.reservations.items()},
+            **({"charged": {rid: [n, until] for rid, (n, until) in self.charged.items()}} if self.charged else {}),
         }
 
 
@@ -212,16 +225,33 @@ class UsageLedger:
 
         await self._update(owner, change)
 
-    async def charge(self, owner: str | None, rid: str, nbytes: int) -> None:
+    async def charge(self, owner: str | None, rid: str, nbytes: int, *, until: float | None = None) -> bool:
         """Count a file of ``nbytes`` about to be published by upload ``rid`` (its reservation goes); QuotaExceeded
-        if it does not fit, and then nothing changes."""
+        if it does not fit, and then nothing changes. With ``until`` (a time past which no completion of ``rid``
+        can come) the charge is made at most once per upload id: False when ``rid`` was counted already (by another
+        replica or a concurrent completion), and then nothing changes either."""
         quota = self.quota_of(owner)
 
-        def change(doc: _Doc) -> None:
+        def change(doc: _Doc) -> bool:
+            if until is not None and rid in doc.charged:
+                return False
             doc.usage(quota, excluding=rid).require_room(nbytes)
             doc.reservations.pop(rid, None)
             doc.used += nbytes
             doc.files += 1
+            if until is not None:
+                doc.charged[rid] = (nbytes, until)
+            return True
+
+        return await self._update(owner, change)
+
+    async def withdraw(self, owner: str | None, rid: str, nbytes: int) -> None:
+        """Take back the charge of upload ``rid`` whose publication failed (it may be charged again by a retry)."""
+
+        def change(doc: _Doc) -> None:
+            doc.charged.pop(rid, None)
+            doc.used = max(0, doc.used - nbytes)
+            doc.files = max(0, doc.files - 1)
 
         await self._update(owner, change)
 

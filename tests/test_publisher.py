@@ -21,9 +21,10 @@ from benchmarks.e2e import service
 from storage.local import LocalStorage
 from tests.conftest import LiveServer, running
 from transfer.core.auth import TRUSTED, new_token, token_hash
-from transfer.errors import InvalidRequest
+from transfer.errors import InvalidRequest, VersionConflict
 from transfer.service.container import Services
 from transfer.service.publisher import file_id_for
+from transfer.service.recordstore import RecordStore, RetryPolicy
 from transfer.service.usage import UsageLedger
 from transfer.settings import Settings
 
@@ -202,3 +203,48 @@ async def test_sessions_completed_at_once_through_two_replicas_are_charged_once(
         assert all(200 in c for c in codes.values()), codes  # each session completed (a loser may get 409)
         usage: Any = (await http.get(f"{b}/v1/usage")).json()
         assert (usage["bytes_used"], usage["files"]) == (sum(sizes), 10), usage
+
+
+# -- one record store, bounded retries -----------------------------------------------------------------------------
+
+
+class _AlwaysChanged:
+    """A storage whose compare-and-set always loses (another writer got there first, every time)."""
+
+    def __init__(self, inner: LocalStorage) -> None:
+        self.inner = inner
+        self.conditional_writes = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def create(self, key: str, **kwargs: Any) -> Any:
+        if kwargs.get("if_match") is not None:
+            self.conditional_writes += 1
+            kwargs["if_match"] = '"not-the-current-version"'
+        return self.inner.create(key, **kwargs)
+
+
+@pytest.mark.anyio
+async def test_a_record_update_that_keeps_losing_gives_up_within_its_rounds_and_time(tmp_path: Path) -> None:
+    store = LocalStorage(tmp_path / "s")
+    await store.start()
+    losing = _AlwaysChanged(store)
+    await RecordStore(store).create("r.json", {"n": 0})
+    by_rounds = RecordStore(losing, RetryPolicy(attempts=5, budget=1e9, base=0, cap=0))  # type: ignore[arg-type]
+    with pytest.raises(VersionConflict):
+        await by_rounds.update("r.json", dict, lambda d: {"n": d["n"] + 1}, dict)
+    assert losing.conditional_writes == 5
+    ticks = iter(range(10_000))  # each look at the clock: one more second
+    by_time = RetryPolicy(attempts=1000, budget=3.0, base=0, cap=0, clock=lambda: float(next(ticks)))
+    losing.conditional_writes = 0
+    with pytest.raises(VersionConflict):
+        await RecordStore(losing, by_time).update("r.json", dict, lambda d: {"n": d["n"] + 1}, dict)  # type: ignore[arg-type]
+    assert 1 < losing.conditional_writes <= 3  # the 3 s budget, not the 1,000 rounds, ended it
+    assert (await RecordStore(store).read("r.json"))[0] == {"n": 0}
+    ledger = UsageLedger(losing, {}, policy=RetryPolicy(attempts=4, budget=1e9, base=0, cap=0))  # type: ignore[arg-type]
+    await ledger.charge(None, "a", 1)  # the first write of a usage record is if-absent
+    losing.conditional_writes = 0
+    with pytest.raises(VersionConflict):
+        await ledger.charge(None, "b", 1)
+    assert losing.conditional_writes == 4

@@ -2,39 +2,26 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 from typing import Any
 
 from storage.base import Capability, Storage, SupportsCompose, capable
-from storage.errors import ObjectChanged
 from transfer.errors import storage_errors_translated
 from transfer.service.records import FileRecord, object_key, owner_files_prefix
+from transfer.service.recordstore import read_record, write_record
 
 S3_MIN_PART = 5 << 20  # UploadPartCopy: every part but the last at least 5 MiB
-READ_ATTEMPTS = 3
 
 
 async def read_document(storage: Storage, key: str) -> Any:
-    """A JSON document; retried when it is replaced while being read (raises NotFound when absent)."""
-    with storage_errors_translated():
-        for attempt in range(READ_ATTEMPTS):
-            try:
-                async with await storage.open(key) as reader:
-                    return json.loads(b"".join([chunk async for chunk in reader.read()]))
-            except ObjectChanged:
-                if attempt == READ_ATTEMPTS - 1:
-                    raise
-                await asyncio.sleep(0.05)
-    raise AssertionError("unreachable")
+    """A JSON document (raises NotFound when absent); one replaced while being read is read again, within the
+    record store's retry policy."""
+    doc, _ = await read_record(storage, key)
+    return doc
 
 
 async def write_document(storage: Storage, key: str, document: Any, *, if_absent: bool = False) -> None:
-    """Publish a JSON document atomically (if absent: ObjectExists when the key is taken)."""
-    with storage_errors_translated():
-        async with storage.create(key, if_absent=if_absent) as writer:
-            await writer.write(json.dumps(document, ensure_ascii=True).encode())
-            await writer.commit({})
+    """Publish a JSON document atomically (if absent: Conflict when the key is taken)."""
+    await write_record(storage, key, document, if_absent=if_absent)
 
 
 async def index_file(storage: Storage, record: FileRecord) -> None:

@@ -23,20 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
-import random
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from storage.base import Storage
-from storage.errors import ObjectChanged, ObjectExists, ObjectNotFound, StorageError
 from transfer.core.auth import ApiKey
 from transfer.core.lifecycle import Usage
-from transfer.errors import StorageUnavailable, from_storage_error, storage_errors_translated
+from transfer.errors import Conflict, NotFound, StorageUnavailable, TransferError, VersionConflict
+from transfer.service.recordstore import DEFAULT_POLICY, RetryPolicy, read_record, write_record
 
 USAGE_PREFIX = "usage/"
-ATTEMPTS = 50  # compare-and-set rounds before giving up (each loses only to another writer's success)
 
 T = TypeVar("T")
 _Change = tuple[Callable[["_Doc"], Any], "asyncio.Future[Any]"]
@@ -85,8 +82,16 @@ class _Doc:
 class UsageLedger:
     """Per-key byte counts and quotas over one storage backend, exact across replicas (compare-and-set)."""
 
-    def __init__(self, storage: Storage, keys: Mapping[str, ApiKey], *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        keys: Mapping[str, ApiKey],
+        *,
+        clock: Callable[[], float] = time.time,
+        policy: RetryPolicy = DEFAULT_POLICY,
+    ) -> None:
         self.storage = storage
+        self.policy = policy
         self.keys = keys
         self.clock = clock
         self._locks: dict[str | None, asyncio.Lock] = {}
@@ -99,15 +104,10 @@ class UsageLedger:
 
     async def _read(self, key: str) -> tuple[dict[str, Any], str | None]:
         """The record and its version token (None: no record yet)."""
-        with storage_errors_translated():
-            try:
-                reader = await self.storage.open(key)
-            except ObjectNotFound:
-                return {}, None
-            async with reader:
-                etag = reader.info.etag
-                raw = b"".join([piece async for piece in reader.read()])
-        doc = json.loads(raw)
+        try:
+            doc, etag = await read_record(self.storage, key, self.policy)
+        except NotFound:
+            return {}, None
         return (doc if isinstance(doc, dict) else {}), etag
 
     async def _update(self, owner: str | None, change: Callable[[_Doc], T]) -> T:
@@ -139,8 +139,9 @@ class UsageLedger:
         raises is left out and gets its error), write the result with compare-and-set, again on a conflict; then
         settle every caller's future."""
         key = usage_key(owner)
+        retry = self.policy.start()
         try:
-            for attempt in range(ATTEMPTS):
+            while True:
                 cached = self._known.get(key)
                 raw, etag = cached if cached is not None else await self._read(key)
                 doc = _Doc(raw, self.clock())
@@ -154,21 +155,20 @@ class UsageLedger:
                         outcomes.append((False, exc))
                 written = doc.to_json()
                 if any(ok for ok, _ in outcomes):
-                    body = json.dumps(written, ensure_ascii=True, separators=(",", ":")).encode()
                     try:
-                        async with self.storage.create(
-                            key, size_hint=len(body), if_absent=etag is None, if_match=etag
-                        ) as writer:
-                            await writer.write(body)
-                            info = await writer.commit({})
-                    except (ObjectChanged, ObjectExists):
+                        info = await write_record(self.storage, key, written, if_absent=etag is None, if_match=etag)
+                    except (VersionConflict, Conflict):
                         # another replica wrote first: read its version and apply the changes again
                         self._known.pop(key, None)
-                        await asyncio.sleep(random.uniform(0, min(0.2, 0.005 * 2**attempt)))
+                        await retry.again(
+                            lambda: VersionConflict(
+                                f"the usage record of {owner!r} kept changing while it was being updated; try again"
+                            )
+                        )
                         continue
-                    except StorageError as exc:
+                    except TransferError:
                         self._known.pop(key, None)  # the write may or may not have happened: read it next time
-                        raise from_storage_error(exc) from exc
+                        raise
                     # what we wrote is the record until its version changes: the next round compares against it
                     # instead of reading it back (another replica's write still makes that compare fail)
                     self._known[key] = (written, info.etag)
@@ -179,9 +179,6 @@ class UsageLedger:
                         else:
                             future.set_exception(value)
                 return
-            raise StorageUnavailable(
-                f"the usage record of {owner!r} changed {ATTEMPTS} times while it was being updated"
-            )
         except BaseException as exc:
             for _, future in batch:
                 if not future.done():

@@ -39,6 +39,7 @@ from storage.parts import part_count, plan_part_size
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import FileRole, checksum_hex
 from transfer.core.ids import is_id, new_id
+from transfer.core.uploads import UploadEvent, UploadState, state_at, transition
 from transfer.errors import (
     ChecksumMismatch,
     DirectUploadUnsupported,
@@ -53,7 +54,6 @@ from transfer.errors import (
     TransferError,
     storage_errors_translated,
 )
-from transfer.service.documents import read_document, write_document
 from transfer.service.lifecycle import Lifecycle
 from transfer.service.publisher import SNIFF_BYTES, Candidate, Publisher, file_id_for
 from transfer.service.records import FileRecord, object_key
@@ -71,10 +71,12 @@ READ_BACK_AHEAD = 4  # ranged reads in flight while the hash runs (memory: READ_
 
 
 def new_plan_id() -> str:
+    """A fresh direct-upload plan id (``d_`` and 128 random bits)."""
     return new_id("d_")
 
 
 def is_plan_id(value: str) -> bool:
+    """Whether ``value`` is a direct-upload plan id."""
     return is_id(value, "d_")
 
 
@@ -98,12 +100,13 @@ class Plan:
     checksum: str | None = None  # sha256:<hex> declared at planning (else at completion)
     role: str | None = None
     description: str | None = None
-    state: str = "open"  # open | completed | aborted
+    state: str = "open"  # an UploadState value, moved only by the engine's transition table (open, completed, aborted)
     file_id: str | None = None
     file_ttl: int | None = None  # seconds the published file lives (None: until deleted)
 
     @property
     def part_count(self) -> int:
+        """How many parts the plan's size takes at its part size."""
         return part_count(self.size, self.part_size)
 
     @property
@@ -112,10 +115,26 @@ class Plan:
         return object_key(file_id_for(self.id))
 
     def part_length(self, number: int) -> int:
+        """The length part ``number`` (from 1) must have."""
         return min(self.part_size, self.size - (number - 1) * self.part_size)
 
     def to_json(self) -> dict[str, Any]:
+        """The plan record as stored."""
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Plan:
+        """A plan record as stored."""
+        return cls(**doc)
+
+    def state_at(self, now: float) -> UploadState:
+        """The plan's state at ``now`` (an open one past its expiry is expired)."""
+        return state_at(UploadState(self.state), self.expires_at, now)
+
+    def after(self, event: UploadEvent, now: float, **changes: Any) -> Plan:
+        """This plan after ``event`` (the table's refusal when it may not happen now), with ``changes``."""
+        state = transition(self.state_at(now), event, upload_id=f"upload plan {self.id}")
+        return replace(self, state=state.value, **changes)
 
 
 def _checksum(value: str) -> str:
@@ -158,6 +177,7 @@ class DirectService:
 
     @property
     def supported(self) -> bool:
+        """Whether the backend takes uploads directly (the DIRECT_UPLOAD capability)."""
         return Capability.DIRECT_UPLOAD in self.storage.capabilities and isinstance(self.storage, SupportsDirectUpload)
 
     def _backend(self) -> SupportsDirectUpload:
@@ -174,8 +194,16 @@ class DirectService:
         ``s3_abandoned_upload_age``."""
         return min(float(self.settings.session_ttl), float(self.settings.s3_abandoned_upload_age))
 
-    async def _save(self, plan: Plan, *, new: bool = False) -> None:
-        await write_document(self.storage, _plan_key(plan.id), plan.to_json(), if_absent=new)
+    async def _change(self, pid: str, event: UploadEvent, at: float, **changes: Any) -> Plan:
+        """Move the plan's record by ``event`` with compare-and-set (as of ``at``, when the operation was
+        accepted); a second completion with the same file changes nothing."""
+
+        def change(current: Plan) -> Plan | None:
+            if event is UploadEvent.COMPLETE and current.state == "completed" and current.file_id == changes["file_id"]:
+                return None
+            return current.after(event, at, **changes)
+
+        return await self.engine.update(_plan_key(pid), Plan.from_json, change, Plan.to_json)
 
     async def load(self, pid: str, caller: Grant, *, allow_ended: bool = False) -> Plan:
         """The plan, if the caller may see it (its own; any for admin); NotFound otherwise, whether or not it
@@ -184,7 +212,7 @@ class DirectService:
         if not is_plan_id(pid):
             raise NotFound(f"no upload plan {pid!r}")
         try:
-            plan = Plan(**await read_document(self.storage, _plan_key(pid)))
+            plan = Plan.from_json((await self.engine.read(_plan_key(pid)))[0])
         except NotFound:
             raise NotFound(f"no upload plan {pid!r}") from None
         if not caller.sees(plan.owner):
@@ -243,7 +271,7 @@ class DirectService:
                 upload_id = await backend.begin_direct_upload(plan.key)
             plan = replace(plan, upload_id=upload_id)
             try:
-                await self._save(plan, new=True)
+                await self.engine.create(_plan_key(plan.id), plan.to_json())
             except BaseException:
                 with storage_errors_translated():
                     await backend.discard_direct_upload(plan.key, upload_id)
@@ -307,6 +335,7 @@ class DirectService:
         returns its file again (a retried completion is answered, not refused)."""
         backend = self._backend()
         async with self.engine.locks.hold(pid):
+            began = self.clock()
             plan = await self.load(pid, caller)
             if plan.state == "completed" and plan.file_id is not None:
                 return plan, await self._record(plan.file_id)
@@ -320,9 +349,7 @@ class DirectService:
                 raise InvalidRequest("declare the file's checksum (sha256:<hex>) to complete")
             published = await self._published(plan)
             if published is not None:  # published, then the process stopped before the plan said so
-                done = replace(plan, state="completed", file_id=published.id)
-                await self._save(done)
-                return done, published
+                return await self._change(pid, UploadEvent.COMPLETE, began, file_id=published.id), published
             parts = await self.stored_parts(plan)
             self._check_parts(plan, parts)
             # refused before the parts are assembled, the plan left open: the key may make room and retry (the
@@ -356,9 +383,7 @@ class DirectService:
                 if await self._published(plan) is None:  # not placed by a completion elsewhere either
                     await self._abort(plan, upload_used=True)
                 raise
-            done = replace(plan, state="completed", file_id=record.id)
-            await self._save(done)
-            return done, record
+            return await self._change(pid, UploadEvent.COMPLETE, began, file_id=record.id), record
 
     def _check_parts(self, plan: Plan, parts: list[StoredPart]) -> None:
         """Every part 1..n present, each exactly the planned length (S3 would assemble any set of parts)."""
@@ -451,7 +476,7 @@ class DirectService:
     async def _abort(self, plan: Plan, *, upload_used: bool) -> None:
         with storage_errors_translated():
             await self._backend().discard_direct_upload(plan.key, None if upload_used else plan.upload_id)
-        await self._save(replace(plan, state="aborted"))
+        await self._change(plan.id, UploadEvent.ABORT, self.clock())
         await self.lifecycle.release_after_failure(plan.owner, plan.id)  # on the way out of a failure too
 
     async def sweep_direct_plans(self) -> int:

@@ -62,6 +62,7 @@ FRESH_ORIGINALS = 1024  # small files' bytes kept for the descriptor of their up
 
 
 def content_path(file_id: str) -> str:
+    """The service path of file ``file_id``'s bytes (what download URLs sign)."""
     return CONTENT_PATH.format(file_id=file_id)
 
 
@@ -74,6 +75,7 @@ class Download:
     record: FileRecord
 
     async def close(self) -> None:
+        """Release the download's reader (idempotent)."""
         if self.reader is not None:
             await self.reader.close()
             self.reader = None
@@ -135,6 +137,7 @@ class FileService:
                 self._signer = UrlSigner(keys, active)
 
     async def close(self) -> None:
+        """Close the storage backend."""
         await self.storage.close()
 
     async def sweep_abandoned_uploads(self) -> int:
@@ -149,6 +152,7 @@ class FileService:
 
     @property
     def signer(self) -> UrlSigner:
+        """The URL signer (StorageUnavailable before :meth:`start`)."""
         if self._signer is None:
             raise StorageUnavailable("service not started")
         return self._signer
@@ -347,6 +351,7 @@ class FileService:
         return record
 
     def signed_url(self, base_url: str, file_id: str, method: str, ttl: int) -> tuple[str, datetime]:
+        """An expiring signed URL of ``method`` on file ``file_id``, and when it expires."""
         return self.signed_url_for_path(base_url, content_path(file_id), method, ttl)
 
     def signed_url_for_path(self, base_url: str, path: str, method: str, ttl: int) -> tuple[str, datetime]:

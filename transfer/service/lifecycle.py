@@ -44,6 +44,7 @@ class Lifecycle:
         self.usage = UsageLedger(storage, self.keys, clock=clock)
 
     def policy(self, owner: str | None) -> LifetimePolicy:
+        """The lifetime rules that apply to the files of ``owner``."""
         key = self.keys.get(owner) if owner is not None else None
         return LifetimePolicy(
             key_default=None if key is None else key.default_file_ttl,
@@ -58,6 +59,7 @@ class Lifecycle:
         return self.policy(owner).lifetime(requested)
 
     def expiry(self, published: datetime, lifetime: int | None) -> datetime | None:
+        """When a file published at ``published`` with ``lifetime`` seconds expires (None: never)."""
         return expires_at(published.timestamp(), lifetime)
 
     async def admit(self, owner: str | None, rid: str, declared: int | None, until: float) -> int | None:
@@ -94,6 +96,7 @@ class Lifecycle:
             await self.drop_index_entry(expiry_key(record.expires_at, record.id))
 
     async def drop_index_entry(self, key: str) -> None:
+        """Remove one expiry index entry (gone already: nothing to do)."""
         with storage_errors_translated():
             try:
                 await self.storage.delete(key)

@@ -68,18 +68,22 @@ POLL_SECONDS = 0.1
 
 
 def new_session_id() -> str:
+    """A fresh session id (``s_`` and 128 random bits)."""
     return new_id("s_")
 
 
 def is_session_id(value: str) -> bool:
+    """Whether ``value`` is a session id."""
     return is_id(value, "s_")
 
 
 def session_key(sid: str) -> str:
+    """The storage key of session ``sid``'s record."""
     return f"sessions/{sid}/session.json"
 
 
 def chunk_key(sid: str, index: int) -> str:
+    """The storage key of chunk ``index`` of session ``sid`` (sessions with chunk objects)."""
     return f"sessions/{sid}/chunks/{index:08d}"
 
 
@@ -97,6 +101,7 @@ class ChunkDigest:
 
     @classmethod
     def parse(cls, value: str) -> ChunkDigest:
+        """A Chunk-Checksum value (InvalidRequest when it is neither form)."""
         algorithm, _, digest = value.strip().partition(":")
         algorithm = algorithm.lower()
         lengths = {"xxh3-128": 32, "sha256": 64, "sha-256": 64}
@@ -251,6 +256,7 @@ class SessionService:
         return session
 
     async def is_open(self, sid: str) -> bool:
+        """Whether session ``sid`` exists and is open now (the open-session quota asks)."""
         try:
             session = await self.load(sid, TRUSTED)
         except NotFound:
@@ -788,6 +794,7 @@ class ReaderStream:
         return self._reader.read(self._start, self._end)
 
     async def aclose(self) -> None:
+        """Close the underlying reader."""
         reader, self._reader = self._reader, None
         if reader is not None:
             await reader.close()

@@ -70,10 +70,12 @@ CHECKSUM_ALGORITHMS = {"sha1": hashlib.sha1, "sha256": hashlib.sha256, "md5": ha
 
 
 def new_upload_id() -> str:
+    """A fresh tus upload id (``t_`` and 128 random bits)."""
     return new_id("t_")
 
 
 def is_upload_id(value: str) -> bool:
+    """Whether ``value`` is a tus upload id."""
     return is_id(value, "t_")
 
 
@@ -110,6 +112,7 @@ def _declared_type(metadata: dict[str, str]) -> str | None:
 
 
 def encode_metadata(metadata: dict[str, str]) -> str:
+    """``Upload-Metadata`` from a mapping (values base64, a key without value alone)."""
     return ",".join(f"{k} {base64.b64encode(v.encode()).decode()}" if v else k for k, v in metadata.items())
 
 
@@ -127,6 +130,7 @@ class Upload:
     owner: str | None = None  # the API key that created it (open-session quota)
     segments: dict[int, Part] = field(default_factory=dict)  # offset -> size and xxh3 of each stored PATCH
     file_ttl: int | None = None  # seconds the finished file lives (Upload-Metadata expires_in, or the defaults)
+    state: UploadState = UploadState.OPEN  # as recorded, moved only by the engine's transition table
 
     @property
     def received(self) -> int:
@@ -142,16 +146,20 @@ class Upload:
         return self.received
 
     def state_at(self, now: float) -> UploadState:
-        if self.file_id is not None:
-            return UploadState.COMPLETED
-        if self.terminated:
-            return UploadState.ABORTED
-        return state_at(UploadState.OPEN, self.expires_at, now)
+        """The upload's state at ``now``: the recorded one (an open one past its expiry is expired)."""
+        return state_at(self.state, self.expires_at, now)
+
+    def after(self, event: UploadEvent, now: float, **changes: Any) -> Upload:
+        """This record after ``event`` (the table's refusal when it may not happen now), with ``changes``."""
+        state = transition(self.state_at(now), event, upload_id=f"upload {self.id}")
+        return replace(self, state=state, **changes)
 
     def ordered_segments(self) -> list[tuple[int, str, Part]]:
+        """The stored segments as (offset, key, part), in offset order."""
         return [(off, _segment_key(self.id, off), self.segments[off]) for off in sorted(self.segments)]
 
     def to_json(self) -> dict[str, Any]:
+        """The upload record as stored."""
         return {
             "id": self.id,
             "length": self.length,
@@ -165,11 +173,17 @@ class Upload:
             "owner": self.owner,
             "segments": parts_to_json(self.segments),
             "file_ttl": self.file_ttl,
+            "state": self.state.value,
         }
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Upload:
-        return cls(**{**doc, "segments": parts_from_json(doc.get("segments"))})
+        """The record as stored (one written before states were recorded: its state from its flags)."""
+        state = doc.get("state")
+        if state is None:
+            finished, ended = doc.get("file_id") is not None, bool(doc.get("terminated"))
+            state = UploadState.COMPLETED if finished else UploadState.ABORTED if ended else UploadState.OPEN
+        return cls(**{**doc, "segments": parts_from_json(doc.get("segments")), "state": UploadState(state)})
 
 
 def _info_key(uid: str) -> str:
@@ -370,6 +384,7 @@ class TusService:
         return await self._update(uid, change)
 
     async def is_open(self, uid: str) -> bool:
+        """Whether upload ``uid`` exists and is open now (the open-session quota asks)."""
         try:
             upload = await self.load(uid, TRUSTED)
         except (NotFound, Gone):
@@ -527,8 +542,7 @@ class TusService:
             def finished(current: Upload) -> Upload | None:
                 if current.file_id == file_id:
                     return None
-                transition(current.state_at(self.clock()), UploadEvent.COMPLETE, upload_id=f"upload {upload.id}")
-                return replace(current, file_id=file_id)
+                return current.after(UploadEvent.COMPLETE, self.clock(), file_id=file_id)
 
             done = await self._update(upload.id, finished)
             await self.quota.release(latest.owner, upload.id)
@@ -555,8 +569,7 @@ class TusService:
         upload = await self.load(uid, caller)
 
         def terminated(current: Upload) -> Upload | None:
-            transition(current.state_at(self.clock()), UploadEvent.ABORT, upload_id=f"upload {uid}")
-            return replace(current, terminated=True)
+            return current.after(UploadEvent.ABORT, self.clock(), terminated=True)
 
         upload = await self._update(uid, terminated)
         await self.engine.delete([key for _, key, _ in upload.ordered_segments()])
@@ -589,7 +602,7 @@ class TusService:
             except NotFound:
                 await self.engine.delete(segments)
                 continue
-            if upload.terminated or now >= upload.expires_at:
+            if upload.state_at(now) is UploadState.ABORTED or now >= upload.expires_at:
                 if segments and upload.file_id is None:  # ended without a file: its reservation goes (once)
                     await self.lifecycle.release(upload.owner, uid)
                 await self.engine.delete(segments)
@@ -614,6 +627,7 @@ def _declared(upload: Upload, length: int, now: float) -> Upload | None:
 
 
 def http_date(seconds: float) -> str:
+    """``seconds`` as an HTTP date (RFC 9110 §5.6.7), e.g. for ``Upload-Expires``."""
     from transfer.core.conditional import http_date as fmt
 
     return fmt(datetime.fromtimestamp(seconds, UTC))

@@ -53,6 +53,7 @@ class PieceHasher:
             digest.update(piece)
 
     async def update(self, piece: bytes) -> None:
+        """Feed one piece to every digest (in a thread when it is large)."""
         if len(piece) >= OFFLOAD_BYTES:
             await asyncio.to_thread(self._update, piece)
         else:
@@ -75,6 +76,7 @@ class PrefixHasher:
         return _Staged(self.sha.copy(), bytearray(self.head))
 
     def advance(self, staged: _Staged, size: int, next_part: int) -> None:
+        """Adopt ``staged`` (fed one kept part of ``size`` bytes) as the running state."""
         self.sha, self.head = staged.sha, staged.head
         self.position += size
         self.next_part = next_part
@@ -104,6 +106,7 @@ class StoredPart:
     cut: BaseException | None = None  # the body ended with ``keep_partial``'s exception: what came was kept
 
     def part(self) -> Part:
+        """The part as its upload record indexes it."""
         return Part(self.size, self.xxh3, self.sha256)
 
 
@@ -257,6 +260,7 @@ class UploadEngine:
         return StoredPart(result.size, result.xxh3, result.sha256, bool(size))
 
     async def delete(self, keys: list[str]) -> None:
+        """Delete ``keys`` (parts, records), storage errors translated."""
         with storage_errors_translated():
             for key in keys:
                 await self.storage.delete(key)
@@ -264,6 +268,7 @@ class UploadEngine:
     # -- hashing -------------------------------------------------------------------------------------------------
 
     def hasher(self, upload_id: str) -> PrefixHasher:
+        """This process's running hasher of ``upload_id`` (made on first use)."""
         return self.hashers.setdefault(upload_id, PrefixHasher())
 
     def forget(self, upload_id: str) -> None:

@@ -99,6 +99,7 @@ class UsageLedger:
         self._known: dict[str, tuple[dict[str, Any], str]] = {}  # record and version this process last wrote
 
     def quota_of(self, owner: str | None) -> int | None:
+        """The byte quota of ``owner``'s key (None: no quota)."""
         key = self.keys.get(owner) if owner is not None else None
         return None if key is None else key.max_bytes
 
@@ -187,6 +188,7 @@ class UsageLedger:
                 raise  # cancelled or exiting: every caller has its answer; the callers report the errors
 
     async def usage(self, owner: str | None) -> Usage:
+        """``owner``'s usage as stored now (lapsed reservations left out)."""
         raw, _ = await self._read(usage_key(owner))
         return _Doc(raw, self.clock()).usage(self.quota_of(owner))
 

@@ -39,7 +39,6 @@ from transfer.errors import (
     Gone,
     InvalidRequest,
     NotFound,
-    QuotaExceeded,
     TooLarge,
     storage_errors_translated,
 )
@@ -277,17 +276,11 @@ class Authorizations:
             with storage_errors_translated():
                 await self.storage.delete(staged)
             raise TooLarge(f"the upload is {info.size} bytes, more than the authorised {grant.max_size}")
-        lifecycle = self.files.lifecycle
         # before the read-back: over quota, nothing is published and the staged bytes stay until the authorisation
-        # expires (the key may make room and confirm again); the charge at publication checks again, exactly
-        room = await lifecycle.room_for(grant.owner, grant.id)
-        if room is not None and info.size > room:
-            raise QuotaExceeded(
-                f"the {info.size} bytes uploaded go beyond the {room} bytes this key's quota has room for; "
-                "delete files and confirm again",
-                room=room,
-                requested=info.size,
-            )
+        # expires (the key may make room and confirm again)
+        await self.files.publisher.require_room(
+            grant.owner, grant.id, info.size, what="the upload", retry="delete files and confirm again"
+        )
         sha = hashlib.sha256()
         head = bytearray()
         with storage_errors_translated():

@@ -47,7 +47,6 @@ from transfer.errors import (
     InvalidRequest,
     NotFound,
     PlanIncomplete,
-    QuotaExceeded,
     SizeMismatch,
     StorageUnavailable,
     TooLarge,
@@ -352,16 +351,10 @@ class DirectService:
                 return await self._change(pid, UploadEvent.COMPLETE, began, file_id=published.id), published
             parts = await self.stored_parts(plan)
             self._check_parts(plan, parts)
-            # refused before the parts are assembled, the plan left open: the key may make room and retry (the
-            # plan's reservation counts as its own room; the charge at publication checks again, exactly)
-            room = await self.lifecycle.room_for(plan.owner, plan.id)
-            if room is not None and plan.size > room:
-                raise QuotaExceeded(
-                    f"the {plan.size} bytes of upload plan {plan.id} go beyond the {room} bytes this key's "
-                    "quota has room for; delete files and complete again",
-                    room=room,
-                    requested=plan.size,
-                )
+            # refused before the parts are assembled, the plan left open
+            await self.publisher.require_room(
+                plan.owner, plan.id, plan.size, what=f"upload plan {plan.id}", retry="delete files and complete again"
+            )
             with storage_errors_translated():
                 await backend.assemble_direct_upload(plan.key, plan.upload_id, parts)
 

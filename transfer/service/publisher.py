@@ -34,7 +34,14 @@ from transfer.core.content import ContentEncoding, FileRole
 from transfer.core.lifecycle import expiry_key
 from transfer.core.mime import require_media_type
 from transfer.core.naming import resolve_content_type, sanitize_filename, sniff_is_cheap
-from transfer.errors import InvalidRequest, NotFound, StorageUnavailable, TransferError, storage_errors_translated
+from transfer.errors import (
+    InvalidRequest,
+    NotFound,
+    QuotaExceeded,
+    StorageUnavailable,
+    TransferError,
+    storage_errors_translated,
+)
 from transfer.service.documents import index_file
 from transfer.service.lifecycle import Lifecycle
 from transfer.service.records import FileRecord, object_key
@@ -108,6 +115,19 @@ class Publisher:
             require_media_type(content_type)
         if hinted_type is not None:
             require_media_type(hinted_type, "Content-Type")
+
+    async def require_room(self, owner: str | None, upload_id: str, size: int, *, what: str, retry: str) -> None:
+        """Before a door does costly work (assembling, reading back) for ``size`` bytes of upload ``upload_id``:
+        QuotaExceeded when they cannot fit in ``owner``'s quota (the upload's own reservation counts as its room).
+        The upload stays as it is: the key may make room and try again (``retry`` says how). The charge at
+        publication checks again, exactly."""
+        room = await self.lifecycle.room_for(owner, upload_id)
+        if room is not None and size > room:
+            raise QuotaExceeded(
+                f"the {size} bytes of {what} go beyond the {room} bytes this key's quota has room for; {retry}",
+                room=room,
+                requested=size,
+            )
 
     def now(self) -> datetime:
         """The service clock as a record's timestamp (whole seconds, UTC)."""

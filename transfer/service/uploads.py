@@ -127,27 +127,11 @@ class UploadEngine:
         self.records = records or RecordStore(storage)
         self.locks = self.records.locks  # per-upload locks (keyed by upload id; records by their key)
         self.hashers: dict[str, PrefixHasher] = {}
+        self.read = self.records.read
+        self.create = self.records.create
+        self.update = self.records.update
 
-    # -- records -------------------------------------------------------------------------------------------------
-
-    async def read(self, key: str) -> tuple[Any, str]:
-        """A record and its version (etag); NotFound when absent."""
-        return await self.records.read(key)
-
-    async def create(self, key: str, doc: Any) -> None:
-        """Publish a new record; Conflict if the key is taken."""
-        await self.records.create(key, doc)
-
-    async def update(
-        self,
-        key: str,
-        decode: Callable[[Any], T],
-        change: Callable[[T], T | None],
-        encode: Callable[[T], Any],
-    ) -> T:
-        """Apply ``change`` to the record at ``key`` with compare-and-set (:meth:`RecordStore.update`: bounded
-        retries, then VersionConflict) and return the record as written."""
-        return await self.records.update(key, decode, change, encode)
+    # -- records: the record store's (read, create, compare-and-set update within its retry policy) -------------
 
     # -- parts ---------------------------------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from transfer.api.caller import caller_of
 from transfer.api.direct import add_direct_routes
 from transfer.api.jobs import add_job_routes
 from transfer.api.limits import ControlBodyLimit, HeaderLimit
-from transfer.api.multipart import file_part_stream, multipart_boundary
+from transfer.api.multipart import multipart_boundary, parse_form
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.resumable import EXPOSED_HEADERS as RESUMABLE_HEADERS
 from transfer.api.resumable import add_resumable_routes, is_resumable_path, problem_response
@@ -377,8 +377,9 @@ def rest_app(
         raw_type = request.headers.get("content-type", "")
         boundary = multipart_boundary(raw_type) if raw_type else None
         stream = request_body(request, decodes=True)  # Content-Encoding was read above
+        form = None
         if boundary is not None:
-            stream = file_part_stream(stream, boundary, req)
+            form, stream = parse_form(stream, boundary)
             req.declared_length = None  # the length covers the form framing, not the file
             if req.body_sha256 is not None:
                 raise InvalidRequest("digest fields cover the whole multipart body; send 'checksum' instead")
@@ -395,7 +396,7 @@ def rest_app(
             job.start(req.name, options.size if options.size is not None else req.declared_length)
             stream = counted(stream, job)
         try:
-            record = await service.upload(stream, req)
+            record = await service.upload(stream, req, with_body=None if form is None else form.apply)
             response.headers["location"] = f"/v1/files/{record.id}"
             descriptor = await service.describe(
                 record,

@@ -16,7 +16,7 @@ class NewFile(BaseModel):
     content_type: str | None = Field(default=None, max_length=255)
     checksum: str | None = Field(default=None, description="sha256:<hex> of the whole file, verified at completion")
     role: FileRole | None = None
-    description: str | None = Field(default=None, max_length=4096)
+    description: str | None = None  # its limit is the service's (max_description_length), whatever the door
     expires_in: int | None = Field(
         default=None, gt=0, description="seconds the finished file lives; above the key's or service's maximum: 400"
     )

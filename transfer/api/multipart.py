@@ -2,13 +2,15 @@
 
 The first part that carries a file name (or is named ``file``) is the content; its bytes flow straight into the
 upload pipeline. Other parts are small form fields (``name``, ``content_type``, ``role``, ``description``,
-``checksum``) and may come before or after the file part: they fill the :class:`UploadRequest`, which the
-pipeline only reads once the body has ended.
+``checksum``) and may come before or after the file part: :func:`parse_form` yields them as :class:`FormFields`,
+complete once the file stream has ended, and the pipeline applies them then (:meth:`FormFields.apply`, a new
+request: the one being consumed is never changed). The publisher checks them like any other door's fields.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
 
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
@@ -42,6 +44,30 @@ def _header_text(raw: bytes) -> str:
         return raw.decode("latin-1")
 
 
+@dataclass(slots=True)
+class FormFields:
+    """What the form's parts said about the file (complete once the file stream has ended)."""
+
+    name: str | None = None  # a ``name`` field or the file part's file name, whichever came first
+    content_type: str | None = None
+    hinted_type: str | None = None  # the file part's own Content-Type
+    role: FileRole | None = None
+    description: str | None = None
+    checksum: str | None = None
+
+    def apply(self, request: UploadRequest) -> UploadRequest:
+        """``request`` with the form's fields where it has none (the query's word wins), as a new request."""
+        return replace(
+            request,
+            name=request.name if request.name is not None else self.name,
+            content_type=request.content_type or self.content_type,
+            hinted_type=self.hinted_type or request.hinted_type,
+            role=request.role or self.role,
+            description=request.description if request.description is not None else self.description,
+            checksum=request.checksum or self.checksum,
+        )
+
+
 class _PartState:
     def __init__(self) -> None:
         self.headers: dict[bytes, bytes] = {}
@@ -51,8 +77,14 @@ class _PartState:
         self.is_file = False
 
 
-async def file_part_stream(body: AsyncIterator[bytes], boundary: bytes, request: UploadRequest) -> AsyncIterator[bytes]:
-    """Yield the bytes of the file part of a multipart body; fill ``request`` from the other parts."""
+def parse_form(body: AsyncIterator[bytes], boundary: bytes) -> tuple[FormFields, AsyncIterator[bytes]]:
+    """The form's fields and the stream of its file part's bytes; the fields are complete once the stream ends."""
+    fields = FormFields()
+    return fields, _file_part_stream(body, boundary, fields)
+
+
+async def _file_part_stream(body: AsyncIterator[bytes], boundary: bytes, fields: FormFields) -> AsyncIterator[bytes]:
+    """Yield the bytes of the file part of a multipart body; fill ``fields`` from the other parts."""
     out: list[bytes] = []
     state = _PartState()
     seen_file = False
@@ -84,11 +116,11 @@ async def file_part_stream(body: AsyncIterator[bytes], boundary: bytes, request:
             if seen_file:
                 raise MalformedBody("only one file part per upload")
             seen_file = state.is_file = True
-            if request.name is None and filename:
-                request.name = filename
+            if fields.name is None and filename:
+                fields.name = filename
             part_type = _header_text(state.headers.get(b"content-type", b"")).strip()
             if part_type:  # a hint (browsers and curl -F derive it from the extension); a content_type field wins
-                request.hinted_type = part_type
+                fields.hinted_type = part_type
         state.field = field_name.encode()
 
     def on_part_data(data: bytes, start: int, end: int) -> None:
@@ -106,20 +138,20 @@ async def file_part_stream(body: AsyncIterator[bytes], boundary: bytes, request:
             return
         name = state.field.decode()
         value = state.field_data.decode("utf-8", "replace")
-        if name == "name" and request.name is None:
-            request.name = value
-        elif name == "content_type" and request.content_type is None:
-            request.content_type = value
-        elif name == "description" and request.description is None:
-            request.description = value
-        elif name == "checksum" and request.checksum is None:
+        if name == "name" and fields.name is None:
+            fields.name = value
+        elif name == "content_type" and fields.content_type is None:
+            fields.content_type = value
+        elif name == "description" and fields.description is None:
+            fields.description = value
+        elif name == "checksum" and fields.checksum is None:
             try:
-                request.checksum = normalize_checksum(value)
+                fields.checksum = normalize_checksum(value)
             except ValueError as exc:
                 raise MalformedBody(f"checksum field: {exc}") from None
-        elif name == "role" and request.role is None:
+        elif name == "role" and fields.role is None:
             try:
-                request.role = FileRole(value)
+                fields.role = FileRole(value)
             except ValueError:
                 raise MalformedBody(f"unknown role {value!r}") from None
 

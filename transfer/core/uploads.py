@@ -1,5 +1,6 @@
-"""The one upload state machine behind tus uploads (offset-addressed parts) and chunked sessions (index-addressed
-parts), written as an executable transition table, as h11 writes HTTP/1.1's. Pure: no I/O.
+"""The one upload state machine behind tus uploads (offset-addressed parts), chunked sessions (index-addressed
+parts), direct-upload plans (parts in the bucket) and upload authorisations (one PUT), written as an executable
+transition table, as h11 writes HTTP/1.1's. Every record's state is moved by :func:`transition` alone. Pure: no I/O.
 
     state      event            next state
     OPEN       PUT_PART         OPEN        a part is stored and enters the record's index
@@ -91,6 +92,7 @@ class Part:
     sha256: str = ""  # hex, when the client sent one (a chunk's Chunk-Checksum: sha256)
 
     def to_json(self) -> dict[str, Any]:
+        """The part as it is stored in its record (digests left out when unknown)."""
         out: dict[str, Any] = {"size": self.size}
         if self.xxh3:
             out["xxh3"] = self.xxh3
@@ -103,10 +105,12 @@ Parts = Mapping[int, Part]
 
 
 def parts_to_json(parts: Parts) -> dict[str, Any]:
+    """An index of parts as stored in a record (addresses as strings, in order)."""
     return {str(address): part.to_json() for address, part in sorted(parts.items())}
 
 
 def parts_from_json(doc: Mapping[str, Any] | None) -> dict[int, Part]:
+    """An index of parts as read from a record (None: no parts)."""
     return {int(address): Part(**value) for address, value in (doc or {}).items()}
 
 

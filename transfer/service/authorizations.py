@@ -4,8 +4,10 @@ URL, the method and header fields to use and the size limit. The bytes never tra
 
 An upload authorisation is one record in the storage backend::
 
-    authz/<id>/grant.json     owner, name, content type, size limit, start deadline, keep-until
-    authz/<id>/result.json    the stored file's id, created if-absent by the one PUT (or confirm) that succeeded
+    authz/<id>/grant.json     owner, name, content type, size limit, start deadline, keep-until, and its state in
+                              the upload engine's transition table (open -> completed with the stored file's id,
+                              moved by compare-and-set by the one PUT or confirm that succeeded)
+    authz/<id>/result.json    (read only) where authorisations made before states were recorded kept the file id
     authz/<id>/object         on a backend with presigned PUTs (S3): where the client's PUT lands
 
 Two expiries: the signed PUT URL must be *started* before ``start_by`` (short: a leaked URL is soon worthless); the
@@ -22,29 +24,29 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from storage.base import Capability, SupportsPresignPut
 from transfer.core.auth import TRUSTED, Grant
-from transfer.core.content import ContentEncoding
 from transfer.core.ids import is_id, new_id
 from transfer.core.mime import require_media_type
-from transfer.core.naming import resolve_content_type, sanitize_filename
+from transfer.core.naming import sanitize_filename
+from transfer.core.uploads import UploadEvent, UploadState, state_at, transition
 from transfer.errors import (
     Conflict,
     Gone,
     InvalidRequest,
     NotFound,
-    QuotaExceeded,
     TooLarge,
     storage_errors_translated,
 )
-from transfer.service.documents import publish_composed, read_document, write_document
+from transfer.service.documents import publish_composed, read_document
 from transfer.service.files import FileService
 from transfer.service.ingest import UploadRequest
-from transfer.service.records import FileRecord
+from transfer.service.publisher import SNIFF_BYTES, Candidate
+from transfer.service.uploads import UploadEngine
 
 START_TTL = 15 * 60  # seconds to start the PUT (default; at most ``MAX_START_TTL``)
 MAX_START_TTL = 3600
@@ -52,10 +54,12 @@ KEEP_TTL = 24 * 3600  # seconds the authorisation and its result are kept
 
 
 def new_authorization_id() -> str:
+    """A fresh upload authorisation id (``az_`` and 128 random bits)."""
     return new_id("az_")
 
 
 def is_authorization_id(value: str) -> bool:
+    """Whether ``value`` is an upload authorisation id."""
     return is_id(value, "az_")
 
 
@@ -63,7 +67,12 @@ def _staged(aid: str) -> str:
     return f"authz/{aid}/object"
 
 
+def _grant_key(aid: str) -> str:
+    return f"authz/{aid}/grant.json"
+
+
 def upload_path(aid: str) -> str:
+    """The service path a signed upload URL of authorisation ``aid`` points at (local storage)."""
     return f"/v1/authorized/{aid}"
 
 
@@ -77,6 +86,27 @@ class UploadGrant:
     start_by: int
     keep_until: int
     file_ttl: int | None = None  # seconds the file it receives lives (None: until deleted)
+    state: str = "open"  # an UploadState value: open, then completed (``file_id`` set)
+    file_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The grant record as stored."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> UploadGrant:
+        """A grant record as stored."""
+        return cls(**doc)
+
+    def completed_with(self, file_id: str, now: float) -> UploadGrant | None:
+        """The grant once it received ``file_id`` (None: it already has; Conflict: it received another file)."""
+        if self.state == UploadState.COMPLETED.value:
+            if self.file_id == file_id:
+                return None
+            raise Conflict(f"authorization {self.id} was already used")
+        # judged as of its keep-until, not its start deadline: a PUT started in time may end after it
+        state = transition(state_at(UploadState(self.state), self.keep_until, now), UploadEvent.COMPLETE)
+        return replace(self, state=state.value, file_id=file_id)
 
 
 def _iso(seconds: float) -> str:
@@ -95,9 +125,10 @@ async def _bounded(body: AsyncIterator[bytes], limit: int) -> AsyncIterator[byte
 class Authorizations:
     """Upload/download authorisations over the one FileService (state in its storage backend: any replica)."""
 
-    def __init__(self, files: FileService) -> None:
+    def __init__(self, files: FileService, engine: UploadEngine | None = None) -> None:
         self.files = files
         self.storage = files.storage
+        self.engine = engine or UploadEngine(files.storage)  # grant records: read and changed by compare-and-set
 
     async def authorize_upload(
         self,
@@ -131,7 +162,7 @@ class Authorizations:
             keep_until=now + KEEP_TTL,
             file_ttl=file_ttl,
         )
-        await write_document(self.storage, f"authz/{grant.id}/grant.json", asdict(grant), if_absent=True)
+        await self.engine.create(_grant_key(grant.id), grant.to_json())
         headers = {"content-type": content_type or "application/octet-stream"}
         if self.direct:
             # straight to the bucket: the service never sees the bytes; confirm_upload verifies and publishes
@@ -159,10 +190,10 @@ class Authorizations:
         if not is_authorization_id(aid):
             raise NotFound(f"no authorization {aid!r}")
         try:
-            doc = await read_document(self.storage, f"authz/{aid}/grant.json")
+            doc, _ = await self.engine.read(_grant_key(aid))
         except NotFound:
             raise NotFound(f"no authorization {aid!r}") from None
-        grant = UploadGrant(**doc)
+        grant = UploadGrant.from_json(doc)
         if self.files.clock() >= grant.keep_until:
             raise Gone(f"authorization {aid} has expired")
         return grant
@@ -183,13 +214,29 @@ class Authorizations:
             declared_length=content_length,
             expires_in=grant.file_ttl,
         )
-        record = await self.files.upload(_bounded(body, grant.max_size), request)
+        record = await self.files.upload(_bounded(body, grant.max_size), request, source="authorization")
         try:
-            await write_document(self.storage, f"authz/{aid}/result.json", {"file_id": record.id}, if_absent=True)
-        except Conflict:  # the storage's ObjectExists: another PUT won
+            await self._completed(aid, record.id)
+        except Conflict:  # another PUT won
             await self.files.delete(record.id, TRUSTED)
-            raise Conflict(f"authorization {aid} was already used") from None
+            raise
         return record.id
+
+    async def _completed(self, aid: str, file_id: str) -> None:
+        """Record that authorisation ``aid`` received ``file_id`` (compare-and-set: one file per authorisation)."""
+        now = self.files.clock()
+        await self.engine.update(
+            _grant_key(aid), UploadGrant.from_json, lambda g: g.completed_with(file_id, now), UploadGrant.to_json
+        )
+
+    async def _received(self, grant: UploadGrant) -> str | None:
+        """The id of the file ``grant`` received, if any."""
+        if grant.file_id is not None:
+            return grant.file_id
+        try:  # an authorisation made before states were recorded
+            return str((await read_document(self.storage, f"authz/{grant.id}/result.json"))["file_id"])
+        except NotFound:
+            return None
 
     async def descriptor(self, file_id: str, base_url: str) -> dict[str, Any]:
         """The url-mode descriptor of a file an authorisation received (its owner was checked by the caller)."""
@@ -201,15 +248,12 @@ class Authorizations:
         grant = await self._grant(aid)
         if not caller.sees(grant.owner):
             raise NotFound(f"no authorization {aid!r}")
-        try:
-            result = await read_document(self.storage, f"authz/{aid}/result.json")
-        except NotFound:
+        file_id = await self._received(grant)
+        if file_id is None:
             if not self.direct:
-                raise Conflict(
-                    f"nothing was uploaded to authorization {aid} yet", start_by=_iso(grant.start_by)
-                ) from None
-            return await self.descriptor(await self._publish_staged(grant), base_url)
-        return await self.descriptor(str(result["file_id"]), base_url)
+                raise Conflict(f"nothing was uploaded to authorization {aid} yet", start_by=_iso(grant.start_by))
+            file_id = await self._publish_staged(grant)
+        return await self.descriptor(file_id, base_url)
 
     async def _publish_staged(self, grant: UploadGrant) -> str:
         """Verify and publish what a presigned PUT left in the bucket: its size against the limit, its SHA-256 by
@@ -221,6 +265,10 @@ class Authorizations:
             with storage_errors_translated():
                 info = await self.storage.stat(staged)
         except NotFound:
+            # a concurrent confirm published it and removed the staged object meanwhile
+            done = await self._received(await self._grant(grant.id))
+            if done is not None:
+                return done
             raise Conflict(
                 f"nothing was uploaded to authorization {grant.id} yet", start_by=_iso(grant.start_by)
             ) from None
@@ -228,48 +276,36 @@ class Authorizations:
             with storage_errors_translated():
                 await self.storage.delete(staged)
             raise TooLarge(f"the upload is {info.size} bytes, more than the authorised {grant.max_size}")
-        lifecycle = self.files.lifecycle
         # before the read-back: over quota, nothing is published and the staged bytes stay until the authorisation
-        # expires (the key may make room and confirm again); the charge at publication checks again, exactly
-        room = await lifecycle.room_for(grant.owner, grant.id)
-        if room is not None and info.size > room:
-            raise QuotaExceeded(
-                f"the {info.size} bytes uploaded go beyond the {room} bytes this key's quota has room for; "
-                "delete files and confirm again",
-                room=room,
-                requested=info.size,
-            )
+        # expires (the key may make room and confirm again)
+        await self.files.publisher.require_room(
+            grant.owner, grant.id, info.size, what="the upload", retry="delete files and confirm again"
+        )
         sha = hashlib.sha256()
         head = bytearray()
         with storage_errors_translated():
             async with await self.storage.open(staged) as reader:
                 async for piece in reader.read():
                     await asyncio.to_thread(sha.update, piece)
-                    if len(head) < 4096:
-                        head += piece[: 4096 - len(head)]
-        content_type = await asyncio.to_thread(
-            resolve_content_type, bytes(head), grant.name, declared=grant.content_type, hinted=None
-        )
-        file_id = "f_" + grant.id[3:]
-        record = FileRecord(
-            id=file_id,
-            name=grant.name or file_id,
-            content_type=content_type,
+                    if len(head) < SNIFF_BYTES:
+                        head += piece[: SNIFF_BYTES - len(head)]
+        candidate = Candidate(
+            owner=grant.owner,
+            upload_id=grant.id,
             size=info.size,
             sha256=sha.hexdigest(),
-            encoding=ContentEncoding.NONE,
-            encoded_size=info.size,
-            encoded_sha256=sha.hexdigest(),
-            created_at=(created := datetime.fromtimestamp(self.files.clock(), UTC).replace(microsecond=0)),
-            owner=grant.owner,
-            expires_at=lifecycle.expiry(created, grant.file_ttl),
+            head=bytes(head),
+            source="authorization",
+            name=grant.name,
+            content_type=grant.content_type,
+            lifetime=grant.file_ttl,
+            republishable_until=grant.keep_until,
         )
-        async with lifecycle.publishing(record, grant.id):
-            await publish_composed(self.storage, record, [staged])
-        try:
-            await write_document(self.storage, f"authz/{grant.id}/result.json", {"file_id": file_id}, if_absent=True)
-        except Conflict:
-            pass  # a concurrent confirm recorded the same file id
+        record = await self.files.publisher.publish(
+            candidate, lambda record: publish_composed(self.storage, record, [staged])
+        )
+        file_id = record.id
+        await self._completed(grant.id, file_id)  # a concurrent confirm recorded the same file id: nothing to do
         with storage_errors_translated():
             await self.storage.delete(staged)
         return file_id
@@ -304,7 +340,7 @@ class Authorizations:
         removed = 0
         for aid, owned in keys.items():
             try:
-                doc = await read_document(self.storage, f"authz/{aid}/grant.json")
+                doc = await read_document(self.storage, _grant_key(aid))
                 expired = now >= float(doc["keep_until"])
             except NotFound:
                 expired = True  # a staged object or result without its record

@@ -74,9 +74,10 @@ class Services:
     def build(
         cls, settings: Settings, storage: Storage | None = None, *, clock: Callable[[], float] = time.time
     ) -> Services:
+        """The one set of services of a process over ``storage`` (default: the one the settings name)."""
         files = FileService(storage or make_storage(settings), settings, clock=clock)
         quota = SessionQuota(files.storage, settings.max_open_sessions_per_key)
-        engine = UploadEngine(files.storage)  # one engine (records, hashers, locks) behind tus and sessions
+        engine = UploadEngine(files.storage)  # one engine (records, locks, hashers): tus, sessions, plans, grants
         sessions = SessionService(
             files.storage,
             settings,
@@ -107,8 +108,8 @@ class Services:
             resolve=ResolveService(settings, imports),
             tp=TPService(files, sessions, imports, clock=clock),
             a2a=A2AService(files, imports, clock=clock),
-            authorizations=Authorizations(files),
-            direct=DirectService(files.storage, settings, clock=clock, lifecycle=files.lifecycle),
+            authorizations=Authorizations(files, engine),
+            direct=DirectService(files.storage, settings, clock=clock, lifecycle=files.lifecycle, engine=engine),
         )
 
     def maintenance(self) -> list[Sweep]:

@@ -32,16 +32,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from datetime import UTC, datetime
 from typing import Any
 
 from storage.base import Capability, PartUrl, Storage, StoredPart, SupportsDirectUpload
 from storage.parts import part_count, plan_part_size
 from transfer.core.auth import TRUSTED, Grant
-from transfer.core.content import ContentEncoding, FileRole, checksum_hex
+from transfer.core.content import FileRole, checksum_hex
 from transfer.core.ids import is_id, new_id
-from transfer.core.mime import require_media_type
-from transfer.core.naming import resolve_content_type, sanitize_filename
+from transfer.core.uploads import UploadEvent, UploadState, state_at, transition
 from transfer.errors import (
     ChecksumMismatch,
     DirectUploadUnsupported,
@@ -49,16 +47,16 @@ from transfer.errors import (
     InvalidRequest,
     NotFound,
     PlanIncomplete,
-    QuotaExceeded,
     SizeMismatch,
+    StorageUnavailable,
     TooLarge,
     TransferError,
     storage_errors_translated,
 )
-from transfer.service.documents import index_file, read_document, write_document
-from transfer.service.ingest import SNIFF_BYTES
 from transfer.service.lifecycle import Lifecycle
+from transfer.service.publisher import SNIFF_BYTES, Candidate, Publisher, file_id_for
 from transfer.service.records import FileRecord, object_key
+from transfer.service.uploads import UploadEngine
 from transfer.settings import Settings
 
 log = logging.getLogger("transfer.direct")
@@ -72,10 +70,12 @@ READ_BACK_AHEAD = 4  # ranged reads in flight while the hash runs (memory: READ_
 
 
 def new_plan_id() -> str:
+    """A fresh direct-upload plan id (``d_`` and 128 random bits)."""
     return new_id("d_")
 
 
 def is_plan_id(value: str) -> bool:
+    """Whether ``value`` is a direct-upload plan id."""
     return is_id(value, "d_")
 
 
@@ -99,24 +99,41 @@ class Plan:
     checksum: str | None = None  # sha256:<hex> declared at planning (else at completion)
     role: str | None = None
     description: str | None = None
-    state: str = "open"  # open | completed | aborted
+    state: str = "open"  # an UploadState value, moved only by the engine's transition table (open, completed, aborted)
     file_id: str | None = None
     file_ttl: int | None = None  # seconds the published file lives (None: until deleted)
 
     @property
     def part_count(self) -> int:
+        """How many parts the plan's size takes at its part size."""
         return part_count(self.size, self.part_size)
 
     @property
     def key(self) -> str:
         """The object the parts become: the file's own key (the file id follows from the plan id)."""
-        return object_key("f_" + self.id[2:])
+        return object_key(file_id_for(self.id))
 
     def part_length(self, number: int) -> int:
+        """The length part ``number`` (from 1) must have."""
         return min(self.part_size, self.size - (number - 1) * self.part_size)
 
     def to_json(self) -> dict[str, Any]:
+        """The plan record as stored."""
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Plan:
+        """A plan record as stored."""
+        return cls(**doc)
+
+    def state_at(self, now: float) -> UploadState:
+        """The plan's state at ``now`` (an open one past its expiry is expired)."""
+        return state_at(UploadState(self.state), self.expires_at, now)
+
+    def after(self, event: UploadEvent, now: float, **changes: Any) -> Plan:
+        """This plan after ``event`` (the table's refusal when it may not happen now), with ``changes``."""
+        state = transition(self.state_at(now), event, upload_id=f"upload plan {self.id}")
+        return replace(self, state=state.value, **changes)
 
 
 def _checksum(value: str) -> str:
@@ -147,16 +164,19 @@ class DirectService:
         *,
         clock: Callable[[], float] = time.time,
         lifecycle: Lifecycle | None = None,
+        engine: UploadEngine | None = None,
     ) -> None:
         self.storage = storage
         self.settings = settings
         self.clock = clock
         self.lifecycle = lifecycle or Lifecycle(storage, settings, clock=clock)
-        self._locks: dict[str, asyncio.Lock] = {}
+        self.publisher = Publisher(storage, settings, self.lifecycle, clock=clock)
+        self.engine = engine or UploadEngine(storage)  # its keyed locks: one completion of a plan at a time here
         self._plans: dict[str, Plan] = {}  # recently loaded plans, for part URLs only (see part_urls)
 
     @property
     def supported(self) -> bool:
+        """Whether the backend takes uploads directly (the DIRECT_UPLOAD capability)."""
         return Capability.DIRECT_UPLOAD in self.storage.capabilities and isinstance(self.storage, SupportsDirectUpload)
 
     def _backend(self) -> SupportsDirectUpload:
@@ -173,8 +193,16 @@ class DirectService:
         ``s3_abandoned_upload_age``."""
         return min(float(self.settings.session_ttl), float(self.settings.s3_abandoned_upload_age))
 
-    async def _save(self, plan: Plan, *, new: bool = False) -> None:
-        await write_document(self.storage, _plan_key(plan.id), plan.to_json(), if_absent=new)
+    async def _change(self, pid: str, event: UploadEvent, at: float, **changes: Any) -> Plan:
+        """Move the plan's record by ``event`` with compare-and-set (as of ``at``, when the operation was
+        accepted); a second completion with the same file changes nothing."""
+
+        def change(current: Plan) -> Plan | None:
+            if event is UploadEvent.COMPLETE and current.state == "completed" and current.file_id == changes["file_id"]:
+                return None
+            return current.after(event, at, **changes)
+
+        return await self.engine.update(_plan_key(pid), Plan.from_json, change, Plan.to_json)
 
     async def load(self, pid: str, caller: Grant, *, allow_ended: bool = False) -> Plan:
         """The plan, if the caller may see it (its own; any for admin); NotFound otherwise, whether or not it
@@ -183,7 +211,7 @@ class DirectService:
         if not is_plan_id(pid):
             raise NotFound(f"no upload plan {pid!r}")
         try:
-            plan = Plan(**await read_document(self.storage, _plan_key(pid)))
+            plan = Plan.from_json((await self.engine.read(_plan_key(pid)))[0])
         except NotFound:
             raise NotFound(f"no upload plan {pid!r}") from None
         if not caller.sees(plan.owner):
@@ -215,10 +243,7 @@ class DirectService:
             raise InvalidRequest("size must not be negative")
         if size > s.max_upload_size:
             raise TooLarge(f"{size} bytes exceed the upload limit of {s.max_upload_size}")
-        if content_type is not None:
-            require_media_type(content_type, "content_type")
-        if description is not None and len(description) > s.max_description_length:
-            raise InvalidRequest(f"description longer than {s.max_description_length} characters")
+        self.publisher.check_fields(content_type=content_type, description=description)
         file_ttl = self.lifecycle.lifetime(caller.owner, expires_in)
         with storage_errors_translated():
             part_size = plan_part_size(size, max_size=s.max_upload_size, preferred=s.s3_part_size)
@@ -245,7 +270,7 @@ class DirectService:
                 upload_id = await backend.begin_direct_upload(plan.key)
             plan = replace(plan, upload_id=upload_id)
             try:
-                await self._save(plan, new=True)
+                await self.engine.create(_plan_key(plan.id), plan.to_json())
             except BaseException:
                 with storage_errors_translated():
                     await backend.discard_direct_upload(plan.key, upload_id)
@@ -308,60 +333,50 @@ class DirectService:
         """Check every part, assemble, verify the whole SHA-256 by reading the bytes back, publish. A completed plan
         returns its file again (a retried completion is answered, not refused)."""
         backend = self._backend()
-        async with self._locks.setdefault(pid, asyncio.Lock()):
-            try:
-                plan = await self.load(pid, caller)
-                if plan.state == "completed" and plan.file_id is not None:
-                    return plan, await self._record(plan.file_id)
-                declared = plan.checksum
-                if checksum is not None:
-                    given = _checksum(checksum)
-                    if declared is not None and declared != given:
-                        raise InvalidRequest("the checksum differs from the one declared when planning")
-                    declared = given
-                if declared is None:
-                    raise InvalidRequest("declare the file's checksum (sha256:<hex>) to complete")
-                published = await self._published(plan)
-                if published is not None:  # published, then the process stopped before the plan said so
-                    done = replace(plan, state="completed", file_id=published.id)
-                    await self._save(done)
-                    return done, published
-                parts = await self.stored_parts(plan)
-                self._check_parts(plan, parts)
-                # refused before the parts are assembled, the plan left open: the key may make room and retry (the
-                # plan's reservation counts as its own room; the charge at publication checks again, exactly)
-                room = await self.lifecycle.room_for(plan.owner, plan.id)
-                if room is not None and plan.size > room:
-                    raise QuotaExceeded(
-                        f"the {plan.size} bytes of upload plan {plan.id} go beyond the {room} bytes this key's "
-                        "quota has room for; delete files and complete again",
-                        room=room,
-                        requested=plan.size,
-                    )
+        async with self.engine.locks.hold(pid):
+            began = self.clock()
+            plan = await self.load(pid, caller)
+            if plan.state == "completed" and plan.file_id is not None:
+                return plan, await self._record(plan.file_id)
+            declared = plan.checksum
+            if checksum is not None:
+                given = _checksum(checksum)
+                if declared is not None and declared != given:
+                    raise InvalidRequest("the checksum differs from the one declared when planning")
+                declared = given
+            if declared is None:
+                raise InvalidRequest("declare the file's checksum (sha256:<hex>) to complete")
+            published = await self._published(plan)
+            if published is not None:  # published, then the process stopped before the plan said so
+                return await self._change(pid, UploadEvent.COMPLETE, began, file_id=published.id), published
+            parts = await self.stored_parts(plan)
+            self._check_parts(plan, parts)
+            # refused before the parts are assembled, the plan left open
+            await self.publisher.require_room(
+                plan.owner, plan.id, plan.size, what=f"upload plan {plan.id}", retry="delete files and complete again"
+            )
+            with storage_errors_translated():
+                await backend.assemble_direct_upload(plan.key, plan.upload_id, parts)
+
+            async def publish(record: FileRecord) -> None:
                 with storage_errors_translated():
-                    await backend.assemble_direct_upload(plan.key, plan.upload_id, parts)
-                try:
-                    sha_hex, head = await self._read_back(backend, plan)
-                    if sha_hex != checksum_hex(declared):
-                        raise ChecksumMismatch(
-                            "SHA-256 of the uploaded parts does not match the declared checksum; nothing was "
-                            "published and the plan is aborted",
-                            expected=declared,
-                            actual="sha256:" + sha_hex,
-                        )
-                    record = self._file_record(plan, sha_hex, head)
-                    async with self.lifecycle.publishing(record, plan.id):
-                        with storage_errors_translated():
-                            await backend.publish_assembled(plan.key, record.to_metadata())
-                    await index_file(self.storage, record)
-                except BaseException:
+                    await backend.publish_assembled(plan.key, record.to_metadata())
+
+            try:
+                sha_hex, head = await self._read_back(backend, plan)
+                if sha_hex != checksum_hex(declared):
+                    raise ChecksumMismatch(
+                        "SHA-256 of the uploaded parts does not match the declared checksum; nothing was "
+                        "published and the plan is aborted",
+                        expected=declared,
+                        actual="sha256:" + sha_hex,
+                    )
+                record = await self.publisher.publish(self._candidate(plan, sha_hex, head), publish)
+            except BaseException:
+                if await self._published(plan) is None:  # not placed by a completion elsewhere either
                     await self._abort(plan, upload_used=True)
-                    raise
-                done = replace(plan, state="completed", file_id=record.id)
-                await self._save(done)
-                return done, record
-            finally:
-                self._locks.pop(pid, None)
+                raise
+            return await self._change(pid, UploadEvent.COMPLETE, began, file_id=record.id), record
 
     def _check_parts(self, plan: Plan, parts: list[StoredPart]) -> None:
         """Every part 1..n present, each exactly the planned length (S3 would assemble any set of parts)."""
@@ -409,29 +424,27 @@ class DirectService:
             await asyncio.gather(*pending, return_exceptions=True)
         return sha.hexdigest(), head
 
-    def _file_record(self, plan: Plan, sha_hex: str, head: bytes) -> FileRecord:
-        file_id = "f_" + plan.id[2:]
-        return FileRecord(
-            id=file_id,
-            name=sanitize_filename(plan.name, default=file_id),
-            content_type=resolve_content_type(head, plan.name, declared=plan.content_type, hinted=None),
+    def _candidate(self, plan: Plan, sha_hex: str, head: bytes) -> Candidate:
+        return Candidate(
+            owner=plan.owner,
+            upload_id=plan.id,
             size=plan.size,
             sha256=sha_hex,
-            encoding=ContentEncoding.NONE,
-            encoded_size=plan.size,
-            encoded_sha256=sha_hex,
-            created_at=(created := datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0)),
+            head=head,
+            source="direct",
+            name=plan.name,
+            content_type=plan.content_type,
             role=FileRole(plan.role) if plan.role else None,
             description=plan.description,
-            owner=plan.owner,
-            expires_at=self.lifecycle.expiry(created, plan.file_ttl),
+            lifetime=plan.file_ttl,
+            republishable_until=plan.expires_at,
         )
 
     async def _published(self, plan: Plan) -> FileRecord | None:
         """The plan's file if it is published (whatever the plan record says), else None."""
         try:
-            return await self._record("f_" + plan.id[2:])
-        except NotFound:
+            return await self._record(file_id_for(plan.id))
+        except (NotFound, StorageUnavailable):  # absent, or assembled and not yet given its record
             return None
 
     async def _record(self, file_id: str) -> FileRecord:
@@ -456,7 +469,7 @@ class DirectService:
     async def _abort(self, plan: Plan, *, upload_used: bool) -> None:
         with storage_errors_translated():
             await self._backend().discard_direct_upload(plan.key, None if upload_used else plan.upload_id)
-        await self._save(replace(plan, state="aborted"))
+        await self._change(plan.id, UploadEvent.ABORT, self.clock())
         await self.lifecycle.release_after_failure(plan.owner, plan.id)  # on the way out of a failure too
 
     async def sweep_direct_plans(self) -> int:

@@ -2,39 +2,26 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 from typing import Any
 
 from storage.base import Capability, Storage, SupportsCompose, capable
-from storage.errors import ObjectChanged
 from transfer.errors import storage_errors_translated
 from transfer.service.records import FileRecord, object_key, owner_files_prefix
+from transfer.service.recordstore import read_record, write_record
 
 S3_MIN_PART = 5 << 20  # UploadPartCopy: every part but the last at least 5 MiB
-READ_ATTEMPTS = 3
 
 
 async def read_document(storage: Storage, key: str) -> Any:
-    """A JSON document; retried when it is replaced while being read (raises NotFound when absent)."""
-    with storage_errors_translated():
-        for attempt in range(READ_ATTEMPTS):
-            try:
-                async with await storage.open(key) as reader:
-                    return json.loads(b"".join([chunk async for chunk in reader.read()]))
-            except ObjectChanged:
-                if attempt == READ_ATTEMPTS - 1:
-                    raise
-                await asyncio.sleep(0.05)
-    raise AssertionError("unreachable")
+    """A JSON document (raises NotFound when absent); one replaced while being read is read again, within the
+    record store's retry policy."""
+    doc, _ = await read_record(storage, key)
+    return doc
 
 
 async def write_document(storage: Storage, key: str, document: Any, *, if_absent: bool = False) -> None:
-    """Publish a JSON document atomically (if absent: ObjectExists when the key is taken)."""
-    with storage_errors_translated():
-        async with storage.create(key, if_absent=if_absent) as writer:
-            await writer.write(json.dumps(document, ensure_ascii=True).encode())
-            await writer.commit({})
+    """Publish a JSON document atomically (if absent: Conflict when the key is taken)."""
+    await write_record(storage, key, document, if_absent=if_absent)
 
 
 async def index_file(storage: Storage, record: FileRecord) -> None:
@@ -58,8 +45,8 @@ async def unindex_file(storage: Storage, record: FileRecord) -> None:
 
 async def publish_composed(storage: Storage, record: FileRecord, sources: list[str]) -> None:
     """Publish ``record`` as the concatenation of ``sources``: server-side compose where the backend can (and, on
-    S3, where every source but the last is at least 5 MiB), else a streamed copy; then enter it in its owner's
-    file index."""
+    S3, where every source but the last is at least 5 MiB), else a streamed copy. (The publisher enters it in its
+    owner's file index.)"""
     with storage_errors_translated():
         composer = capable(storage, Capability.COMPOSE, SupportsCompose)
         if composer is not None and Capability.MULTIPART in storage.capabilities:
@@ -68,7 +55,6 @@ async def publish_composed(storage: Storage, record: FileRecord, sources: list[s
                 composer = None
         if composer is not None and sources:
             await composer.compose(object_key(record.id), sources, record.to_metadata())
-            await index_file(storage, record)
             return
         async with storage.create(object_key(record.id), size_hint=record.size) as writer:
             for source in sources:
@@ -76,4 +62,3 @@ async def publish_composed(storage: Storage, record: FileRecord, sources: list[s
                     async for piece in reader.read():
                         await writer.write(piece)
             await writer.commit(record.to_metadata())
-    await index_file(storage, record)

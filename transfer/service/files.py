@@ -42,9 +42,10 @@ from transfer.errors import (
     storage_errors_translated,
 )
 from transfer.service.backends import load_signing_keys
-from transfer.service.documents import index_file, unindex_file
+from transfer.service.documents import unindex_file
 from transfer.service.ingest import UploadRequest, ingest
 from transfer.service.lifecycle import Lifecycle
+from transfer.service.publisher import Publisher
 from transfer.service.records import FileRecord, is_file_id, new_file_id, object_key, owner_files_prefix
 from transfer.settings import MAX_URL_TTL, Settings
 
@@ -61,6 +62,7 @@ FRESH_ORIGINALS = 1024  # small files' bytes kept for the descriptor of their up
 
 
 def content_path(file_id: str) -> str:
+    """The service path of file ``file_id``'s bytes (what download URLs sign)."""
     return CONTENT_PATH.format(file_id=file_id)
 
 
@@ -73,6 +75,7 @@ class Download:
     record: FileRecord
 
     async def close(self) -> None:
+        """Release the download's reader (idempotent)."""
         if self.reader is not None:
             await self.reader.close()
             self.reader = None
@@ -122,6 +125,7 @@ class FileService:
         self._signer = signer
         self.clock = clock
         self.lifecycle = Lifecycle(storage, settings, clock=clock)
+        self.publisher = Publisher(storage, settings, self.lifecycle, clock=clock)
         self._fresh: dict[str, bytes] = {}  # original bytes of small files just stored (insertion order)
 
     async def start(self) -> None:
@@ -133,6 +137,7 @@ class FileService:
                 self._signer = UrlSigner(keys, active)
 
     async def close(self) -> None:
+        """Close the storage backend."""
         await self.storage.close()
 
     async def sweep_abandoned_uploads(self) -> int:
@@ -147,19 +152,27 @@ class FileService:
 
     @property
     def signer(self) -> UrlSigner:
+        """The URL signer (StorageUnavailable before :meth:`start`)."""
         if self._signer is None:
             raise StorageUnavailable("service not started")
         return self._signer
 
-    def _now(self) -> datetime:
-        return datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0)
-
-    async def upload(self, body: AsyncIterator[bytes], request: UploadRequest) -> FileRecord:
-        """Store a streamed body; published only once every declared digest and size has been verified."""
+    async def upload(
+        self,
+        body: AsyncIterator[bytes],
+        request: UploadRequest,
+        *,
+        source: str = "upload",
+        with_body: Callable[[UploadRequest], UploadRequest] | None = None,
+    ) -> FileRecord:
+        """Store a streamed body; published only once every declared digest and size has been verified (through
+        the one publisher: its fields checked there, whichever door it came by). ``request`` is only read;
+        ``with_body``: how the fields that come with the body (a multipart form's) complete it, once it ended."""
         s = self.settings
-        if request.description is not None and len(request.description) > s.max_description_length:
-            raise InvalidRequest(f"description longer than {s.max_description_length} characters")
         lifecycle = self.lifecycle
+        self.publisher.check_fields(
+            content_type=request.content_type, hinted_type=request.hinted_type, description=request.description
+        )
         lifetime = lifecycle.lifetime(request.owner, request.expires_in)  # refused before a byte is read
         file_id = new_file_id()
         # the original size, if known before reading: declared, or the body's length when it comes uncoded
@@ -179,16 +192,16 @@ class FileService:
                     buffer_size=s.buffer_size,
                     gzip_level=s.gzip_level,
                     zstd_level=s.zstd_level,
-                    now=self._now,
+                    publisher=self.publisher,
                     room=room,
-                    expires=lambda created: lifecycle.expiry(created, lifetime),
-                    publishing=lambda record: lifecycle.publishing(record, file_id),
+                    lifetime=lifetime,
+                    source=source,
+                    with_body=with_body,
                 )
         except BaseException:
             if room is not None and declared is not None:
                 await lifecycle.release_after_failure(request.owner, file_id)
             raise
-        await index_file(self.storage, record)
         if original is not None:
             self._remember_original(record.id, original)
         return record
@@ -338,6 +351,7 @@ class FileService:
         return record
 
     def signed_url(self, base_url: str, file_id: str, method: str, ttl: int) -> tuple[str, datetime]:
+        """An expiring signed URL of ``method`` on file ``file_id``, and when it expires."""
         return self.signed_url_for_path(base_url, content_path(file_id), method, ttl)
 
     def signed_url_for_path(self, base_url: str, path: str, method: str, ttl: int) -> tuple[str, datetime]:

@@ -18,16 +18,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
-from datetime import datetime
-from functools import partial
 
 from storage.base import ObjectWriter, Storage
 from transfer.core.content import ContentEncoding, FileRole, checksum_hex
 from transfer.core.encodings import DecodeLimits, make_decoder, make_encoder
-from transfer.core.mime import require_media_type
-from transfer.core.naming import resolve_content_type, sanitize_filename, sniff_is_cheap
 from transfer.errors import (
     ChecksumMismatch,
     ContentLengthMismatch,
@@ -36,9 +31,10 @@ from transfer.errors import (
     SizeMismatch,
     TooLarge,
 )
+from transfer.service.publisher import SNIFF_BYTES, Candidate, Publisher
 from transfer.service.records import FileRecord, object_key
 
-SNIFF_BYTES = 4096
+__all__ = ["SNIFF_BYTES", "UploadRequest", "first_error", "ingest"]
 # A step over at most this many received bytes, with no coding to undo or apply, runs on the event loop: hashing
 # 64 KiB takes ~30 µs, less than the thread hop it would otherwise cost (small objects are mostly hops).
 INLINE_STEP = 64 << 10
@@ -185,21 +181,21 @@ async def ingest(
     buffer_size: int,
     gzip_level: int,
     zstd_level: int,
-    now: Callable[[], datetime],
+    publisher: Publisher,
     room: int | None = None,
-    expires: Callable[[datetime], datetime | None] = lambda created: None,
-    publishing: Callable[[FileRecord], AbstractAsyncContextManager[object]] | None = None,
+    lifetime: int | None = None,
+    source: str = "upload",
+    with_body: Callable[[UploadRequest], UploadRequest] | None = None,
 ) -> tuple[FileRecord, bytes | None]:
-    """Stream ``body`` into storage as file ``file_id`` and publish it only once verified. ``room``: the most
-    original bytes the owner's quota allows (QuotaExceeded beyond, before reading when a size is declared);
-    ``expires``: the file's expiry from its creation time; ``publishing``: a context the commit runs in (it may
-    refuse the publication by raising). Returns the record, and the original bytes when the whole file fits in
-    the sniffed head (``SNIFF_BYTES``), which the pipeline holds anyway: an inline descriptor of a small file
-    needs no read back."""
-    if request.content_type is not None:
-        require_media_type(request.content_type)
-    if request.hinted_type is not None:
-        require_media_type(request.hinted_type, "Content-Type")
+    """Stream ``body`` into storage as file ``file_id`` and hand it, verified, to ``publisher`` (which publishes
+    it by committing the writer). ``room``: the most original bytes the owner's quota allows (QuotaExceeded
+    beyond, before reading when a size is declared); ``lifetime``: seconds the file lives. Returns the record,
+    and the original bytes when the whole file fits in the sniffed head (``SNIFF_BYTES``), which the pipeline
+    holds anyway: an inline descriptor of a small file needs no read back. ``request`` is only read;
+    ``with_body(request)``: the request completed by what came with the body (a form's fields), once it ended."""
+    publisher.check_fields(
+        content_type=request.content_type, hinted_type=request.hinted_type, description=request.description
+    )
     # reject before reading a byte (RFC 9110 §15.5.14); the body as sent is held to the limit in any coding
     if request.declared_length is not None and request.declared_length > max_size:
         raise TooLarge(
@@ -268,35 +264,30 @@ async def ingest(
         except BaseExceptionGroup as group:
             raise first_error(group) from None
 
+        if with_body is not None:
+            request = with_body(request)
         _verify(request, digests, received)
-        name = sanitize_filename(request.name, default=file_id)
         head = bytes(digests.head)
-        sniff = partial(
-            resolve_content_type, head, request.name, declared=request.content_type, hinted=request.hinted_type
-        )
-        # puremagic's full scan costs about a millisecond of CPU: not on the event loop; without it sniffing costs
-        # less than the thread hop
-        content_type = sniff() if request.content_type or sniff_is_cheap(head) else await asyncio.to_thread(sniff)
-        require_media_type(content_type)  # again: multipart form fields and part headers arrive with the body
         original_hex = digests.original.hexdigest()
-        created = now()
-        record = FileRecord(
-            id=file_id,
-            name=name,
-            content_type=content_type,
+        candidate = Candidate(
+            owner=request.owner,
+            upload_id=file_id,
+            file_id=file_id,
             size=digests.size,
             sha256=original_hex,
+            head=head,
+            source=source,
+            name=request.name,
+            content_type=request.content_type,
+            hinted_type=request.hinted_type,
+            role=request.role,
+            description=request.description,
+            lifetime=lifetime,
             encoding=request.store_encoding,
             encoded_size=writer.bytes_written,
             encoded_sha256=digests.stored.hexdigest() if digests.stored is not None else original_hex,
-            created_at=created,
-            role=request.role,
-            description=request.description,
-            owner=request.owner,
-            expires_at=expires(created),
         )
-        async with publishing(record) if publishing is not None else nullcontext():
-            await writer.commit(record.to_metadata())
+        record = await publisher.publish(candidate, lambda record: writer.commit(record.to_metadata()))
     return record, head if digests.size <= len(head) else None
 
 

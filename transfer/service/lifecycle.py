@@ -2,7 +2,8 @@
 session, tus): its lifetime, its place in the expiry index, and its bytes in its key's usage record.
 
 Every publish path runs ``admit`` before it reads a byte (the lifetime is checked, a declared size reserved) and
-publishes inside ``publishing(record, upload id)``; every delete ends with ``deleted(record)``. The rules
+publishes through the one publisher (``transfer.service.publisher``), which writes the expiry index entry and
+charges the usage; every delete ends with ``deleted(record)``. The rules
 themselves are pure (``transfer.core.lifecycle``); the counter is ``transfer.service.usage``.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from datetime import datetime
 
 from storage.base import Storage
@@ -44,6 +44,7 @@ class Lifecycle:
         self.usage = UsageLedger(storage, self.keys, clock=clock)
 
     def policy(self, owner: str | None) -> LifetimePolicy:
+        """The lifetime rules that apply to the files of ``owner``."""
         key = self.keys.get(owner) if owner is not None else None
         return LifetimePolicy(
             key_default=None if key is None else key.default_file_ttl,
@@ -58,6 +59,7 @@ class Lifecycle:
         return self.policy(owner).lifetime(requested)
 
     def expiry(self, published: datetime, lifetime: int | None) -> datetime | None:
+        """When a file published at ``published`` with ``lifetime`` seconds expires (None: never)."""
         return expires_at(published.timestamp(), lifetime)
 
     async def admit(self, owner: str | None, rid: str, declared: int | None, until: float) -> int | None:
@@ -87,25 +89,6 @@ class Lifecycle:
         except TransferError as exc:
             log.warning("reservation %s of %r stays until it lapses: %s", rid, owner, exc)
 
-    @asynccontextmanager
-    async def publishing(self, record: FileRecord, rid: str) -> AsyncIterator[None]:
-        """Wrap the publication of ``record`` by upload ``rid``: the expiry index entry is written and the bytes
-        charged to the owner first (QuotaExceeded: nothing is published); if the publication then fails, the
-        charge is refunded. An index entry left by a failure points at no file and the sweep drops it."""
-        if record.expires_at is not None:
-            with storage_errors_translated():
-                async with self.storage.create(expiry_key(record.expires_at, record.id), size_hint=0) as writer:
-                    await writer.commit({})
-        await self.usage.charge(record.owner, rid, record.size)
-        try:
-            yield
-        except BaseException:
-            try:
-                await self.usage.refund(record.owner, record.size)
-            except TransferError as exc:  # the publish's own error is the one to report
-                log.warning("%s was not published; its %d bytes stay counted: %s", record.id, record.size, exc)
-            raise
-
     async def deleted(self, record: FileRecord) -> None:
         """``record``'s file is gone: its bytes leave the owner's usage and its index entry goes."""
         await self.usage.refund(record.owner, record.size)
@@ -113,6 +96,7 @@ class Lifecycle:
             await self.drop_index_entry(expiry_key(record.expires_at, record.id))
 
     async def drop_index_entry(self, key: str) -> None:
+        """Remove one expiry index entry (gone already: nothing to do)."""
         with storage_errors_translated():
             try:
                 await self.storage.delete(key)

@@ -35,10 +35,9 @@ import xxhash
 
 from storage.base import Capability, ObjectInfo, ObjectReader, Storage, SupportsWriteAtOffset, capable
 from transfer.core.auth import TRUSTED, Grant
-from transfer.core.content import ContentEncoding, FileRole, checksum_hex
+from transfer.core.content import FileRole, checksum_hex
 from transfer.core.ids import is_id, new_id
-from transfer.core.mime import MIME_OCTET_STREAM, require_media_type
-from transfer.core.naming import sanitize_filename, sniff_content_type
+from transfer.core.naming import sanitize_filename
 from transfer.core.sessions import Session, SessionState, compact_ranges, plan_chunk_size
 from transfer.core.uploads import Part, UploadEvent, transition, with_part
 from transfer.errors import (
@@ -55,9 +54,9 @@ from transfer.errors import (
     TransferError,
     storage_errors_translated,
 )
-from transfer.service.documents import index_file, publish_composed
-from transfer.service.ingest import SNIFF_BYTES
+from transfer.service.documents import publish_composed
 from transfer.service.lifecycle import Lifecycle
+from transfer.service.publisher import Candidate, Publisher
 from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord, object_key
 from transfer.service.session_views import chunks_path
@@ -69,18 +68,22 @@ POLL_SECONDS = 0.1
 
 
 def new_session_id() -> str:
+    """A fresh session id (``s_`` and 128 random bits)."""
     return new_id("s_")
 
 
 def is_session_id(value: str) -> bool:
+    """Whether ``value`` is a session id."""
     return is_id(value, "s_")
 
 
 def session_key(sid: str) -> str:
+    """The storage key of session ``sid``'s record."""
     return f"sessions/{sid}/session.json"
 
 
 def chunk_key(sid: str, index: int) -> str:
+    """The storage key of chunk ``index`` of session ``sid`` (sessions with chunk objects)."""
     return f"sessions/{sid}/chunks/{index:08d}"
 
 
@@ -98,6 +101,7 @@ class ChunkDigest:
 
     @classmethod
     def parse(cls, value: str) -> ChunkDigest:
+        """A Chunk-Checksum value (InvalidRequest when it is neither form)."""
         algorithm, _, digest = value.strip().partition(":")
         algorithm = algorithm.lower()
         lengths = {"xxh3-128": 32, "sha256": 64, "sha-256": 64}
@@ -148,6 +152,7 @@ class SessionService:
         self.settings = settings
         self.clock = clock
         self.lifecycle = lifecycle or Lifecycle(storage, settings, clock=clock)
+        self.publisher = Publisher(storage, settings, self.lifecycle, clock=clock)
         self.quota = quota or SessionQuota(storage, settings.max_open_sessions_per_key)
         self.quota.register(is_session_id, self.is_open)
         self.engine = engine or UploadEngine(storage)
@@ -201,8 +206,7 @@ class SessionService:
         a declared ``size``, its byte quota; ``expires_in``: the lifetime of the file it makes."""
         s = self.settings
         file_ttl = self.lifecycle.lifetime(owner, expires_in)
-        if content_type is not None:
-            require_media_type(content_type)  # every front door: REST, TP, MCP
+        self.publisher.check_fields(content_type=content_type, description=description)  # REST, TP, MCP alike
         try:
             declared = None if checksum is None else "sha256:" + checksum_hex(checksum)
         except ValueError as exc:  # TP passes the envelope's string as it came
@@ -252,6 +256,7 @@ class SessionService:
         return session
 
     async def is_open(self, sid: str) -> bool:
+        """Whether session ``sid`` exists and is open now (the open-session quota asks)."""
         try:
             session = await self.load(sid, TRUSTED)
         except NotFound:
@@ -554,35 +559,30 @@ class SessionService:
                 )
             digests = [session.parts[i].xxh3 for i in range(total)]
             # the file id follows from the session id: two replicas completing at once compose the same object
-            # and write the same record, so there is one outcome and no orphan
-            file_id = "f_" + sid[2:]
-            content_type = session.content_type
-            if content_type is None:  # none declared at creation: what the first bytes show, as for other uploads
-                # (the hasher kept the first bytes as it went: no read)
-                head = bytes(hasher.head[:SNIFF_BYTES])
-                content_type = (
-                    await asyncio.to_thread(sniff_content_type, head, session.name) if total else MIME_OCTET_STREAM
-                )
-            record = FileRecord(
-                id=file_id,
-                name=session.name,
-                content_type=content_type,
+            # and write the same record, so there is one outcome, one charge and no orphan
+            candidate = Candidate(
+                owner=session.owner,
+                upload_id=sid,
                 size=size,
                 sha256=sha_hex,
-                encoding=ContentEncoding.NONE,
-                encoded_size=size,
-                encoded_sha256=sha_hex,
-                created_at=(created := datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0)),
+                head=bytes(hasher.head),  # the hasher kept the first bytes as it went: no read
+                source="session",
+                name=session.name,
+                content_type=session.content_type,
                 role=FileRole(session.role) if session.role else None,
                 description=session.description,
-                owner=session.owner,
-                expires_at=self.lifecycle.expiry(created, session.file_ttl),
+                lifetime=session.file_ttl,
+                republishable_until=session.expires_at,
             )
-            async with self.lifecycle.publishing(record, sid):
+
+            async def place(record: FileRecord) -> None:
                 if session.staged:
                     await self._publish_staged(session, record)
                 else:
                     await publish_composed(self.storage, record, [chunk_key(sid, i) for i in range(total)])
+
+            record = await self.publisher.publish(candidate, place)
+            file_id = record.id
 
             def completed(current: Session) -> Session | None:
                 if current.state is SessionState.COMPLETED and current.file_id == file_id:
@@ -601,9 +601,9 @@ class SessionService:
             return done, record
 
     async def _publish_staged(self, session: Session, record: FileRecord) -> ObjectInfo:
-        """The staged file becomes the file's object by a rename (no byte copied), then enters its owner's index.
-        If it is gone, a completion elsewhere (another replica, or one that stopped before recording itself)
-        published it already: the object under the file's key, if it is this record's bytes, is the outcome."""
+        """The staged file becomes the file's object by a rename (no byte copied). If it is gone, a completion
+        elsewhere (another replica, or one that stopped before recording itself) published it already: the object
+        under the file's key, if it is this record's bytes, is the outcome."""
         assert self.staging is not None
         key = object_key(record.id)
         try:
@@ -617,7 +617,6 @@ class SessionService:
                 raise SessionIncomplete("the session's chunks are gone; open a new session") from None
             if FileRecord.from_metadata(info.metadata).sha256 != record.sha256:
                 raise SessionIncomplete("the session's chunks are gone; open a new session") from None
-        await index_file(self.storage, record)
         return info
 
     async def _delete_chunks(self, sid: str, indices: list[int]) -> None:
@@ -795,6 +794,7 @@ class ReaderStream:
         return self._reader.read(self._start, self._end)
 
     async def aclose(self) -> None:
+        """Close the underlying reader."""
         reader, self._reader = self._reader, None
         if reader is not None:
             await reader.close()

@@ -18,7 +18,6 @@ its file id and the segments are deleted (the offset of a finished upload is its
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import logging
@@ -30,11 +29,9 @@ from typing import Any
 
 from storage.base import Storage
 from transfer.core.auth import TRUSTED, Grant
-from transfer.core.content import ContentEncoding
 from transfer.core.ids import is_id, new_id
 from transfer.core.lifecycle import parse_expires_in
 from transfer.core.mime import is_media_type, require_media_type
-from transfer.core.naming import resolve_content_type, sanitize_filename
 from transfer.core.uploads import (
     Part,
     UploadEvent,
@@ -62,8 +59,8 @@ from transfer.errors import (
 )
 from transfer.service.documents import publish_composed
 from transfer.service.lifecycle import Lifecycle
+from transfer.service.publisher import Candidate, Publisher
 from transfer.service.quota import SessionQuota
-from transfer.service.records import FileRecord
 from transfer.service.uploads import PartExists, StoredPart, UploadEngine
 from transfer.settings import Settings
 
@@ -73,10 +70,12 @@ CHECKSUM_ALGORITHMS = {"sha1": hashlib.sha1, "sha256": hashlib.sha256, "md5": ha
 
 
 def new_upload_id() -> str:
+    """A fresh tus upload id (``t_`` and 128 random bits)."""
     return new_id("t_")
 
 
 def is_upload_id(value: str) -> bool:
+    """Whether ``value`` is a tus upload id."""
     return is_id(value, "t_")
 
 
@@ -113,6 +112,7 @@ def _declared_type(metadata: dict[str, str]) -> str | None:
 
 
 def encode_metadata(metadata: dict[str, str]) -> str:
+    """``Upload-Metadata`` from a mapping (values base64, a key without value alone)."""
     return ",".join(f"{k} {base64.b64encode(v.encode()).decode()}" if v else k for k, v in metadata.items())
 
 
@@ -130,6 +130,7 @@ class Upload:
     owner: str | None = None  # the API key that created it (open-session quota)
     segments: dict[int, Part] = field(default_factory=dict)  # offset -> size and xxh3 of each stored PATCH
     file_ttl: int | None = None  # seconds the finished file lives (Upload-Metadata expires_in, or the defaults)
+    state: UploadState = UploadState.OPEN  # as recorded, moved only by the engine's transition table
 
     @property
     def received(self) -> int:
@@ -145,16 +146,20 @@ class Upload:
         return self.received
 
     def state_at(self, now: float) -> UploadState:
-        if self.file_id is not None:
-            return UploadState.COMPLETED
-        if self.terminated:
-            return UploadState.ABORTED
-        return state_at(UploadState.OPEN, self.expires_at, now)
+        """The upload's state at ``now``: the recorded one (an open one past its expiry is expired)."""
+        return state_at(self.state, self.expires_at, now)
+
+    def after(self, event: UploadEvent, now: float, **changes: Any) -> Upload:
+        """This record after ``event`` (the table's refusal when it may not happen now), with ``changes``."""
+        state = transition(self.state_at(now), event, upload_id=f"upload {self.id}")
+        return replace(self, state=state, **changes)
 
     def ordered_segments(self) -> list[tuple[int, str, Part]]:
+        """The stored segments as (offset, key, part), in offset order."""
         return [(off, _segment_key(self.id, off), self.segments[off]) for off in sorted(self.segments)]
 
     def to_json(self) -> dict[str, Any]:
+        """The upload record as stored."""
         return {
             "id": self.id,
             "length": self.length,
@@ -168,11 +173,17 @@ class Upload:
             "owner": self.owner,
             "segments": parts_to_json(self.segments),
             "file_ttl": self.file_ttl,
+            "state": self.state.value,
         }
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Upload:
-        return cls(**{**doc, "segments": parts_from_json(doc.get("segments"))})
+        """The record as stored (one written before states were recorded: its state from its flags)."""
+        state = doc.get("state")
+        if state is None:
+            finished, ended = doc.get("file_id") is not None, bool(doc.get("terminated"))
+            state = UploadState.COMPLETED if finished else UploadState.ABORTED if ended else UploadState.OPEN
+        return cls(**{**doc, "segments": parts_from_json(doc.get("segments")), "state": UploadState(state)})
 
 
 def _info_key(uid: str) -> str:
@@ -198,6 +209,7 @@ class TusService:
         self.settings = settings
         self.clock = clock
         self.lifecycle = lifecycle or Lifecycle(storage, settings, clock=clock)
+        self.publisher = Publisher(storage, settings, self.lifecycle, clock=clock)
         self.quota = quota or SessionQuota(storage, settings.max_open_sessions_per_key)
         self.quota.register(is_upload_id, self.is_open)
         self.engine = engine or UploadEngine(storage)
@@ -372,6 +384,7 @@ class TusService:
         return await self._update(uid, change)
 
     async def is_open(self, uid: str) -> bool:
+        """Whether upload ``uid`` exists and is open now (the open-session quota asks)."""
         try:
             upload = await self.load(uid, TRUSTED)
         except (NotFound, Gone):
@@ -498,42 +511,38 @@ class TusService:
                 raise ChecksumMismatch(
                     f"the upload's SHA-256 {sha_hex} is not the declared {declared}", actual="sha256:" + sha_hex
                 )
-            head = bytes(hasher.head)
             name = latest.metadata.get("filename") or latest.metadata.get("name")
             # ``filetype`` is the browser's guess from the extension (Uppy sends application/octet-stream when it has
             # none): a hint, like a Content-Type header; ``content_type`` is the client's word. Either one from an
             # upload created before create() checked it is dropped: sniff instead
             declared, hinted = latest.metadata.get("content_type"), latest.metadata.get("filetype")
-            declared = declared if declared and is_media_type(declared) else None
-            hinted = hinted if hinted and is_media_type(hinted) else None
-            content_type = await asyncio.to_thread(resolve_content_type, head, name, declared=declared, hinted=hinted)
-            file_id = "f_" + upload.id[2:]
-            record = FileRecord(
-                id=file_id,
-                name=sanitize_filename(name, default=file_id),
-                content_type=content_type,
+            candidate = Candidate(
+                owner=latest.owner,
+                upload_id=upload.id,
                 size=latest.length or 0,
                 sha256=sha_hex,
-                encoding=ContentEncoding.NONE,
-                encoded_size=latest.length or 0,
-                encoded_sha256=sha_hex,
-                created_at=(created := datetime.fromtimestamp(self.clock(), UTC).replace(microsecond=0)),
-                owner=latest.owner,
-                expires_at=self.lifecycle.expiry(created, latest.file_ttl),
+                head=bytes(hasher.head),
+                source="tus",
+                name=name,
+                content_type=declared if declared and is_media_type(declared) else None,
+                hinted_type=hinted if hinted and is_media_type(hinted) else None,
+                lifetime=latest.file_ttl,
+                republishable_until=latest.expires_at,
             )
             if latest.concat == "final":
                 # its bytes are its parts': their reservations give way to this file's charge (else they would
                 # count twice against the quota while it is checked)
                 for pid in latest.parts:
                     await self.lifecycle.release(latest.owner, pid)
-            async with self.lifecycle.publishing(record, upload.id):
-                await publish_composed(self.storage, record, sources)
+            record = await self.publisher.publish(
+                candidate, lambda record: publish_composed(self.storage, record, sources)
+            )
+            file_id = record.id
 
             def finished(current: Upload) -> Upload | None:
                 if current.file_id == file_id:
                     return None
-                transition(current.state_at(self.clock()), UploadEvent.COMPLETE, upload_id=f"upload {upload.id}")
-                return replace(current, file_id=file_id)
+                return current.after(UploadEvent.COMPLETE, self.clock(), file_id=file_id)
 
             done = await self._update(upload.id, finished)
             await self.quota.release(latest.owner, upload.id)
@@ -560,8 +569,7 @@ class TusService:
         upload = await self.load(uid, caller)
 
         def terminated(current: Upload) -> Upload | None:
-            transition(current.state_at(self.clock()), UploadEvent.ABORT, upload_id=f"upload {uid}")
-            return replace(current, terminated=True)
+            return current.after(UploadEvent.ABORT, self.clock(), terminated=True)
 
         upload = await self._update(uid, terminated)
         await self.engine.delete([key for _, key, _ in upload.ordered_segments()])
@@ -594,7 +602,7 @@ class TusService:
             except NotFound:
                 await self.engine.delete(segments)
                 continue
-            if upload.terminated or now >= upload.expires_at:
+            if upload.state_at(now) is UploadState.ABORTED or now >= upload.expires_at:
                 if segments and upload.file_id is None:  # ended without a file: its reservation goes (once)
                     await self.lifecycle.release(upload.owner, uid)
                 await self.engine.delete(segments)
@@ -619,6 +627,7 @@ def _declared(upload: Upload, length: int, now: float) -> Upload | None:
 
 
 def http_date(seconds: float) -> str:
+    """``seconds`` as an HTTP date (RFC 9110 §5.6.7), e.g. for ``Upload-Expires``."""
     from transfer.core.conditional import http_date as fmt
 
     return fmt(datetime.fromtimestamp(seconds, UTC))

@@ -1,8 +1,9 @@
 """The upload engine: what tus uploads and chunked sessions share, written once.
 
 - **Records.** Each upload has one small JSON record (its owner, expiry, declared length, state and the index of
-  its parts); :meth:`UploadEngine.update` changes it with the backend's compare-and-set (read with its etag, write
-  back ``if_match``, again on ObjectChanged), so replicas and restarted processes agree without listing storage.
+  its parts); :meth:`UploadEngine.update` changes it with the backend's compare-and-set through the one record
+  store (:mod:`transfer.service.recordstore`: bounded retries), so replicas and restarted processes agree without
+  listing storage.
 - **Parts.** :meth:`UploadEngine.store_part` writes one part if-absent while hashing it (:class:`PieceHasher`).
 - **Hashing.** Every digest of uploaded bytes goes through :class:`PieceHasher`, which hands pieces above a small
   threshold to a thread (hashlib and xxhash release the GIL): CPU work never holds the event loop.
@@ -15,9 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
-import random
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -25,10 +23,10 @@ from typing import Any, Protocol, TypeVar
 import xxhash
 
 from storage.base import RegionWriter, Storage
-from storage.errors import ObjectChanged, ObjectExists, StorageError
-from storage.keyed import KeyedLocks
+from storage.errors import ObjectExists, StorageError
 from transfer.core.uploads import Part
-from transfer.errors import NotFound, VersionConflict, from_storage_error, storage_errors_translated
+from transfer.errors import NotFound, from_storage_error, storage_errors_translated
+from transfer.service.recordstore import RecordStore
 
 T = TypeVar("T")
 HEAD_BYTES = 4096  # the start of an upload kept by its hasher (media type sniffing)
@@ -37,9 +35,6 @@ HEAD_BYTES = 4096  # the start of an upload kept by its hasher (media type sniff
 # chunked uploads 0.37x of one stream; see benchmarks/network.py)
 REGION_BATCH = 4 << 20
 OFFLOAD_BYTES = 64 << 10  # pieces at least this long are hashed in a thread (below, the hop costs more than it saves)
-READ_ATTEMPTS = 50  # reads of a record replaced between its HEAD and its GET (S3) before giving up
-CAS_ATTEMPTS = 200  # compare-and-set rounds before a record update gives up (contention between replicas)
-SEEN_RECORDS = 4096  # record versions remembered per process (an optimistic start for updates; bounded)
 
 
 class _Digest(Protocol):
@@ -58,6 +53,7 @@ class PieceHasher:
             digest.update(piece)
 
     async def update(self, piece: bytes) -> None:
+        """Feed one piece to every digest (in a thread when it is large)."""
         if len(piece) >= OFFLOAD_BYTES:
             await asyncio.to_thread(self._update, piece)
         else:
@@ -80,6 +76,7 @@ class PrefixHasher:
         return _Staged(self.sha.copy(), bytearray(self.head))
 
     def advance(self, staged: _Staged, size: int, next_part: int) -> None:
+        """Adopt ``staged`` (fed one kept part of ``size`` bytes) as the running state."""
         self.sha, self.head = staged.sha, staged.head
         self.position += size
         self.next_part = next_part
@@ -109,6 +106,7 @@ class StoredPart:
     cut: BaseException | None = None  # the body ended with ``keep_partial``'s exception: what came was kept
 
     def part(self) -> Part:
+        """The part as its upload record indexes it."""
         return Part(self.size, self.xxh3, self.sha256)
 
 
@@ -124,88 +122,16 @@ class PartExists(Exception):
 class UploadEngine:
     """Records, parts, hashers and locks for every upload of one process over one storage backend."""
 
-    def __init__(self, storage: Storage) -> None:
+    def __init__(self, storage: Storage, records: RecordStore | None = None) -> None:
         self.storage = storage
-        self.locks = KeyedLocks()
+        self.records = records or RecordStore(storage)
+        self.locks = self.records.locks  # per-upload locks (keyed by upload id; records by their key)
         self.hashers: dict[str, PrefixHasher] = {}
-        # the last version of each record this process read or wrote: an update starts from it without reading
-        # (the compare-and-set refuses it if another writer got there since, and the update reads afresh)
-        self._seen: OrderedDict[str, tuple[Any, str]] = OrderedDict()
+        self.read = self.records.read
+        self.create = self.records.create
+        self.update = self.records.update
 
-    def _remember(self, key: str, doc: Any, etag: str) -> None:
-        if not etag:
-            return
-        self._seen[key] = (doc, etag)
-        self._seen.move_to_end(key)
-        while len(self._seen) > SEEN_RECORDS:
-            self._seen.popitem(last=False)
-
-    # -- records -------------------------------------------------------------------------------------------------
-
-    async def read(self, key: str) -> tuple[Any, str]:
-        """A record and its version (etag); NotFound when absent."""
-        with storage_errors_translated():
-            for attempt in range(READ_ATTEMPTS):
-                try:
-                    async with await self.storage.open(key) as reader:
-                        raw = b"".join([chunk async for chunk in reader.read()])
-                        doc = json.loads(raw)
-                        self._remember(key, doc, reader.info.etag)
-                        return doc, reader.info.etag
-                except ObjectChanged:  # replaced between open and read (S3 pins the ETag): read again
-                    if attempt == READ_ATTEMPTS - 1:
-                        raise
-                    # a busy record (parallel chunks each updating it) can change under several reads in a row
-                    await asyncio.sleep(random.uniform(0, min(0.05, 0.005 * (attempt + 1))))  # noqa: S311
-        raise AssertionError("unreachable")
-
-    async def create(self, key: str, doc: Any) -> None:
-        """Publish a new record; Conflict if the key is taken."""
-        await self._write(key, doc, if_absent=True)
-
-    async def _write(self, key: str, doc: Any, *, if_absent: bool = False, if_match: str | None = None) -> None:
-        with storage_errors_translated():
-            try:
-                async with self.storage.create(key, if_absent=if_absent, if_match=if_match) as writer:
-                    await writer.write(json.dumps(doc, ensure_ascii=True, separators=(",", ":")).encode())
-                    info = await writer.commit({})
-            except BaseException:
-                self._seen.pop(key, None)
-                raise
-        self._remember(key, doc, info.etag)
-
-    async def update(
-        self,
-        key: str,
-        decode: Callable[[Any], T],
-        change: Callable[[T], T | None],
-        encode: Callable[[T], Any],
-    ) -> T:
-        """Apply ``change`` to the record at ``key`` with compare-and-set and return the record as written.
-        ``change`` is pure and may run more than once (it sees the latest record each time); it returns None to
-        leave the record as it is, or raises to refuse. Updates of one record in this process take turns (no
-        needless retries); between processes the backend's ``if_match`` decides and the loser tries again."""
-        async with self.locks.hold(key):
-            for attempt in range(CAS_ATTEMPTS):
-                seen = self._seen.get(key) if attempt == 0 else None
-                doc, etag = seen if seen is not None else await self.read(key)
-                current = decode(doc)
-                try:
-                    changed = change(current)
-                except Exception:
-                    if seen is not None:
-                        continue  # judged on a remembered version: judge again on the stored one
-                    raise
-                if changed is None:
-                    if seen is not None:
-                        continue  # the same: only the stored version may say "nothing to do"
-                    return current
-                try:
-                    await self._write(key, encode(changed), if_match=etag)
-                    return changed
-                except VersionConflict:
-                    await asyncio.sleep(random.uniform(0, min(0.05, 0.002 * (attempt + 1))))  # noqa: S311
-        raise VersionConflict(f"{key} kept changing; try again")
+    # -- records: the record store's (read, create, compare-and-set update within its retry policy) -------------
 
     # -- parts ---------------------------------------------------------------------------------------------------
 
@@ -318,6 +244,7 @@ class UploadEngine:
         return StoredPart(result.size, result.xxh3, result.sha256, bool(size))
 
     async def delete(self, keys: list[str]) -> None:
+        """Delete ``keys`` (parts, records), storage errors translated."""
         with storage_errors_translated():
             for key in keys:
                 await self.storage.delete(key)
@@ -325,6 +252,7 @@ class UploadEngine:
     # -- hashing -------------------------------------------------------------------------------------------------
 
     def hasher(self, upload_id: str) -> PrefixHasher:
+        """This process's running hasher of ``upload_id`` (made on first use)."""
         return self.hashers.setdefault(upload_id, PrefixHasher())
 
     def forget(self, upload_id: str) -> None:

@@ -1,11 +1,16 @@
 """Bytes stored per API key, counted in one small record per key that every replica updates with the storage
 backend's compare-and-set (``create(key, if_match=<etag>)``; ``if_absent`` for the first write).
 
-Record ``usage/<key hash>``: ``{"used": bytes, "files": n, "reservations": {"<upload id>": [bytes, until]}}``.
+Record ``usage/<key hash>``: ``{"used": bytes, "files": n, "reservations": {"<upload id>": [bytes, until]},
+"charged": {"<upload id>": [bytes, until]}}``.
 
     reserve(owner, rid, n)   an unfinished upload declares its size: refused (QuotaExceeded) unless it fits
     charge(owner, rid, n)    a file is about to be published: its reservation goes, its bytes count; refused
-                             unless they fit (the exact check: a stream of unknown length is caught here at last)
+                             unless they fit (the exact check: a stream of unknown length is caught here at last).
+                             With ``until``, at most once per upload id: the compare-and-set round that records
+                             the upload in ``charged`` is the one that counts it, so two replicas (or four
+                             concurrent confirmations) publishing the same upload's one file charge it once
+    withdraw(owner, rid, n)  the publication that charged upload ``rid`` failed: its charge is taken back
     refund(owner, n)         a file was deleted (or its publish failed after the charge)
     release(owner, rid)      an upload ended without a file (aborted, expired, terminated)
 
@@ -18,20 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
-import random
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from storage.base import Storage
-from storage.errors import ObjectChanged, ObjectExists, ObjectNotFound, StorageError
 from transfer.core.auth import ApiKey
 from transfer.core.lifecycle import Usage
-from transfer.errors import StorageUnavailable, from_storage_error, storage_errors_translated
+from transfer.errors import Conflict, NotFound, StorageUnavailable, TransferError, VersionConflict
+from transfer.service.recordstore import DEFAULT_POLICY, RetryPolicy, read_record, write_record
 
 USAGE_PREFIX = "usage/"
-ATTEMPTS = 50  # compare-and-set rounds before giving up (each loses only to another writer's success)
 
 T = TypeVar("T")
 _Change = tuple[Callable[["_Doc"], Any], "asyncio.Future[Any]"]
@@ -56,6 +58,13 @@ class _Doc:
             for rid, entry in (reservations.items() if isinstance(reservations, dict) else ())
             if float(entry[1]) > now  # a reservation past its time (its upload ended or its process died) is dropped
         }
+        charged = raw.get("charged", {})
+        # uploads already counted, kept while a second completion of the same upload could still come
+        self.charged: dict[str, tuple[int, float]] = {
+            rid: (int(entry[0]), float(entry[1]))
+            for rid, entry in (charged.items() if isinstance(charged, dict) else ())
+            if float(entry[1]) > now
+        }
 
     def usage(self, quota: int | None, excluding: str | None = None) -> Usage:
         reserved = sum(n for rid, (n, _) in self.reservations.items() if rid != excluding)
@@ -66,14 +75,23 @@ class _Doc:
             "used": self.used,
             "files": self.files,
             "reservations": {rid: [n, until] for rid, (n, until) in self.reservations.items()},
+            **({"charged": {rid: [n, until] for rid, (n, until) in self.charged.items()}} if self.charged else {}),
         }
 
 
 class UsageLedger:
     """Per-key byte counts and quotas over one storage backend, exact across replicas (compare-and-set)."""
 
-    def __init__(self, storage: Storage, keys: Mapping[str, ApiKey], *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        keys: Mapping[str, ApiKey],
+        *,
+        clock: Callable[[], float] = time.time,
+        policy: RetryPolicy = DEFAULT_POLICY,
+    ) -> None:
         self.storage = storage
+        self.policy = policy
         self.keys = keys
         self.clock = clock
         self._locks: dict[str | None, asyncio.Lock] = {}
@@ -81,20 +99,16 @@ class UsageLedger:
         self._known: dict[str, tuple[dict[str, Any], str]] = {}  # record and version this process last wrote
 
     def quota_of(self, owner: str | None) -> int | None:
+        """The byte quota of ``owner``'s key (None: no quota)."""
         key = self.keys.get(owner) if owner is not None else None
         return None if key is None else key.max_bytes
 
     async def _read(self, key: str) -> tuple[dict[str, Any], str | None]:
         """The record and its version token (None: no record yet)."""
-        with storage_errors_translated():
-            try:
-                reader = await self.storage.open(key)
-            except ObjectNotFound:
-                return {}, None
-            async with reader:
-                etag = reader.info.etag
-                raw = b"".join([piece async for piece in reader.read()])
-        doc = json.loads(raw)
+        try:
+            doc, etag = await read_record(self.storage, key, self.policy)
+        except NotFound:
+            return {}, None
         return (doc if isinstance(doc, dict) else {}), etag
 
     async def _update(self, owner: str | None, change: Callable[[_Doc], T]) -> T:
@@ -126,8 +140,9 @@ class UsageLedger:
         raises is left out and gets its error), write the result with compare-and-set, again on a conflict; then
         settle every caller's future."""
         key = usage_key(owner)
+        retry = self.policy.start()
         try:
-            for attempt in range(ATTEMPTS):
+            while True:
                 cached = self._known.get(key)
                 raw, etag = cached if cached is not None else await self._read(key)
                 doc = _Doc(raw, self.clock())
@@ -141,21 +156,20 @@ class UsageLedger:
                         outcomes.append((False, exc))
                 written = doc.to_json()
                 if any(ok for ok, _ in outcomes):
-                    body = json.dumps(written, ensure_ascii=True, separators=(",", ":")).encode()
                     try:
-                        async with self.storage.create(
-                            key, size_hint=len(body), if_absent=etag is None, if_match=etag
-                        ) as writer:
-                            await writer.write(body)
-                            info = await writer.commit({})
-                    except (ObjectChanged, ObjectExists):
+                        info = await write_record(self.storage, key, written, if_absent=etag is None, if_match=etag)
+                    except (VersionConflict, Conflict):
                         # another replica wrote first: read its version and apply the changes again
                         self._known.pop(key, None)
-                        await asyncio.sleep(random.uniform(0, min(0.2, 0.005 * 2**attempt)))
+                        await retry.again(
+                            lambda: VersionConflict(
+                                f"the usage record of {owner!r} kept changing while it was being updated; try again"
+                            )
+                        )
                         continue
-                    except StorageError as exc:
+                    except TransferError:
                         self._known.pop(key, None)  # the write may or may not have happened: read it next time
-                        raise from_storage_error(exc) from exc
+                        raise
                     # what we wrote is the record until its version changes: the next round compares against it
                     # instead of reading it back (another replica's write still makes that compare fail)
                     self._known[key] = (written, info.etag)
@@ -166,9 +180,6 @@ class UsageLedger:
                         else:
                             future.set_exception(value)
                 return
-            raise StorageUnavailable(
-                f"the usage record of {owner!r} changed {ATTEMPTS} times while it was being updated"
-            )
         except BaseException as exc:
             for _, future in batch:
                 if not future.done():
@@ -177,6 +188,7 @@ class UsageLedger:
                 raise  # cancelled or exiting: every caller has its answer; the callers report the errors
 
     async def usage(self, owner: str | None) -> Usage:
+        """``owner``'s usage as stored now (lapsed reservations left out)."""
         raw, _ = await self._read(usage_key(owner))
         return _Doc(raw, self.clock()).usage(self.quota_of(owner))
 
@@ -212,16 +224,33 @@ class UsageLedger:
 
         await self._update(owner, change)
 
-    async def charge(self, owner: str | None, rid: str, nbytes: int) -> None:
+    async def charge(self, owner: str | None, rid: str, nbytes: int, *, until: float | None = None) -> bool:
         """Count a file of ``nbytes`` about to be published by upload ``rid`` (its reservation goes); QuotaExceeded
-        if it does not fit, and then nothing changes."""
+        if it does not fit, and then nothing changes. With ``until`` (a time past which no completion of ``rid``
+        can come) the charge is made at most once per upload id: False when ``rid`` was counted already (by another
+        replica or a concurrent completion), and then nothing changes either."""
         quota = self.quota_of(owner)
 
-        def change(doc: _Doc) -> None:
+        def change(doc: _Doc) -> bool:
+            if until is not None and rid in doc.charged:
+                return False
             doc.usage(quota, excluding=rid).require_room(nbytes)
             doc.reservations.pop(rid, None)
             doc.used += nbytes
             doc.files += 1
+            if until is not None:
+                doc.charged[rid] = (nbytes, until)
+            return True
+
+        return await self._update(owner, change)
+
+    async def withdraw(self, owner: str | None, rid: str, nbytes: int) -> None:
+        """Take back the charge of upload ``rid`` whose publication failed (it may be charged again by a retry)."""
+
+        def change(doc: _Doc) -> None:
+            doc.charged.pop(rid, None)
+            doc.used = max(0, doc.used - nbytes)
+            doc.files = max(0, doc.files - 1)
 
         await self._update(owner, change)
 

@@ -2,7 +2,8 @@
 session, tus): its lifetime, its place in the expiry index, and its bytes in its key's usage record.
 
 Every publish path runs ``admit`` before it reads a byte (the lifetime is checked, a declared size reserved) and
-publishes inside ``publishing(record, upload id)``; every delete ends with ``deleted(record)``. The rules
+publishes inside ``publishing(record, upload id)``; every removal is claimed with ``removing(record)`` and ends
+with ``deleted(record)`` (refunded once) or ``not_removed(record)``. The rules
 themselves are pure (``transfer.core.lifecycle``); the counter is ``transfer.service.usage``.
 """
 
@@ -106,9 +107,24 @@ class Lifecycle:
                 log.warning("%s was not published; its %d bytes stay counted: %s", record.id, record.size, exc)
             raise
 
+    async def removing(self, record: FileRecord) -> bool:
+        """Claim the removal of ``record``'s file: True for exactly one caller at a time, whatever the number of
+        deletes, sweeps and replicas racing (:meth:`UsageLedger.claim_removal`); the claimer then removes the
+        file and calls :meth:`deleted`, or :meth:`not_removed` when it finds the file gone or fails."""
+        return await self.usage.claim_removal(record.owner, record.id, record.size)
+
+    async def not_removed(self, record: FileRecord) -> None:
+        """Give back the claim of :meth:`removing` without a refund. Best effort on the way out of a failure: the
+        claim lapses at the end of its lease otherwise."""
+        try:
+            await self.usage.unclaim(record.owner, record.id)
+        except TransferError as exc:
+            log.warning("the removal claim of %s stays until its lease ends: %s", record.id, exc)
+
     async def deleted(self, record: FileRecord) -> None:
-        """``record``'s file is gone: its bytes leave the owner's usage and its index entry goes."""
-        await self.usage.refund(record.owner, record.size)
+        """The claimer of :meth:`removing` removed ``record``'s file: its bytes leave the owner's usage (once: the
+        claim goes in the same write) and its index entry goes."""
+        await self.usage.removed(record.owner, record.id, record.size)
         if record.expires_at is not None:
             await self.drop_index_entry(expiry_key(record.expires_at, record.id))
 

@@ -1,17 +1,24 @@
 """Bytes stored per API key, counted in one small record per key that every replica updates with the storage
 backend's compare-and-set (``create(key, if_match=<etag>)``; ``if_absent`` for the first write).
 
-Record ``usage/<key hash>``: ``{"used": bytes, "files": n, "reservations": {"<upload id>": [bytes, until]}}``.
+Record ``usage/<key hash>``: ``{"used": bytes, "files": n, "reservations": {"<upload id>": [bytes, until]},
+"removals": {"<file id>": [bytes, until]}}``.
 
     reserve(owner, rid, n)   an unfinished upload declares its size: refused (QuotaExceeded) unless it fits
     charge(owner, rid, n)    a file is about to be published: its reservation goes, its bytes count; refused
                              unless they fit (the exact check: a stream of unknown length is caught here at last)
-    refund(owner, n)         a file was deleted (or its publish failed after the charge)
+    refund(owner, n)         a file's publish failed after the charge
     release(owner, rid)      an upload ended without a file (aborted, expired, terminated)
+    claim_removal(owner, id, n)   a file is about to be removed: True for exactly one caller at a time (the
+                             removal's tombstone, moved by compare-and-set); every other caller is told False
+    removed(owner, id, n)    the claimer removed the file: the claim goes and the bytes leave the count, in one
+                             write (a file is refunded once, however many deletes, sweeps and replicas race)
+    unclaim(owner, id)       the claimer found the file gone already: the claim goes, nothing is refunded
 
 A charge comes before the publish and a refund after the delete, so the count is never below what is stored: a
-process that dies between the two leaves it too high (the safe side), never too low. A reservation lives until
-its ``until`` (the upload's own expiry): one left by a dead process stops counting then.
+process that dies between the two leaves it too high (the safe side), never too low; ``transfer usage repair``
+recomputes it from the file records. A reservation lives until its ``until`` (the upload's own expiry), a removal
+claim until its lease ends: one left by a dead process stops counting then.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from transfer.errors import StorageUnavailable, from_storage_error, storage_erro
 
 USAGE_PREFIX = "usage/"
 ATTEMPTS = 50  # compare-and-set rounds before giving up (each loses only to another writer's success)
+REMOVAL_LEASE = 600.0  # seconds a removal claim holds: a claimer that died frees the file for another removal then
 
 T = TypeVar("T")
 _Change = tuple[Callable[["_Doc"], Any], "asyncio.Future[Any]"]
@@ -56,17 +64,26 @@ class _Doc:
             for rid, entry in (reservations.items() if isinstance(reservations, dict) else ())
             if float(entry[1]) > now  # a reservation past its time (its upload ended or its process died) is dropped
         }
+        removals = raw.get("removals", {})
+        self.removals: dict[str, tuple[int, float]] = {
+            file_id: (int(entry[0]), float(entry[1]))
+            for file_id, entry in (removals.items() if isinstance(removals, dict) else ())
+            if float(entry[1]) > now  # a claim past its lease: its claimer died; another removal may claim the file
+        }
 
     def usage(self, quota: int | None, excluding: str | None = None) -> Usage:
         reserved = sum(n for rid, (n, _) in self.reservations.items() if rid != excluding)
         return Usage(used=self.used, files=self.files, reserved=reserved, quota=quota)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "used": self.used,
             "files": self.files,
             "reservations": {rid: [n, until] for rid, (n, until) in self.reservations.items()},
         }
+        if self.removals:
+            doc["removals"] = {file_id: [n, until] for file_id, (n, until) in self.removals.items()}
+        return doc
 
 
 class UsageLedger:
@@ -226,10 +243,72 @@ class UsageLedger:
         await self._update(owner, change)
 
     async def refund(self, owner: str | None, nbytes: int, files: int = 1) -> None:
-        """Uncount a deleted file (or one whose publish failed after its charge)."""
+        """Uncount a file whose publish failed after its charge (a removed file goes through :meth:`removed`)."""
 
         def change(doc: _Doc) -> None:
             doc.used = max(0, doc.used - nbytes)
             doc.files = max(0, doc.files - files)
 
         await self._update(owner, change)
+
+    async def claim_removal(self, owner: str | None, file_id: str, nbytes: int) -> bool:
+        """Claim the removal of ``file_id`` (``nbytes`` counted): True for the one caller whose compare-and-set
+        round put the claim in the record, False while another caller's claim holds. A claim holds until
+        :meth:`removed` or :meth:`unclaim`, or at most :data:`REMOVAL_LEASE` seconds (its claimer died)."""
+        until = self.clock() + REMOVAL_LEASE
+
+        def change(doc: _Doc) -> bool:
+            if file_id in doc.removals:
+                return False
+            doc.removals[file_id] = (nbytes, until)
+            return True
+
+        return await self._update(owner, change)
+
+    async def removed(self, owner: str | None, file_id: str, nbytes: int) -> None:
+        """The claimer of ``file_id`` removed it: the claim goes and its bytes leave the count, in one write."""
+
+        def change(doc: _Doc) -> None:
+            doc.removals.pop(file_id, None)
+            doc.used = max(0, doc.used - nbytes)
+            doc.files = max(0, doc.files - 1)
+
+        await self._update(owner, change)
+
+    async def unclaim(self, owner: str | None, file_id: str) -> None:
+        """Give back the claim on ``file_id`` without a refund (its file was gone already, or its removal failed)."""
+
+        def change(doc: _Doc) -> None:
+            doc.removals.pop(file_id, None)
+
+        await self._update(owner, change)
+
+    async def recorded(self, owner: str | None) -> tuple[int, int, dict[str, int], str | None]:
+        """What the record of ``owner`` says now: bytes used, files, the live removal claims (file id -> bytes),
+        and the record's version (None: no record yet). For :meth:`correct`, after a count of the files."""
+        raw, etag = await self._read(usage_key(owner))
+        doc = _Doc(raw, self.clock())
+        return doc.used, doc.files, {file_id: n for file_id, (n, _) in doc.removals.items()}, etag
+
+    async def correct(self, owner: str | None, used: int, files: int, etag: str | None) -> bool:
+        """Set ``owner``'s bytes used and files to a count made after reading version ``etag`` of its record
+        (:meth:`recorded`), only if the record is still at that version: False when anything was charged,
+        refunded or reserved meanwhile (count again). Reservations and claims are kept as they are."""
+        key = usage_key(owner)
+        raw, current = await self._read(key)
+        if current != etag:
+            return False
+        doc = _Doc(raw, self.clock())
+        doc.used, doc.files = used, files
+        body = json.dumps(doc.to_json(), ensure_ascii=True, separators=(",", ":")).encode()
+        self._known.pop(key, None)  # this process's last write will not be the record any more
+        with storage_errors_translated():
+            try:
+                async with self.storage.create(
+                    key, size_hint=len(body), if_absent=etag is None, if_match=etag
+                ) as writer:
+                    await writer.write(body)
+                    await writer.commit({})
+            except (ObjectChanged, ObjectExists):
+                return False
+        return True

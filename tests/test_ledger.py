@@ -5,9 +5,11 @@ records and sets it right on request."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -16,8 +18,12 @@ import httpx
 import pytest
 
 from tests.conftest import Clock, LiveServer, running, serving
-from tests.test_lifecycle import MiB, key, life_settings, stored_files, usage
+from tests.test_lifecycle import KEYS, TOKENS, MiB, key, life_settings, stored_files, usage
+from transfer.cli import main as cli_main
+from transfer.core.auth import parse_keys
 from transfer.hosts import create_app
+from transfer.service.backends import make_storage
+from transfer.service.usage import UsageLedger
 
 ROUNDS = 10
 RACERS = 8
@@ -109,3 +115,70 @@ def test_two_replicas_sweeping_remove_each_expired_file_once(
     two_replicas: tuple[LiveServer, LiveServer], clock: Clock
 ) -> None:
     check_sweeps_remove_once(list(two_replicas), clock)
+
+
+# --- transfer usage repair ---------------------------------------------------------------------------------------
+
+
+def side_ledger(live: LiveServer, change: Callable[[UsageLedger], Awaitable[Any]]) -> Any:
+    """Run ``change`` on the ledger through a storage backend of its own (another process's view of the store)."""
+
+    async def run() -> Any:
+        storage = make_storage(live.settings)
+        await storage.start()
+        try:
+            return await change(UsageLedger(storage, parse_keys(KEYS)))
+        finally:
+            await storage.close()
+
+    return asyncio.run(run())
+
+
+def test_usage_repair_reports_a_wrong_ledger_and_fixes_it_on_request(
+    life: LiveServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with httpx.Client(base_url=life.url, timeout=30) as http:
+        ids = [upload(life.url, n) for n in (1000, 2000, 3000)]
+        r = http.post("/v1/files", content=b"b" * 5000, headers=key("bob"))
+        assert r.status_code == 201, r.text
+    # what a double refund and a crash between a removal and its refund leave behind; and a removal claimed (in
+    # flight) of a file still stored, which the count must not take twice
+    side_ledger(life, lambda ledger: ledger.refund("alice", 2500))
+    side_ledger(life, lambda ledger: ledger.charge("bob", "lost", 700))
+    assert side_ledger(life, lambda ledger: ledger.claim_removal("alice", ids[0], 1000))
+    admin = ["--server", life.url, "--api-key", TOKENS["admin"]]
+
+    assert cli_main(["usage", "repair", *admin]) == 1  # a difference, not fixed
+    lines = capsys.readouterr().out.splitlines()
+    assert (
+        "alice: recorded 3,500 bytes in 2 files, counted 6,000 bytes in 3 files: -2,500 bytes, -1 files (differs)"
+        in lines
+    )
+    assert (
+        "bob: recorded 5,700 bytes in 2 files, counted 5,000 bytes in 1 files: +700 bytes, +1 files (differs)" in lines
+    )
+    with httpx.Client(base_url=life.url) as http:
+        assert usage(http, "alice")["bytes_used"] == 3500  # a report changes nothing
+
+    assert cli_main(["usage", "repair", "--fix", "--json", *admin]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["differing"] == 2 and result["fixed"] == 2 and result["unreadable_records"] == 0
+    assert result["keys"]["alice"] == {
+        "recorded": {"bytes_used": 3500, "files": 2},
+        "counted": {"bytes_used": 6000, "files": 3},
+        "differs": True,
+        "fixed": True,
+        "busy": False,
+    }
+    assert not result["keys"][""]["differs"] and not result["keys"]["admin"]["differs"]
+    with httpx.Client(base_url=life.url) as http:
+        assert usage(http, "alice")["bytes_used"] == 6000 and usage(http, "alice")["files"] == 3
+        assert usage(http, "bob")["bytes_used"] == 5000 and usage(http, "bob")["files"] == 1
+        side_ledger(life, lambda ledger: ledger.unclaim("alice", ids[0]))
+        assert http.delete(f"/v1/files/{ids[0]}", headers=key("admin")).status_code == 204  # the claim is gone
+        assert usage(http, "alice")["bytes_used"] == 5000
+
+    assert cli_main(["usage", "repair", *admin]) == 0  # the ledger is right: nothing to fix
+    assert all("differs" not in line for line in capsys.readouterr().out.splitlines())
+    assert cli_main(["usage", "repair", "--server", life.url, "--api-key", TOKENS["alice"]]) == 1
+    assert "insufficient_scope" in capsys.readouterr().err

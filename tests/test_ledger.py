@@ -16,9 +16,10 @@ from typing import Any
 
 import httpx
 import pytest
+import xxhash
 
 from tests.conftest import Clock, LiveServer, running, serving
-from tests.test_lifecycle import KEYS, TOKENS, MiB, key, life_settings, stored_files, usage
+from tests.test_lifecycle import KEYS, TOKENS, TUS, KiB, MiB, key, life_settings, stored_files, usage
 from transfer.cli import main as cli_main
 from transfer.core.auth import parse_keys
 from transfer.hosts import create_app
@@ -182,3 +183,59 @@ def test_usage_repair_reports_a_wrong_ledger_and_fixes_it_on_request(
     assert all("differs" not in line for line in capsys.readouterr().out.splitlines())
     assert cli_main(["usage", "repair", "--server", life.url, "--api-key", TOKENS["alice"]]) == 1
     assert "insufficient_scope" in capsys.readouterr().err
+
+
+# --- uploads of unknown length reserve as they grow ---------------------------------------------------------------
+
+
+def test_deferred_length_tus_uploads_reserve_as_they_grow(life: LiveServer) -> None:
+    """Four tus uploads with a deferred length, 1 MiB PATCHed to each, on a 3 MiB quota: each PATCH reserves its
+    bytes before they are stored, so the fourth is refused (it was bounded by the whole free quota, not by what the
+    others held: 4 MiB stored, 0 reserved)."""
+    patch = {**TUS, "upload-offset": "0", "content-type": "application/offset+octet-stream"}
+    with httpx.Client(base_url=life.url, headers=key("alice"), timeout=60) as http:
+        urls = [
+            http.post("/tus/files", headers={**TUS, "upload-defer-length": "1"}).headers["location"] for _ in range(4)
+        ]
+        codes = [http.patch(url, content=os.urandom(MiB), headers=patch).status_code for url in urls]
+        assert codes == [204, 204, 204, 413]
+        assert usage(http, "alice")["bytes_reserved"] == 3 * MiB
+        # a PATCH without a Content-Length takes what is left, then holds what it stored
+        assert http.delete(urls[2], headers=TUS).status_code == 204
+        assert usage(http, "alice")["bytes_reserved"] == 2 * MiB
+
+        def body() -> Iterator[bytes]:
+            yield os.urandom(KiB)
+
+        r = http.patch(urls[3], content=body(), headers=patch)
+        assert r.status_code == 204, r.text
+        assert usage(http, "alice")["bytes_reserved"] == 2 * MiB + KiB
+        # declaring the length publishes: the reservation becomes the file's bytes
+        done = {**patch, "upload-offset": str(MiB), "upload-length": str(MiB)}
+        assert http.patch(urls[0], content=b"", headers=done).status_code == 204
+        assert usage(http, "alice")["bytes_used"] == MiB
+        assert usage(http, "alice")["bytes_reserved"] == MiB + KiB
+
+
+def test_sessions_without_a_size_reserve_up_to_their_chunks(life: LiveServer) -> None:
+    """Sessions of unknown size on a 3 MiB quota: a chunk reserves up to its end before it is stored, so three
+    sessions cannot each reach 1.5 MiB."""
+    on_s3 = life.settings.storage == "s3"  # S3 sessions have chunks of at least 5 MiB (UploadPartCopy)
+    chunk_size, index = (5 * MiB, 0) if on_s3 else (64 * KiB, 23)
+    chunk = os.urandom(3 * MiB // 2 - index * chunk_size)  # each session reaches 1.5 MiB
+    with httpx.Client(base_url=life.url, headers=key("alice"), timeout=60) as http:
+        sids = [
+            http.post("/v1/sessions", json={"chunk_size": chunk_size}).json()["streaming_session_id"] for _ in range(3)
+        ]
+        codes = []
+        for sid in sids:
+            r = http.put(
+                f"/v1/sessions/{sid}/chunks/{index}",
+                content=chunk,
+                headers={"chunk-checksum": "xxh3-128:" + xxhash.xxh3_128_hexdigest(chunk)},
+            )
+            codes.append(r.status_code)
+        assert codes == [201, 201, 413], codes
+        assert usage(http, "alice")["bytes_reserved"] == 3 * MiB
+        assert http.delete(f"/v1/sessions/{sids[0]}").status_code == 204
+        assert usage(http, "alice")["bytes_reserved"] == 3 * MiB // 2

@@ -76,6 +76,17 @@ class Lifecycle:
         """What upload ``rid`` (of unknown length) may still bring in all, its own reservation included."""
         return await self.usage.available_to(owner, rid)
 
+    async def grow(self, owner: str | None, rid: str, nbytes: int, until: float) -> None:
+        """Upload ``rid`` of unknown length is about to hold ``nbytes`` in all: its reservation grows to them first
+        (QuotaExceeded when they do not fit beside the key's other reservations), so that what it stores is
+        counted while it stays open, and the key's other uploads see it."""
+        await self.usage.reserve_at_least(owner, rid, nbytes, until)
+
+    async def reserve(self, owner: str | None, rid: str, nbytes: int, until: float) -> None:
+        """Set upload ``rid``'s reservation to ``nbytes`` (lower it to what a PATCH of unknown length stored)."""
+        if self.usage.quota_of(owner) is not None:
+            await self.usage.reserve(owner, rid, nbytes, until)
+
     async def release(self, owner: str | None, rid: str) -> None:
         """Upload ``rid`` ended without a file: its reservation goes."""
         await self.usage.release(owner, rid)

@@ -211,6 +211,22 @@ class UsageLedger:
 
         return await self._update(owner, change)
 
+    async def reserve_at_least(self, owner: str | None, rid: str, nbytes: int, until: float) -> None:
+        """Grow upload ``rid``'s reservation to ``nbytes`` (a reservation never shrinks here), before the bytes
+        that take it there are stored: QuotaExceeded if they do not fit beside the key's other reservations.
+        What an upload of unknown length holds as it grows. Without a quota nothing is written."""
+        quota = self.quota_of(owner)
+        if quota is None:
+            return
+
+        def change(doc: _Doc) -> None:
+            held = doc.reservations.get(rid, (0, until))[0]
+            if held < nbytes:
+                doc.usage(quota, excluding=rid).require_room(nbytes)
+                doc.reservations[rid] = (nbytes, until)
+
+        await self._update(owner, change)
+
     async def available_to(self, owner: str | None, rid: str) -> int | None:
         """Bytes upload ``rid`` may still bring (its own reservation counted as its room); None: no quota."""
         quota = self.quota_of(owner)

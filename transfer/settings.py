@@ -130,6 +130,15 @@ class Settings(BaseSettings):
     max_open_sessions_per_key: int = Field(
         default=100, ge=1, description="chunked and tus sessions one API key may have open at once"
     )
+    max_open_direct_plans_per_key: int = Field(
+        default=100, ge=1, description="direct upload plans one API key may have open at once (429 too_many_plans)"
+    )
+    max_open_authorizations_per_key: int = Field(
+        default=100,
+        ge=1,
+        description="upload authorisations (MCP authorize_upload) one API key may have open at once "
+        "(429 too_many_authorizations)",
+    )
     max_header_size: int = Field(default=64 << 10, ge=4 << 10, description="bytes of request header fields (431)")
     max_bundle_items: int = Field(default=1000, ge=1, le=100_000, description="items in one bundle")
     max_json_body: int = Field(

@@ -39,11 +39,13 @@ from transfer.errors import (
     NotFound,
     QuotaExceeded,
     TooLarge,
+    TooManyAuthorizations,
     storage_errors_translated,
 )
 from transfer.service.documents import publish_composed, read_document, write_document
 from transfer.service.files import FileService
 from transfer.service.ingest import UploadRequest
+from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord
 
 START_TTL = 15 * 60  # seconds to start the PUT (default; at most ``MAX_START_TTL``)
@@ -98,6 +100,27 @@ class Authorizations:
     def __init__(self, files: FileService) -> None:
         self.files = files
         self.storage = files.storage
+        # open upload authorisations per key: a marker each, checked against its grant only at the key's limit
+        self.open_grants = SessionQuota(
+            files.storage,
+            files.settings.max_open_authorizations_per_key,
+            folder="authorizations",
+            noun="open upload authorisations",
+            error=TooManyAuthorizations,
+        )
+        self.open_grants.register(is_authorization_id, self._is_open)
+
+    async def _is_open(self, aid: str) -> bool:
+        """Whether authorisation ``aid`` still holds a slot of its key: kept, and no file received yet."""
+        try:
+            await self._grant(aid)
+        except (NotFound, Gone):
+            return False
+        try:
+            await read_document(self.storage, f"authz/{aid}/result.json")
+        except NotFound:
+            return True
+        return False
 
     async def authorize_upload(
         self,
@@ -131,6 +154,7 @@ class Authorizations:
             keep_until=now + KEEP_TTL,
             file_ttl=file_ttl,
         )
+        await self.open_grants.acquire(caller.owner, grant.id)  # TooManyAuthorizations at the key's limit
         await write_document(self.storage, f"authz/{grant.id}/grant.json", asdict(grant), if_absent=True)
         headers = {"content-type": content_type or "application/octet-stream"}
         if self.direct:

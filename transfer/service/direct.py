@@ -52,12 +52,14 @@ from transfer.errors import (
     QuotaExceeded,
     SizeMismatch,
     TooLarge,
+    TooManyPlans,
     TransferError,
     storage_errors_translated,
 )
 from transfer.service.documents import index_file, read_document, write_document
 from transfer.service.ingest import SNIFF_BYTES
 from transfer.service.lifecycle import Lifecycle
+from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord, object_key
 from transfer.settings import Settings
 
@@ -152,6 +154,15 @@ class DirectService:
         self.settings = settings
         self.clock = clock
         self.lifecycle = lifecycle or Lifecycle(storage, settings, clock=clock)
+        # open plans per key: a marker each, checked against its plan only when the key reaches the limit
+        self.open_plans = SessionQuota(
+            storage,
+            settings.max_open_direct_plans_per_key,
+            folder="plans",
+            noun="open upload plans",
+            error=TooManyPlans,
+        )
+        self.open_plans.register(is_plan_id, self._is_open)
         self._locks: dict[str, asyncio.Lock] = {}
         self._plans: dict[str, Plan] = {}  # recently loaded plans, for part URLs only (see part_urls)
 
@@ -175,6 +186,14 @@ class DirectService:
 
     async def _save(self, plan: Plan, *, new: bool = False) -> None:
         await write_document(self.storage, _plan_key(plan.id), plan.to_json(), if_absent=new)
+
+    async def _is_open(self, pid: str) -> bool:
+        """Whether plan ``pid`` still holds a slot of its key: open and not expired (for :attr:`open_plans`)."""
+        try:
+            plan = await self.load(pid, TRUSTED)
+        except (NotFound, Gone):
+            return False
+        return plan.state == "open"
 
     async def load(self, pid: str, caller: Grant, *, allow_ended: bool = False) -> Plan:
         """The plan, if the caller may see it (its own; any for admin); NotFound otherwise, whether or not it
@@ -239,6 +258,7 @@ class DirectService:
             description=description,
             file_ttl=file_ttl,
         )
+        await self.open_plans.acquire(caller.owner, pid)  # TooManyPlans at the key's limit
         await self.lifecycle.admit(caller.owner, pid, size, plan.expires_at)
         try:
             with storage_errors_translated():
@@ -257,8 +277,8 @@ class DirectService:
 
     async def part_urls(self, pid: str, parts: list[tuple[int, str]], caller: Grant) -> list[tuple[int, PartUrl]]:
         """A presigned URL per ``(part number, sha256 hex)``: the bucket takes only bytes with that SHA-256 for that
-        part, until the URL expires (an hour at most, never past the plan's expiry). The URL does not bind the
-        length: :meth:`complete` checks every part's size."""
+        part, until the URL expires (an hour at most, never past the plan's expiry). The URL binds the length
+        too (the bucket refuses a part of any other length); :meth:`complete` checks every part's size again."""
         backend = self._backend()
         # A client asks for a URL per part: reading the plan record each time would cost three backend requests per
         # part. The fields a URL depends on (owner, key, upload id, size, part size, expiry) never change, so a copy

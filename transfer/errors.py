@@ -50,6 +50,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── RangeNotSatisfiable            416 range_not_satisfiable
     ├── TooManySessions                429 too_many_sessions     (open sessions per API key)
     ├── TooManyPlans                   429 too_many_plans        (open direct upload plans per API key)
+    ├── MailboxFull                    429 mailbox_full          (TP messages waiting for one receiver)
     ├── TooManyAuthorizations          429 too_many_authorizations (open upload authorisations per API key)
     ├── TooManyJobs                    429 too_many_jobs         (job streams waiting for their upload to start)
     ├── Conflict                       409 conflict
@@ -356,6 +357,11 @@ class TooManyPlans(TransferError):
 
 class TooManyAuthorizations(TransferError):
     code = "too_many_authorizations"
+    status = 429
+
+
+class MailboxFull(TransferError):
+    code = "mailbox_full"
     status = 429
 
 

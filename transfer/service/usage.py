@@ -42,7 +42,7 @@ ATTEMPTS = 50  # compare-and-set rounds before giving up (each loses only to ano
 REMOVAL_LEASE = 600.0  # seconds a removal claim holds: a claimer that died frees the file for another removal then
 
 T = TypeVar("T")
-_Change = tuple[Callable[["_Doc"], Any], "asyncio.Future[Any]"]
+_Change = tuple[Callable[["_Doc"], Any], "asyncio.Future[Any]", bool]  # change, its caller's answer, durable
 
 
 def usage_key(owner: str | None) -> str:
@@ -114,17 +114,19 @@ class UsageLedger:
         doc = json.loads(raw)
         return (doc if isinstance(doc, dict) else {}), etag
 
-    async def _update(self, owner: str | None, change: Callable[[_Doc], T]) -> T:
+    async def _update(self, owner: str | None, change: Callable[[_Doc], T], *, durable: bool = True) -> T:
         """Apply ``change`` to the owner's record atomically: read, change, write only if nobody wrote meanwhile,
         else again. ``change`` may raise (QuotaExceeded): then nothing of it is written.
 
         Group commit: the changes of concurrent callers for one owner are applied in one compare-and-set round
         (one durable write for all of them, not one each: the record's write is what every upload of a key would
-        otherwise queue behind). A caller returns only after the write that holds its change has succeeded."""
+        otherwise queue behind). A caller returns only after the write that holds its change has succeeded.
+        ``durable=False``: a change that may be lost in a crash (a removal claim: its loss frees the file for
+        another removal); the write is flushed to stable storage if any change in its round needs it."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[T] = loop.create_future()
         queue = self._pending.setdefault(owner, [])
-        entry: _Change = (change, done)
+        entry: _Change = (change, done, durable)
         queue.append(entry)
         try:
             async with self._locks.setdefault(owner, asyncio.Lock()):
@@ -149,7 +151,7 @@ class UsageLedger:
                 raw, etag = cached if cached is not None else await self._read(key)
                 doc = _Doc(raw, self.clock())
                 outcomes: list[tuple[bool, Any]] = []
-                for change, _ in batch:
+                for change, _, _ in batch:
                     before = doc.to_json()
                     try:
                         outcomes.append((True, change(doc)))
@@ -161,7 +163,11 @@ class UsageLedger:
                     body = json.dumps(written, ensure_ascii=True, separators=(",", ":")).encode()
                     try:
                         async with self.storage.create(
-                            key, size_hint=len(body), if_absent=etag is None, if_match=etag
+                            key,
+                            size_hint=len(body),
+                            if_absent=etag is None,
+                            if_match=etag,
+                            durable=any(durable for _, _, durable in batch),
                         ) as writer:
                             await writer.write(body)
                             info = await writer.commit({})
@@ -176,7 +182,7 @@ class UsageLedger:
                     # what we wrote is the record until its version changes: the next round compares against it
                     # instead of reading it back (another replica's write still makes that compare fail)
                     self._known[key] = (written, info.etag)
-                for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
+                for (_, future, _), (ok, value) in zip(batch, outcomes, strict=True):
                     if not future.done():
                         if ok:
                             future.set_result(value)
@@ -187,7 +193,7 @@ class UsageLedger:
                 f"the usage record of {owner!r} changed {ATTEMPTS} times while it was being updated"
             )
         except BaseException as exc:
-            for _, future in batch:
+            for _, future, _ in batch:
                 if not future.done():
                     future.set_exception(exc if isinstance(exc, Exception) else StorageUnavailable(str(exc)))
             if not isinstance(exc, Exception):
@@ -279,7 +285,9 @@ class UsageLedger:
             doc.removals[file_id] = (nbytes, until)
             return True
 
-        return await self._update(owner, change)
+        # not flushed: a claim lost in a crash only lets another removal claim the file (which it then finds there
+        # or gone, as always); what must survive a crash is the refund, and that write is durable
+        return await self._update(owner, change, durable=False)
 
     async def removed(self, owner: str | None, file_id: str, nbytes: int) -> None:
         """The claimer of ``file_id`` removed it: the claim goes and its bytes leave the count, in one write."""
@@ -297,7 +305,7 @@ class UsageLedger:
         def change(doc: _Doc) -> None:
             doc.removals.pop(file_id, None)
 
-        await self._update(owner, change)
+        await self._update(owner, change, durable=False)
 
     async def recorded(self, owner: str | None) -> tuple[int, int, dict[str, int], str | None]:
         """What the record of ``owner`` says now: bytes used, files, the live removal claims (file id -> bytes),

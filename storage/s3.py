@@ -687,8 +687,9 @@ class S3Storage:
     ) -> PartUrl:
         """A presigned UploadPart URL whose signature covers ``x-amz-checksum-sha256`` (SigV4 signed header): the
         bucket refuses the part (BadDigest) unless its bytes have that SHA-256, and a request without the header
-        does not match the signature. ``Content-Length`` is left to the client (S3 checks the checksum, the service
-        checks every size at completion)."""
+        does not match the signature. ``Content-Length`` is signed too (SignedHeaders): a part of any other length
+        than ``size`` does not match the signature and is refused before it is stored. Every HTTP client sends the
+        length of what it sends, so it is not among the headers to set (browsers may not set it)."""
         expires_in = max(1, min(expires_in, MAX_PRESIGN_SECONDS))
         params = {
             "Bucket": self.config.bucket,
@@ -696,6 +697,7 @@ class S3Storage:
             "UploadId": upload_id,
             "PartNumber": number,
             "ChecksumSHA256": sha256_b64,
+            "ContentLength": size,
         }
         url: str = await self.call(
             "presigning a part", self.client.generate_presigned_url, "upload_part", Params=params, ExpiresIn=expires_in

@@ -526,3 +526,39 @@ async def test_mailboxes_are_read_only_by_their_identities(tmp_path: Path) -> No
                 "/tp/v1/messages", params={"receiver": "fay:bob"}, headers={"authorization": f"Bearer {admin}"}
             )
             assert ops.status_code == 200 and ops.json() == {"messages": []}
+
+
+async def test_a_mailbox_is_bounded_and_swept(tmp_path: Path) -> None:
+    """A receiver that never polls holds TRANSFER_TP_MAILBOX_MAX_MESSAGES messages at most (the next is 429
+    mailbox_full), and each for its lifetime only: the sweep removes them whether or not anyone polls."""
+    from tests.conftest import Clock, serving
+    from transfer.hosts import create_app
+
+    clock = Clock()
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        signing_keys={"t": "0123456789abcdef0123"},
+        tp_mailbox_max_messages=3,
+        tp_mailbox_ttl=600,
+        session_gc_interval=3600,
+    )
+    with serving(create_app(settings, clock=clock), settings) as live:
+        async with httpx.AsyncClient(base_url=live.url) as http:
+
+            async def notify(receiver: str) -> httpx.Response:
+                note = envelope("resource_notify", {"event": "hello"}, receiver=receiver)
+                return await http.post("/tp/v1/resource/notify", json=note, headers=TP_JSON)
+
+            assert [(await notify("fay:idle")).status_code for _ in range(3)] == [202] * 3
+            full = await notify("fay:idle")
+            assert full.status_code == 429, full.text
+            assert "mailbox_full" in full.text
+            assert (await notify("fay:other")).status_code == 202  # another receiver has a mailbox of its own
+            clock.advance(601)  # past their lifetime: they no longer count, and the sweep removes them
+            assert (await notify("fay:idle")).status_code == 202
+            swept = await live.app.state.services.tp.sweep_mailboxes()
+            assert swept == 4
+            box = [name for name in live.objects() if name.startswith("tp/mailbox/")]
+            assert len(box) == 1
+            polled = await http.get("/tp/v1/messages", params={"receiver": "fay:idle"})
+            assert len(polled.json()["messages"]) == 1

@@ -114,6 +114,15 @@ def put_part(http: httpx.Client, pid: str, number: int, data: bytes) -> httpx.Re
     return httpx.put(target["url"], content=data, headers=target["headers"])
 
 
+def refused_by_bucket(http: httpx.Client, pid: str, number: int, data: bytes) -> bool:
+    """Whether the bucket refused the part: 403 (its length does not match the signed Content-Length), or a
+    connection closed before the body was sent (a server that answers the signature check before reading it)."""
+    try:
+        return put_part(http, pid, number, data).status_code == 403
+    except (httpx.RemoteProtocolError, httpx.WriteError, httpx.ReadError):
+        return True
+
+
 def bucket_keys(endpoint: Any, bucket: str) -> list[str]:
     return [o["Key"] for o in s3_client(endpoint).list_objects_v2(Bucket=bucket).get("Contents", [])]
 
@@ -222,19 +231,20 @@ async def test_corrupted_part_refuses_completion_and_publishes_nothing(
 
 @pytest.mark.s3
 def test_completion_checks_every_part(s3_service: Any) -> None:
-    """Missing parts and a part of the wrong size (its URL binds its SHA-256, not its length) are refused with 409
-    plan_incomplete naming them; sent properly, the same plan completes. A declared checksum is kept."""
+    """Missing parts are refused with 409 plan_incomplete naming them; a part of the wrong length is refused by the
+    bucket itself (its URL signs its Content-Length as well as its SHA-256), so it is never stored; sent properly,
+    the same plan completes. A declared checksum is kept."""
     data = os.urandom(10 * MiB + 5)
     with http_for(s3_service) as http:
         plan = http.post("/v1/direct", json={"size": len(data), "checksum": sha_hex(data)}).json()
         pid, ps = plan["id"], plan["part_size"]
         assert plan["part_count"] == 3
-        assert put_part(http, pid, 1, data[: ps - 1]).status_code == 200  # one byte short
+        assert refused_by_bucket(http, pid, 1, data[: ps - 1])  # one byte short: the signature does not match
         assert put_part(http, pid, 3, data[2 * ps :]).status_code == 200
         r = http.post(f"/v1/direct/{pid}/complete", json={})
         assert r.status_code == 409 and r.json()["error"]["code"] == "plan_incomplete"
-        assert r.json()["error"]["detail"]["missing"] == [2] and r.json()["error"]["detail"]["wrong_size"] == [1]
-        assert http.get(f"/v1/direct/{pid}").json()["missing"] == [2]
+        assert r.json()["error"]["detail"]["missing"] == [1, 2]
+        assert http.get(f"/v1/direct/{pid}").json()["missing"] == [1, 2]
         assert put_part(http, pid, 1, data[:ps]).status_code == 200
         assert put_part(http, pid, 2, data[ps : 2 * ps]).status_code == 200
         r = http.post(f"/v1/direct/{pid}/complete", json={})
@@ -244,6 +254,36 @@ def test_completion_checks_every_part(s3_service: Any) -> None:
         assert again.status_code == 200 and again.json()["metadata"] == r.json()["metadata"]
         bad = http.post(f"/v1/direct/{pid}/parts", json={"parts": [{"number": 4, "sha256": "0" * 64}]})
         assert bad.status_code == 400
+
+
+@pytest.mark.s3
+def test_a_part_longer_than_its_plan_is_refused_by_the_bucket(s3_service: Any) -> None:
+    """A plan for one byte: a 2 MiB part with its own SHA-256 does not match its URL's signed Content-Length, so
+    the bucket refuses it and stores nothing (it used to take any length, kept for the plan's lifetime)."""
+    big = os.urandom(2 * MiB)
+    with http_for(s3_service) as http:
+        pid = http.post("/v1/direct", json={"size": 1}).json()["id"]
+        assert refused_by_bucket(http, pid, 1, big)
+        assert http.get(f"/v1/direct/{pid}").json()["missing"] == [1]
+        assert put_part(http, pid, 1, b"x").status_code == 200
+        assert http.get(f"/v1/direct/{pid}").json()["missing"] == []
+
+
+@pytest.mark.s3
+def test_a_key_may_hold_only_so_many_open_plans(s3_env: dict[str, str], tmp_path: Path, clock: Clock) -> None:
+    """TRANSFER_MAX_OPEN_DIRECT_PLANS_PER_KEY: the plan beyond the limit is 429 too_many_plans; an aborted plan
+    frees its slot; another key has slots of its own."""
+    keys = {name: {"sha256": token_hash(token), "scopes": ["upload", "read"]} for name, token in TOKENS.items()}
+    settings = direct_settings(tmp_path, api_keys=keys, max_open_direct_plans_per_key=2)
+    with serving(create_app(settings, clock=clock), settings) as live:
+        with http_for(live, "alice") as alice, http_for(live, "bob") as bob:
+            pids = [alice.post("/v1/direct", json={"size": 10}).json()["id"] for _ in range(2)]
+            r = alice.post("/v1/direct", json={"size": 10})
+            assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_plans", r.text
+            assert r.json()["error"]["detail"]["limit"] == 2
+            assert bob.post("/v1/direct", json={"size": 10}).status_code == 201
+            assert alice.delete(f"/v1/direct/{pids[0]}").status_code == 204
+            assert alice.post("/v1/direct", json={"size": 10}).status_code == 201
 
 
 @pytest.mark.s3

@@ -14,9 +14,13 @@ import httpx
 import pytest
 from mcp import Client
 
+from storage.local import LocalStorage
 from tests.conftest import Clock, LiveServer, running
 from tests.test_mcp import structured, tool_error
+from transfer.core.auth import Grant, parse_keys
+from transfer.errors import TooManyAuthorizations
 from transfer.service.authorizations import Authorizations
+from transfer.service.files import FileService
 from transfer.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -140,3 +144,30 @@ async def test_on_s3_the_put_goes_to_the_bucket_and_confirm_publishes(
         )
         over = tool_error(await client.call_tool("confirm_upload", {"authorization_id": small["authorization_id"]}))
         assert over["code"] == "payload_too_large"  # checked before anything is published
+
+
+async def test_a_key_may_hold_only_so_many_open_upload_authorizations(tmp_path: Path, clock: Clock) -> None:
+    """TRANSFER_MAX_OPEN_AUTHORIZATIONS_PER_KEY: the authorisation beyond the limit is refused with 429
+    too_many_authorizations; one that expired frees its slot; another key has slots of its own."""
+    keys = {name: {"sha256": "0" * 64, "scopes": ["upload", "read"]} for name in ("alice", "bob")}
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        signing_keys={"t": "0123456789abcdef0123"},
+        api_keys=keys,
+        max_open_authorizations_per_key=2,
+    )
+    files = FileService(LocalStorage(settings.data_dir), settings, clock=clock)
+    await files.start()
+    try:
+        authorizations = Authorizations(files)
+        alice, bob = (Grant(parse_keys(keys)[name]) for name in ("alice", "bob"))
+        for _ in range(2):
+            await authorizations.authorize_upload(alice, "http://127.0.0.1")
+        with pytest.raises(TooManyAuthorizations) as refused:
+            await authorizations.authorize_upload(alice, "http://127.0.0.1")
+        assert refused.value.status == 429 and refused.value.detail["limit"] == 2
+        await authorizations.authorize_upload(bob, "http://127.0.0.1")
+        clock.advance(24 * 3600 + 1)  # the first two are past their life: their slots are free
+        await authorizations.authorize_upload(alice, "http://127.0.0.1")
+    finally:
+        await files.close()

@@ -475,6 +475,32 @@ async def cmd_usage(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_usage_repair(args: argparse.Namespace) -> int:
+    """Admin: recount every key's usage from the file records, print what differs; ``--fix`` sets it right. Exit 1
+    while a difference is left (not asked to fix, or a key kept changing: run it again)."""
+    async with AsyncTransferClient(args.server, api_key=_api_key(args)) as client:
+        result = await client.repair_usage(fix=args.fix)
+    keys: dict[str, Any] = result["keys"]
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for name, entry in keys.items():
+            rec, got = entry["recorded"], entry["counted"]
+            line = (
+                f"{name or '(no key)'}: recorded {_size(rec['bytes_used'])} bytes in {rec['files']} files, "
+                f"counted {_size(got['bytes_used'])} bytes in {got['files']} files"
+            )
+            if entry["differs"]:
+                state = "fixed" if entry["fixed"] else "busy, run again" if entry["busy"] else "differs"
+                extra, more = rec["bytes_used"] - got["bytes_used"], rec["files"] - got["files"]
+                line += f": {extra:+,} bytes, {more:+} files ({state})"
+            print(line)
+        if result["unreadable_records"]:
+            print(f"{result['unreadable_records']} stored objects have no readable file record (see the server log)")
+    left = [e for e in keys.values() if e["differs"] and not e["fixed"]]
+    return 1 if left else 0
+
+
 async def cmd_files_ls(args: argparse.Namespace) -> int:
     """Admin: every stored file with owner, size and expiry, page after page (``--limit`` in all)."""
     shown = 0
@@ -658,10 +684,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expires-in", type=int, metavar="SECONDS", help="seconds the stored file lives")
     p.set_defaults(func=cmd_upload)
 
-    p = sub.add_parser("usage", help="this key's stored bytes, files and quota")
+    p = sub.add_parser("usage", help="this key's stored bytes, files and quota; `usage repair`: recount (admin)")
     _service_options(p, server_default)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_usage)
+    usage = p.add_subparsers(dest="usage_command")
+    u = usage.add_parser("repair", help="admin: recount every key's usage from the file records; --fix sets it right")
+    _service_options(u, server_default)
+    u.add_argument("--fix", action="store_true", help="set a ledger that differs to the count")
+    u.add_argument("--json", action="store_true")
+    u.set_defaults(func=cmd_usage_repair)
 
     p = sub.add_parser("files", help="admin: stored files of every key")
     files = p.add_subparsers(dest="files_command", required=True)

@@ -49,6 +49,9 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── TusChecksumMismatch            460 tus_checksum_mismatch (tus checksum extension)
     ├── RangeNotSatisfiable            416 range_not_satisfiable
     ├── TooManySessions                429 too_many_sessions     (open sessions per API key)
+    ├── TooManyPlans                   429 too_many_plans        (open direct upload plans per API key)
+    ├── MailboxFull                    429 mailbox_full          (TP messages waiting for one receiver)
+    ├── TooManyAuthorizations          429 too_many_authorizations (open upload authorisations per API key)
     ├── TooManyJobs                    429 too_many_jobs         (job streams waiting for their upload to start)
     ├── Conflict                       409 conflict
     │   ├── ChunkConflict              409 chunk_conflict        (other bytes already stored for that chunk)
@@ -344,6 +347,21 @@ class RangeNotSatisfiable(TransferError):
 
 class TooManySessions(TransferError):
     code = "too_many_sessions"
+    status = 429
+
+
+class TooManyPlans(TransferError):
+    code = "too_many_plans"
+    status = 429
+
+
+class TooManyAuthorizations(TransferError):
+    code = "too_many_authorizations"
+    status = 429
+
+
+class MailboxFull(TransferError):
+    code = "mailbox_full"
     status = 429
 
 

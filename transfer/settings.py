@@ -130,6 +130,15 @@ class Settings(BaseSettings):
     max_open_sessions_per_key: int = Field(
         default=100, ge=1, description="chunked and tus sessions one API key may have open at once"
     )
+    max_open_direct_plans_per_key: int = Field(
+        default=100, ge=1, description="direct upload plans one API key may have open at once (429 too_many_plans)"
+    )
+    max_open_authorizations_per_key: int = Field(
+        default=100,
+        ge=1,
+        description="upload authorisations (MCP authorize_upload) one API key may have open at once "
+        "(429 too_many_authorizations)",
+    )
     max_header_size: int = Field(default=64 << 10, ge=4 << 10, description="bytes of request header fields (431)")
     max_bundle_items: int = Field(default=1000, ge=1, le=100_000, description="items in one bundle")
     max_json_body: int = Field(
@@ -158,6 +167,9 @@ class Settings(BaseSettings):
     tp_ping_interval: float = Field(default=30.0, gt=0, description="WebSocket ping interval (TP: 30 s)")
     tp_pong_timeout: float = Field(default=10.0, gt=0, description="time allowed for each pong (TP: 10 s)")
     tp_mailbox_ttl: int = Field(default=24 * 3600, gt=0, description="seconds an undelivered TP message is kept")
+    tp_mailbox_max_messages: int = Field(
+        default=1000, ge=1, description="undelivered TP messages kept per receiver (more: 429 mailbox_full)"
+    )
     # operations: logs, readiness, shutdown
     log_format: Literal["json", "text"] = Field(
         default="text", description="log lines: json (one object per line) or text"

@@ -4,6 +4,8 @@ GET    /v1/usage                      the calling key's bytes used, files, reser
 GET    /v1/admin/files                stored files of every key, with owner and expiry (``limit``, ``cursor``,
                                       ``owner``); DELETE /v1/files/{id} removes one (admin scope)
 GET    /v1/admin/usage                usage of every configured key
+POST   /v1/admin/usage/repair         recount every key's usage from the file records; ``fix=true`` sets a
+                                      differing ledger to the count (``transfer usage repair``)
 POST   /v1/admin/gc                   run every sweep of Services.maintenance() once, now; what each removed
 """
 
@@ -56,6 +58,18 @@ def add_admin_routes(app: FastAPI, services: Services, needs: Callable[[Scope], 
     )
     async def admin_usage() -> dict[str, Any]:
         return {"keys": await admin.usage_of_keys(services)}
+
+    @app.post(
+        "/v1/admin/usage/repair",
+        dependencies=[needs(Scope.ADMIN)],
+        tags=["admin"],
+        summary="Recount every key's bytes and files from the stored file records and report any difference from "
+        "its usage ledger; with fix=true, set a differing ledger to the count",
+    )
+    async def repair_usage(
+        fix: Annotated[bool, Query(description="write the count to a ledger that differs")] = False,
+    ) -> dict[str, Any]:
+        return await admin.repair_usage(services, fix=fix)
 
     @app.post(
         "/v1/admin/gc",

@@ -186,6 +186,7 @@ def add_tus_routes(
             caller_of(request),
             checksum=_parse_checksum(upload_checksum),
             declare_length=_non_negative(upload_length, "Upload-Length"),
+            body_length=_non_negative(request.headers.get("content-length"), "Content-Length"),
         )
         headers = {"upload-offset": str(new_offset), "upload-expires": http_date(upload.expires_at)}
         if upload.file_id:

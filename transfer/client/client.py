@@ -293,6 +293,14 @@ class AsyncTransferClient:
         """Admin: usage of every configured key."""
         return await self._get_json("/v1/admin/usage")
 
+    async def repair_usage(self, *, fix: bool = False) -> dict[str, Any]:
+        """Admin: every key's usage recounted from the file records (``keys``: recorded, counted, differs, fixed,
+        busy); with ``fix``, differing ledgers are set to the count."""
+        response = await self.http.post(f"{self.server}/v1/admin/usage/repair", params={"fix": str(fix).lower()})
+        await raise_for_error(response)
+        doc: dict[str, Any] = response.json()
+        return doc
+
     async def gc(self) -> dict[str, int]:
         """Admin: run every sweep now; how many objects each removed (-1: that sweep failed, see the log)."""
         response = await self.http.post(f"{self.server}/v1/admin/gc")

@@ -75,3 +75,106 @@ async def usage_of_keys(services: Services) -> dict[str, dict[str, int | None]]:
     out = {name: (await lifecycle.usage.usage(name)).to_json() for name in sorted(lifecycle.keys)}
     out[""] = (await lifecycle.usage.usage(None)).to_json()
     return out
+
+
+REPAIR_ATTEMPTS = 3  # counts of a key whose ledger or files kept changing before a repair gives up on it
+
+
+async def _count_files(services: Services) -> tuple[dict[str | None, dict[str, int]], int]:
+    """Every stored file's record, read from one listing of ``files/`` with metadata: per owner, each file's
+    bytes (descriptor ``size``, what a charge counts); and how many objects had no readable record (left out,
+    with a log line)."""
+    counted: dict[str | None, dict[str, int]] = {}
+    unreadable = 0
+    with storage_errors_translated():
+        async for info in services.files.storage.list("files/", metadata=True):
+            if not is_file_id(info.key[len("files/") :]):
+                continue
+            try:
+                record = FileRecord.from_metadata(info.metadata)
+            except StorageUnavailable:
+                log.warning("usage repair skips %s: it has no readable file record", info.key)
+                unreadable += 1
+                continue
+            counted.setdefault(record.owner, {})[record.id] = record.size
+    return counted, unreadable
+
+
+def _expected(files: dict[str, int], claims: dict[str, int]) -> tuple[int, int]:
+    """What a key's ledger should say (bytes, files): its stored files, and the files whose removal is claimed but
+    not yet refunded (still listed or already gone: counted once either way, as the claim will refund them)."""
+    merged = {**files, **claims}
+    return sum(merged.values()), len(merged)
+
+
+def _usage_doc(used: int, files: int) -> dict[str, int]:
+    return {"bytes_used": used, "files": files}
+
+
+async def repair_usage(services: Services, *, fix: bool) -> dict[str, Any]:
+    """Recount every key's usage from the file records (``transfer usage repair``): per key, what its ledger
+    records, what its stored files add up to, and whether the two differ; with ``fix``, a differing ledger is set
+    to the count. A fix is written only when two counts agree and the ledger record did not change from before the
+    first to the write (compare-and-set): an upload, delete or sweep meanwhile leaves that key unfixed in this
+    run (``busy``; run it again). Reservations and removal claims are left as they are. Lists every stored file
+    twice with a fix, once without: an admin command, never on a request path."""
+    ledger = services.files.lifecycle.usage
+    owners: set[str | None] = {None, *services.files.lifecycle.keys}
+    snapshots = {owner: await ledger.recorded(owner) for owner in owners}
+    counted, unreadable = await _count_files(services)
+    for owner in counted.keys() - owners:  # a key no longer configured still has files
+        snapshots[owner] = await ledger.recorded(owner)
+    report: dict[str, Any] = {}
+    for owner in sorted(snapshots, key=lambda o: o or ""):
+        used, files, claims, _etag = snapshots[owner]
+        want_used, want_files = _expected(counted.get(owner, {}), claims)
+        report[owner or ""] = {
+            "recorded": _usage_doc(used, files),
+            "counted": _usage_doc(want_used, want_files),
+            "differs": (used, files) != (want_used, want_files),
+            "fixed": False,
+            "busy": False,
+        }
+    if fix:
+        await _fix(services, report, snapshots, counted)
+    differs = [name for name, entry in report.items() if entry["differs"]]
+    return {
+        "keys": report,
+        "differing": len(differs),
+        "fixed": sum(1 for entry in report.values() if entry["fixed"]),
+        "unreadable_records": unreadable,
+    }
+
+
+async def _fix(
+    services: Services,
+    report: dict[str, Any],
+    snapshots: dict[str | None, tuple[int, int, dict[str, int], str | None]],
+    counted: dict[str | None, dict[str, int]],
+) -> None:
+    """Set each differing key's ledger to its count: ledger read, files counted twice, the write only if both
+    counts agree and the ledger is still the version read (a charge before the read whose file was published
+    after the first count shows as a difference between the counts)."""
+    ledger = services.files.lifecycle.usage
+    pending = {owner for owner in snapshots if report[owner or ""]["differs"]}
+    for attempt in range(REPAIR_ATTEMPTS):
+        if not pending:
+            return
+        if attempt:  # what changed: read and count again, in that order
+            snapshots = {owner: await ledger.recorded(owner) for owner in pending}
+            counted, _ = await _count_files(services)
+        again, _ = await _count_files(services)
+        for owner in sorted(pending, key=lambda o: o or ""):
+            used, files, claims, etag = snapshots[owner]
+            first = _expected(counted.get(owner, {}), claims)
+            second = _expected(again.get(owner, {}), claims)
+            entry = report[owner or ""]
+            entry["recorded"], entry["counted"] = _usage_doc(used, files), _usage_doc(*second)
+            if (used, files) == second:
+                entry["differs"] = False  # it came right meanwhile
+                pending.discard(owner)
+            elif first == second and await ledger.correct(owner, *second, etag):
+                entry["fixed"] = True
+                pending.discard(owner)
+    for owner in pending:
+        report[owner or ""]["busy"] = True

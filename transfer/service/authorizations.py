@@ -40,12 +40,14 @@ from transfer.errors import (
     InvalidRequest,
     NotFound,
     TooLarge,
+    TooManyAuthorizations,
     storage_errors_translated,
 )
 from transfer.service.documents import publish_composed, read_document
 from transfer.service.files import FileService
 from transfer.service.ingest import UploadRequest
 from transfer.service.publisher import SNIFF_BYTES, Candidate
+from transfer.service.quota import SessionQuota
 from transfer.service.uploads import UploadEngine
 
 START_TTL = 15 * 60  # seconds to start the PUT (default; at most ``MAX_START_TTL``)
@@ -129,6 +131,23 @@ class Authorizations:
         self.files = files
         self.storage = files.storage
         self.engine = engine or UploadEngine(files.storage)  # grant records: read and changed by compare-and-set
+        # open upload authorisations per key: a marker each, checked against its grant only at the key's limit
+        self.open_grants = SessionQuota(
+            files.storage,
+            files.settings.max_open_authorizations_per_key,
+            folder="authorizations",
+            noun="open upload authorisations",
+            error=TooManyAuthorizations,
+        )
+        self.open_grants.register(is_authorization_id, self._is_open)
+
+    async def _is_open(self, aid: str) -> bool:
+        """Whether authorisation ``aid`` still holds a slot of its key: kept, and no file received yet."""
+        try:
+            grant = await self._grant(aid)
+        except (NotFound, Gone):
+            return False
+        return await self._received(grant) is None
 
     async def authorize_upload(
         self,
@@ -162,6 +181,7 @@ class Authorizations:
             keep_until=now + KEEP_TTL,
             file_ttl=file_ttl,
         )
+        await self.open_grants.acquire(caller.owner, grant.id)  # TooManyAuthorizations at the key's limit
         await self.engine.create(_grant_key(grant.id), grant.to_json())
         headers = {"content-type": content_type or "application/octet-stream"}
         if self.direct:

@@ -123,6 +123,7 @@ class Services:
             Sweep("jobs", every, self.journal.sweep_jobs),
             Sweep("authorizations", every, self.authorizations.sweep_authorizations),
             Sweep("direct_plans", every, self.direct.sweep_direct_plans),
+            Sweep("tp_mailboxes", every, self.tp.sweep_mailboxes),
         ]
 
     async def start(self) -> None:

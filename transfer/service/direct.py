@@ -50,11 +50,13 @@ from transfer.errors import (
     SizeMismatch,
     StorageUnavailable,
     TooLarge,
+    TooManyPlans,
     TransferError,
     storage_errors_translated,
 )
 from transfer.service.lifecycle import Lifecycle
 from transfer.service.publisher import SNIFF_BYTES, Candidate, Publisher, file_id_for
+from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord, object_key
 from transfer.service.uploads import UploadEngine
 from transfer.settings import Settings
@@ -172,6 +174,15 @@ class DirectService:
         self.lifecycle = lifecycle or Lifecycle(storage, settings, clock=clock)
         self.publisher = Publisher(storage, settings, self.lifecycle, clock=clock)
         self.engine = engine or UploadEngine(storage)  # its keyed locks: one completion of a plan at a time here
+        # open plans per key: a marker each, checked against its plan only when the key reaches the limit
+        self.open_plans = SessionQuota(
+            storage,
+            settings.max_open_direct_plans_per_key,
+            folder="plans",
+            noun="open upload plans",
+            error=TooManyPlans,
+        )
+        self.open_plans.register(is_plan_id, self._is_open)
         self._plans: dict[str, Plan] = {}  # recently loaded plans, for part URLs only (see part_urls)
 
     @property
@@ -203,6 +214,14 @@ class DirectService:
             return current.after(event, at, **changes)
 
         return await self.engine.update(_plan_key(pid), Plan.from_json, change, Plan.to_json)
+
+    async def _is_open(self, pid: str) -> bool:
+        """Whether plan ``pid`` still holds a slot of its key: open and not expired (for :attr:`open_plans`)."""
+        try:
+            plan = await self.load(pid, TRUSTED)
+        except (NotFound, Gone):
+            return False
+        return plan.state == "open"
 
     async def load(self, pid: str, caller: Grant, *, allow_ended: bool = False) -> Plan:
         """The plan, if the caller may see it (its own; any for admin); NotFound otherwise, whether or not it
@@ -264,6 +283,7 @@ class DirectService:
             description=description,
             file_ttl=file_ttl,
         )
+        await self.open_plans.acquire(caller.owner, pid)  # TooManyPlans at the key's limit
         await self.lifecycle.admit(caller.owner, pid, size, plan.expires_at)
         try:
             with storage_errors_translated():
@@ -282,8 +302,8 @@ class DirectService:
 
     async def part_urls(self, pid: str, parts: list[tuple[int, str]], caller: Grant) -> list[tuple[int, PartUrl]]:
         """A presigned URL per ``(part number, sha256 hex)``: the bucket takes only bytes with that SHA-256 for that
-        part, until the URL expires (an hour at most, never past the plan's expiry). The URL does not bind the
-        length: :meth:`complete` checks every part's size."""
+        part, until the URL expires (an hour at most, never past the plan's expiry). The URL binds the length
+        too (the bucket refuses a part of any other length); :meth:`complete` checks every part's size again."""
         backend = self._backend()
         # A client asks for a URL per part: reading the plan record each time would cost three backend requests per
         # part. The fields a URL depends on (owner, key, upload id, size, part size, expiry) never change, so a copy

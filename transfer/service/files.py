@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 import pybase64
 
 from storage.base import Capability, ObjectReader, Storage, SupportsAbandonedUploads, SupportsPresign, capable
-from storage.errors import StorageError
+from storage.errors import ObjectNotFound, StorageError
 from transfer import metrics
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode, format_timestamp
@@ -246,15 +246,38 @@ class FileService:
 
     async def delete(self, file_id: str, caller: Grant) -> None:
         """Delete a file (expired or not); its signed URLs stop working at once; its bytes leave its key's usage.
-        Deleting a missing file is NotFound."""
-        await self._remove(await self._stored_record(file_id, caller))
+        Deleting a missing file is NotFound, and so is every delete of a file but the one that removed it when
+        several race (on one process or across replicas)."""
+        if not await self._remove(await self._stored_record(file_id, caller)):
+            raise NotFound(f"no file {file_id!r}")
 
-    async def _remove(self, record: FileRecord) -> None:
-        """The one way a file goes (delete, expiry sweep): the object, then its usage and index entry."""
-        with storage_errors_translated():
-            await self.storage.delete(object_key(record.id))
+    async def _remove(self, record: FileRecord) -> bool:
+        """The one way a file goes (delete, expiry sweep): True for the one caller that removed it, False for
+        every other. The removal is claimed in the owner's usage record by compare-and-set; the claimer checks
+        that the object is still there (a removal that ended before the claim leaves nothing to remove), removes
+        it, and only then is the file refunded and unindexed. A crash after the object went leaves the usage too
+        high, never too low (``transfer usage repair`` recounts it)."""
+        if not await self.lifecycle.removing(record):
+            return False  # another delete or sweep is removing it right now
+        key = object_key(record.id)
+        try:
+            with storage_errors_translated():
+                try:
+                    await self.storage.stat(key)
+                except ObjectNotFound:
+                    gone = True
+                else:
+                    gone = False
+                    await self.storage.delete(key)
+        except BaseException:
+            await self.lifecycle.not_removed(record)
+            raise
+        if gone:
+            await self.lifecycle.not_removed(record)  # removed by someone else before our claim
+            return False
         await self.lifecycle.deleted(record)
         await unindex_file(self.storage, record)  # after: a crash in between leaves an entry the listing skips
+        return True
 
     async def sweep_expired_files(self) -> int:
         """Delete every file whose expiry has passed (service clock); returns how many. Reads the expiry index
@@ -280,8 +303,8 @@ class FileService:
                 continue
             if not is_expired(record.expires_at, now):
                 continue  # later in the current hour
-            await self._remove(record)
-            removed += 1
+            if await self._remove(record):
+                removed += 1  # by this sweep: another replica's sweep (or a delete) may have taken it first
         return removed
 
     async def list(self, caller: Grant, limit: int = LIST_DEFAULT, cursor: str | None = None) -> FilePage:

@@ -3,7 +3,8 @@ session, tus): its lifetime, its place in the expiry index, and its bytes in its
 
 Every publish path runs ``admit`` before it reads a byte (the lifetime is checked, a declared size reserved) and
 publishes through the one publisher (``transfer.service.publisher``), which writes the expiry index entry and
-charges the usage; every delete ends with ``deleted(record)``. The rules
+charges the usage; every removal is claimed with ``removing(record)`` and ends with ``deleted(record)`` (refunded
+once) or ``not_removed(record)``. The rules
 themselves are pure (``transfer.core.lifecycle``); the counter is ``transfer.service.usage``.
 """
 
@@ -77,6 +78,17 @@ class Lifecycle:
         """What upload ``rid`` (of unknown length) may still bring in all, its own reservation included."""
         return await self.usage.available_to(owner, rid)
 
+    async def grow(self, owner: str | None, rid: str, nbytes: int, until: float) -> None:
+        """Upload ``rid`` of unknown length is about to hold ``nbytes`` in all: its reservation grows to them first
+        (QuotaExceeded when they do not fit beside the key's other reservations), so that what it stores is
+        counted while it stays open, and the key's other uploads see it."""
+        await self.usage.reserve_at_least(owner, rid, nbytes, until)
+
+    async def reserve(self, owner: str | None, rid: str, nbytes: int, until: float) -> None:
+        """Set upload ``rid``'s reservation to ``nbytes`` (lower it to what a PATCH of unknown length stored)."""
+        if self.usage.quota_of(owner) is not None:
+            await self.usage.reserve(owner, rid, nbytes, until)
+
     async def release(self, owner: str | None, rid: str) -> None:
         """Upload ``rid`` ended without a file: its reservation goes."""
         await self.usage.release(owner, rid)
@@ -89,9 +101,24 @@ class Lifecycle:
         except TransferError as exc:
             log.warning("reservation %s of %r stays until it lapses: %s", rid, owner, exc)
 
+    async def removing(self, record: FileRecord) -> bool:
+        """Claim the removal of ``record``'s file: True for exactly one caller at a time, whatever the number of
+        deletes, sweeps and replicas racing (:meth:`UsageLedger.claim_removal`); the claimer then removes the
+        file and calls :meth:`deleted`, or :meth:`not_removed` when it finds the file gone or fails."""
+        return await self.usage.claim_removal(record.owner, record.id, record.size)
+
+    async def not_removed(self, record: FileRecord) -> None:
+        """Give back the claim of :meth:`removing` without a refund. Best effort on the way out of a failure: the
+        claim lapses at the end of its lease otherwise."""
+        try:
+            await self.usage.unclaim(record.owner, record.id)
+        except TransferError as exc:
+            log.warning("the removal claim of %s stays until its lease ends: %s", record.id, exc)
+
     async def deleted(self, record: FileRecord) -> None:
-        """``record``'s file is gone: its bytes leave the owner's usage and its index entry goes."""
-        await self.usage.refund(record.owner, record.size)
+        """The claimer of :meth:`removing` removed ``record``'s file: its bytes leave the owner's usage (once: the
+        claim goes in the same write) and its index entry goes."""
+        await self.usage.removed(record.owner, record.id, record.size)
         if record.expires_at is not None:
             await self.drop_index_entry(expiry_key(record.expires_at, record.id))
 

@@ -1,5 +1,6 @@
 """Open sessions per API key (chunked sessions and tus uploads together), counted through the storage backend so
-that every replica sees the same number.
+that every replica sees the same number; the same counter, in folders of their own, bounds a key's open direct
+upload plans (``plans/``) and upload authorisations (``authorizations/``).
 
 Each open session leaves a marker ``owners/<key hash>/sessions/<session id>``; the count is the number of markers, and
 only when it reaches the limit are the markers checked against their sessions (finished or expired ones are dropped).
@@ -15,23 +16,34 @@ from contextlib import asynccontextmanager
 
 from storage.base import Storage
 from storage.errors import ObjectNotFound
-from transfer.errors import TooManySessions, storage_errors_translated
+from transfer.errors import TooManySessions, TransferError, storage_errors_translated
 from transfer.service.records import owner_folder
 
 IsOpen = Callable[[str], Awaitable[bool]]
 
 
-def _prefix(owner: str) -> str:
-    return f"{owner_folder(owner)}sessions/"
-
-
 class SessionQuota:
-    """Shared by the session and tus services: each registers how to tell whether one of its ids is still open."""
+    """Shared by the session and tus services: each registers how to tell whether one of its ids is still open.
+    ``folder``, ``noun`` and ``error`` make it the counter of another kind of open resource."""
 
-    def __init__(self, storage: Storage, limit: int) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        limit: int,
+        *,
+        folder: str = "sessions",
+        noun: str = "open sessions",
+        error: type[TransferError] = TooManySessions,
+    ) -> None:
         self.storage = storage
         self.limit = limit
+        self.folder = folder
+        self.noun = noun
+        self.error = error
         self._checkers: list[tuple[Callable[[str], bool], IsOpen]] = []
+
+    def _prefix(self, owner: str) -> str:
+        return f"{owner_folder(owner)}{self.folder}/"
 
     def register(self, owns: Callable[[str], bool], is_open: IsOpen) -> None:
         self._checkers.append((owns, is_open))
@@ -43,10 +55,11 @@ class SessionQuota:
         return False
 
     async def acquire(self, owner: str | None, session_id: str) -> None:
-        """Count ``session_id`` against ``owner`` (None: no key, no limit); TooManySessions at the limit."""
+        """Count ``session_id`` against ``owner`` (None: no key, no limit); ``error`` (TooManySessions) at the
+        limit."""
         if owner is None:
             return
-        prefix = _prefix(owner)
+        prefix = self._prefix(owner)
         with storage_errors_translated():
             ids = [info.key[len(prefix) :] async for info in self.storage.list(prefix, limit=self.limit)]
             if len(ids) >= self.limit:
@@ -57,8 +70,8 @@ class SessionQuota:
                     else:
                         await self._drop(prefix + sid)
                 if still_open >= self.limit:
-                    raise TooManySessions(
-                        f"this API key has {still_open} open sessions, the limit is {self.limit}; complete or "
+                    raise self.error(
+                        f"this API key has {still_open} {self.noun}, the limit is {self.limit}; complete or "
                         "abort one first",
                         limit=self.limit,
                         headers={"retry-after": "60"},
@@ -79,7 +92,7 @@ class SessionQuota:
     async def release(self, owner: str | None, session_id: str) -> None:
         if owner is not None:
             with storage_errors_translated():
-                await self._drop(_prefix(owner) + session_id)
+                await self._drop(self._prefix(owner) + session_id)
 
     async def _drop(self, key: str) -> None:
         try:

@@ -90,13 +90,22 @@ async def read_record(storage: Storage, key: str, policy: RetryPolicy = DEFAULT_
 
 
 async def write_record(
-    storage: Storage, key: str, doc: Any, *, if_absent: bool = False, if_match: str | None = None
+    storage: Storage,
+    key: str,
+    doc: Any,
+    *,
+    if_absent: bool = False,
+    if_match: str | None = None,
+    durable: bool = True,
 ) -> ObjectInfo:
     """Write one JSON record atomically: if absent (Conflict when taken), if its version is still ``if_match``
-    (VersionConflict when not), or unconditionally."""
+    (VersionConflict when not), or unconditionally. ``durable=False``: a record whose loss in a power cut is
+    harmless (a removal claim) skips the backend's flush."""
     body = _encode(doc)
     with storage_errors_translated():
-        async with storage.create(key, size_hint=len(body), if_absent=if_absent, if_match=if_match) as writer:
+        async with storage.create(
+            key, size_hint=len(body), if_absent=if_absent, if_match=if_match, durable=durable
+        ) as writer:
             await writer.write(body)
             return await writer.commit({})
 

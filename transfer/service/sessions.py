@@ -48,7 +48,6 @@ from transfer.errors import (
     ChunkNotReady,
     InvalidRequest,
     NotFound,
-    QuotaExceeded,
     SessionIncomplete,
     TooLarge,
     TransferError,
@@ -426,11 +425,9 @@ class SessionService:
         return ChunkReceipt(index, mine.size, stored.xxh3, duplicate=True)
 
     async def _require_room(self, session: Session, end: int) -> None:
-        room = await self.lifecycle.room_for(session.owner, session.id)
-        if room is not None and end > room:
-            raise QuotaExceeded(
-                f"chunks up to byte {end} go beyond the {room} bytes this key's quota has room for", room=room
-            )
+        """A session without a size reserves up to the end of the chunk about to be stored, before it is stored:
+        its reservation grows with its chunks, and is capped by what the key has left beside its other uploads."""
+        await self.lifecycle.grow(session.owner, session.id, end, session.expires_at)
 
     async def _record_part(self, sid: str, index: int, part: Part) -> Session:
         """Enter a stored chunk in the session's index (compare-and-set; a no-op if it is there already)."""

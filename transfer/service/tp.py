@@ -44,6 +44,7 @@ from transfer.core.tp import (
 from transfer.errors import (
     BridgeFailed,
     InvalidEnvelope,
+    MailboxFull,
     NotFound,
     TransferError,
     UnsupportedMessageType,
@@ -288,6 +289,8 @@ class TPService:
         if envelope.receiver is not None:
             try:
                 await self.deliver(envelope.receiver, relayed)
+            except MailboxFull:
+                raise  # not a bridge failure: the receiver has this many waiting
             except TransferError as exc:  # §9.8: a bridge that cannot pass a message on says so with TP-TRA002
                 raise BridgeFailed(f"could not relay the message: {exc.message}", cause=exc.code) from exc
         if isinstance(rid, str):
@@ -297,11 +300,24 @@ class TPService:
     # -- mailboxes (storage) and live topics (this process) --------------------------------------------------------
 
     async def deliver(self, receiver: Any, raw: bytes) -> None:
-        """Keep ``raw`` for ``receiver`` until polled (or ``tp_mailbox_ttl``), and push it to live subscribers."""
+        """Keep ``raw`` for ``receiver`` until polled (or ``tp_mailbox_ttl``), and push it to live subscribers.
+        MailboxFull when ``tp_mailbox_max_messages`` wait for the receiver already: a receiver that never polls
+        holds that many at most, each for at most its lifetime (then the sweep removes it)."""
         box = identity_key(receiver)
         now = self.clock()
-        key = f"{MAILBOX}{box}/{int(now * 1e6):020d}-{hashlib.sha256(raw).hexdigest()[:16]}"
+        key = f"{MAILBOX}{box}/{_stamp(now)}-{hashlib.sha256(raw).hexdigest()[:16]}"
+        prefix, limit = f"{MAILBOX}{box}/", self.settings.tp_mailbox_max_messages
         with storage_errors_translated():
+            # keys sort by delivery time: the listing starts after the last expired one and stops at the limit,
+            # so it costs at most the limit's worth of keys (one LIST on S3) whatever the mailbox held before
+            start = f"{prefix}{_stamp(now - self.settings.tp_mailbox_ttl)}"
+            waiting = [info async for info in self.storage.list(prefix, start_after=start, limit=limit)]
+            if len(waiting) >= limit:
+                raise MailboxFull(
+                    f"{limit} messages are waiting for this receiver already; it must poll them first",
+                    limit=limit,
+                    headers={"retry-after": "60"},
+                )
             async with self.storage.create(key, size_hint=len(raw)) as writer:
                 await writer.write(raw)
                 await writer.commit({"expires": str(int(now) + self.settings.tp_mailbox_ttl)})
@@ -338,6 +354,21 @@ class TPService:
                 break
             after = keys[-1]
         return out
+
+    async def sweep_mailboxes(self) -> int:
+        """Delete every TP message kept past its lifetime, polled or not; returns how many. Lists the mailboxes
+        (a sweep, not a request path); the delivery time is in each key, so no message is read."""
+        now = self.clock()
+        removed = 0
+        with storage_errors_translated():
+            async for info in self.storage.list(MAILBOX):
+                if _delivered_at(info.key) + self.settings.tp_mailbox_ttl < now:
+                    try:
+                        await self.storage.delete(info.key)
+                    except ObjectNotFound:
+                        continue  # polled meanwhile
+                    removed += 1
+        return removed
 
     async def resource_topics(self, rid: str, caller: Grant) -> list[str]:
         """The topics a subscriber to resource ``rid`` hears: notifies relayed about it and, for an import, its
@@ -435,3 +466,14 @@ def _opt_int(spec: dict[str, Any], name: str) -> int | None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
         raise InvalidEnvelope(f"payload.upload.{name} must be a non-negative integer")
     return value
+
+
+def _stamp(moment: float) -> str:
+    """The delivery-time part of a mailbox key (microseconds, fixed width: keys sort by time)."""
+    return f"{int(max(0.0, moment) * 1e6):020d}"
+
+
+def _delivered_at(key: str) -> float:
+    """When the message under mailbox ``key`` was delivered (0: a key not made by :meth:`TPService.deliver`)."""
+    stamp = key.rsplit("/", 1)[-1].split("-", 1)[0]
+    return int(stamp) / 1e6 if stamp.isdigit() else 0.0

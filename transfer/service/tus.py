@@ -400,8 +400,10 @@ class TusService:
         *,
         checksum: tuple[str, bytes] | None = None,
         declare_length: int | None = None,
+        body_length: int | None = None,
     ) -> tuple[Upload, int]:
-        """Apply a PATCH at ``offset``; returns the upload and its new offset (RFC: 409 on a wrong offset)."""
+        """Apply a PATCH at ``offset``; returns the upload and its new offset (RFC: 409 on a wrong offset).
+        ``body_length``: the PATCH's Content-Length, when it has one (what a deferred-length upload reserves)."""
         upload = await self.load(uid, caller)
         if upload.concat == "final":
             raise UploadForbidden("a final upload cannot be patched")
@@ -431,6 +433,18 @@ class TusService:
             limit = room - current
             if limit <= 0:
                 raise QuotaExceeded(f"this key's quota has no room beyond the {current} bytes received", room=room)
+        grown = False
+        if room is not None:
+            # a deferred length reserves as it grows, before the bytes are stored: this PATCH's length, or (without
+            # one) all the room there is, given back afterwards to what was stored
+            if body_length is not None:
+                if current + body_length > room:
+                    raise QuotaExceeded(
+                        f"this PATCH's {body_length} bytes go beyond the {room} bytes of this key's quota", room=room
+                    )
+                limit = min(limit, body_length)
+            await self.lifecycle.grow(upload.owner, uid, current + limit, upload.expires_at)
+            grown = body_length is None
         # the running SHA-256 follows the bytes of this process's PATCHes when they arrive in order
         hasher = self.engine.hashers.get(uid)
         if hasher is None and current == 0:
@@ -451,7 +465,10 @@ class TusService:
                 raise TusChecksumMismatch("Upload-Checksum does not match the PATCH body")
 
         try:
-            result = await self.engine.store_part(
+            result = await self._store_patch(
+                grown,
+                upload,
+                current,
                 _segment_key(uid, current),
                 body,
                 limit=limit,
@@ -470,11 +487,26 @@ class TusService:
                 feed.advance(staged, result.size, current + result.size)
             upload = await self._record_segment(uid, current, Part(result.size, result.xxh3))
         new_offset = current + (result.size if result.stored else 0)
+        if grown:
+            await self.lifecycle.reserve(upload.owner, uid, new_offset, upload.expires_at)
         if result.cut is not None:
             raise ClientDisconnected("PATCH was cut short; the bytes received were kept")
         if upload.length is not None and new_offset == upload.length and upload.concat != "partial":
             upload = await self._finish(upload)
         return upload, new_offset
+
+    async def _store_patch(self, grown: bool, upload: Upload, current: int, *args: Any, **kwargs: Any) -> Any:
+        """``engine.store_part``; when the PATCH reserved all the room there was (``grown``) and fails, its
+        reservation goes back to the bytes stored before it (a failed PATCH keeps none of its own)."""
+        try:
+            return await self.engine.store_part(*args, **kwargs)
+        except BaseException:
+            if grown:
+                try:
+                    await self.lifecycle.reserve(upload.owner, upload.id, current, upload.expires_at)
+                except TransferError as exc:
+                    log.warning("upload %s keeps its reservation until it ends: %s", upload.id, exc)
+            raise
 
     async def _finish(self, upload: Upload) -> Upload:
         """Publish a complete upload as a stored file."""

@@ -71,7 +71,7 @@ def ensure_swift() -> Path:
     return bin_dir
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:
@@ -183,7 +183,7 @@ def swift_s3_server(base: Path | None = None) -> Iterator[S3Endpoint]:
         "[storage-policy:0]\nname = gold\ndefault = yes\n\n"
         "[swift-constraints]\nmax_file_size = 5368709122\n"
     )
-    proxy_port, account_port, container_port, object_port = _free_ports(4)
+    proxy_port, account_port, container_port, object_port = free_ports(4)
     for kind, port in (("account", account_port), ("container", container_port), ("object", object_port)):
         builder = f"{kind}.builder"
         ring = [str(bin_dir / "swift-ring-builder"), builder]

@@ -195,7 +195,7 @@ def ceph_cluster(gateways: int = 2) -> Iterator[CephCluster]:
                 tail = (root / "log" / "daemons.log").read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"Ceph did not start (exited: {dead}):\n{tail}")
             time.sleep(0.05)
-        endpoints = tuple(S3Endpoint(url, ACCESS_KEY, SECRET_KEY, REGION) for url in urls)
+        endpoints = tuple(S3Endpoint(url, ACCESS_KEY, SECRET_KEY, REGION, engine="ceph") for url in urls)
         yield CephCluster(endpoints, root, time.monotonic() - began)
     finally:
         for p in reversed(procs):  # gateways first, the monitor last

@@ -41,6 +41,7 @@ class S3Endpoint:
     access_key: str
     secret_key: str
     region: str
+    engine: str = "s3"  # "swift", "ceph", or "s3" for an endpoint named from outside
 
 
 def s3_client(endpoint: S3Endpoint) -> Any:
@@ -220,7 +221,7 @@ def swift_s3_server(base: Path | None = None) -> Iterator[S3Endpoint]:
             if dead or time.monotonic() > deadline:
                 raise RuntimeError("Swift did not start:\n" + (root / "swift.log").read_text()[-3000:])
             time.sleep(0.1)
-        yield S3Endpoint(url, ACCESS_KEY, SECRET_KEY, REGION)
+        yield S3Endpoint(url, ACCESS_KEY, SECRET_KEY, REGION, engine="swift")
     finally:
         for p in procs:
             if p.poll() is None:

@@ -47,6 +47,11 @@ class Settings(BaseSettings):
     s3_atomic_if_match: bool = Field(
         default=True, description="the store honours If-Match on PUT, atomically (AWS, MinIO: yes; Swift: no)"
     )
+    single_replica: bool = Field(
+        default=False,
+        description="this process is the only one on its storage: required to serve from a backend without atomic "
+        "compare-and-set (Swift's s3api), which would let replicas overwrite each other's records",
+    )
     s3_max_attempts: int = Field(default=5, ge=1, le=20, description="attempts per S3 call (resets, 503, timeouts)")
     s3_connect_timeout: float = Field(default=5.0, gt=0, description="seconds to connect to the S3 endpoint")
     s3_read_timeout: float = Field(default=60.0, gt=0, description="seconds without a byte from S3 before a retry")

@@ -215,6 +215,11 @@ class EngineProfile:
         ]
 
 
+# what each engine (endpoint, region, credentials) was seen to do, once per process: an engine does not change its
+# conditional requests while a process runs, and a process that opens many buckets (the tests) probes once
+_PROBED: dict[tuple[str | None, str | None, str | None], EngineProfile] = {}
+
+
 def quoted(etag: str) -> str:
     return etag if etag.startswith('"') else f'"{etag}"'
 
@@ -568,7 +573,9 @@ class S3Storage:
         except ObjectNotFound as exc:  # HeadBucket answers a bare 404
             raise BackendUnavailable(f"S3 bucket {self.config.bucket!r} does not exist at {where}") from exc
         if self.config.probe and self.engine is None:
-            self.engine = await self.probe()
+            seen = (self.config.endpoint_url, self.config.region, self.config.access_key_id)
+            self.engine = _PROBED.get(seen) or await self.probe()
+            _PROBED[seen] = self.engine
 
     async def _raw(self, what: str, fn: Callable[..., Any], **kwargs: Any) -> tuple[int, Any]:
         """One probe request: (HTTP status, response or None); a refusal is an outcome, not an error."""

@@ -58,12 +58,14 @@ from storage.base import (
 )
 from storage.errors import (
     BackendUnavailable,
+    ChecksumRejected,
     ObjectChanged,
     ObjectExists,
     ObjectNotFound,
     ObjectTooLarge,
     StorageError,
     StorageFull,
+    Unsupported,
 )
 from storage.keyed import KeyedLocks
 from storage.parts import plan_part_size
@@ -82,6 +84,12 @@ _ERROR_TABLE: dict[str, type[StorageError]] = {
     "QuotaExceeded": StorageFull,
     "XMinioStorageFull": StorageFull,
     "InsufficientStorage": StorageFull,
+    "BadDigest": ChecksumRejected,  # Content-MD5 or x-amz-checksum-* does not match the bytes
+    "InvalidDigest": ChecksumRejected,
+    "XAmzContentSHA256Mismatch": ChecksumRejected,
+    "NotImplemented": Unsupported,  # Swift's s3api on If-Match: a refusal, not an outage
+    "501": Unsupported,
+    "ConditionalRequestConflict": ObjectChanged,  # 409: a concurrent conditional write of the same key
 }
 _ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "Forbidden"}
 

@@ -8,6 +8,7 @@ import base64
 import hashlib
 import os
 import re
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,6 +49,13 @@ class Counting:
         self.calls[model.name] += 1
 
     def take(self) -> Counter[str]:
+        """The calls since the last take, once none has come for half a second: work a request leaves behind after
+        its response (a cleanup, a record settled in the background) is its cost too, not the next request's."""
+        quiet_since, seen = time.monotonic(), sum(self.calls.values())
+        while time.monotonic() - quiet_since < 0.5:
+            time.sleep(0.05)
+            if sum(self.calls.values()) != seen:
+                quiet_since, seen = time.monotonic(), sum(self.calls.values())
         taken, self.calls = self.calls, Counter()
         return taken
 

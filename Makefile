@@ -1,6 +1,8 @@
 # The two commands of README.md (serve, test). All targets create ./.venv and install the project into it first.
 # install     the venv, the MCP Inspector CLI (pinned, into .cache/node), the web page's and /docs' browser libraries (npm ci in transfer/web, pinned by its
-#             package-lock.json; never copied into the repository) and, for the browser test, Debian's chromium
+#             package-lock.json; never copied into the repository) and, for the browser test, Debian's chromium; for the
+#             S3 tests on Ceph (devtools/ceph.py) Debian's Ceph monitor, OSD and RADOS Gateway, and HAProxy for the
+#             replica tests (tests/test_replicas_ceph.py): each only if missing, without recommends
 # test        lint + every test (the README's command)
 # test-quick  lint + the tests not marked slow or s3: the inner loop while editing; run `make test` before pushing
 PYTHON ?= python3
@@ -32,6 +34,9 @@ $(INSPECTOR):
 
 install: $(STAMP) $(WEB_STAMP) $(INSPECTOR)
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+	command -v radosgw >/dev/null && command -v ceph-osd >/dev/null || (apt-get update && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ceph-mon ceph-osd radosgw ceph-common)
+	command -v haproxy >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends haproxy)
 
 serve: $(STAMP) $(WEB_STAMP)
 	$(BIN)/transfer serve

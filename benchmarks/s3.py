@@ -46,6 +46,7 @@ def run_s3(size: int, reps: int, workdir: Path, endpoint: Any = None, memory_siz
             "TRANSFER_S3_ADDRESSING_STYLE": "path",
             # Swift's s3api (the test server) refuses If-Match on PUT; a named endpoint (MinIO, AWS) takes it
             "TRANSFER_S3_ATOMIC_IF_MATCH": "true" if os.environ.get("TRANSFER_TEST_S3_ENDPOINT") else "false",
+            "TRANSFER_SINGLE_REPLICA": "true",  # one service process on the bucket (Swift refuses replicas otherwise)
             "AWS_ACCESS_KEY_ID": endpoint.access_key,
             "AWS_SECRET_ACCESS_KEY": endpoint.secret_key,
             "AWS_REGION": endpoint.region,

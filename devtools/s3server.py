@@ -41,6 +41,7 @@ class S3Endpoint:
     access_key: str
     secret_key: str
     region: str
+    engine: str = "s3"  # "swift", "ceph", or "s3" for an endpoint named from outside
 
 
 def s3_client(endpoint: S3Endpoint) -> Any:
@@ -71,7 +72,7 @@ def ensure_swift() -> Path:
     return bin_dir
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:
@@ -183,7 +184,7 @@ def swift_s3_server(base: Path | None = None) -> Iterator[S3Endpoint]:
         "[storage-policy:0]\nname = gold\ndefault = yes\n\n"
         "[swift-constraints]\nmax_file_size = 5368709122\n"
     )
-    proxy_port, account_port, container_port, object_port = _free_ports(4)
+    proxy_port, account_port, container_port, object_port = free_ports(4)
     for kind, port in (("account", account_port), ("container", container_port), ("object", object_port)):
         builder = f"{kind}.builder"
         ring = [str(bin_dir / "swift-ring-builder"), builder]
@@ -220,7 +221,7 @@ def swift_s3_server(base: Path | None = None) -> Iterator[S3Endpoint]:
             if dead or time.monotonic() > deadline:
                 raise RuntimeError("Swift did not start:\n" + (root / "swift.log").read_text()[-3000:])
             time.sleep(0.1)
-        yield S3Endpoint(url, ACCESS_KEY, SECRET_KEY, REGION)
+        yield S3Endpoint(url, ACCESS_KEY, SECRET_KEY, REGION, engine="swift")
     finally:
         for p in procs:
             if p.poll() is None:

@@ -36,7 +36,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Protocol, Self, TypeVar, cast, runtime_checkable
 
-from storage.errors import InvalidKey
+from storage.errors import InvalidKey, StorageError
 
 # Keys are chosen by the service, never taken from user paths; this pattern keeps them safe on every backend.
 _KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}(/[A-Za-z0-9][A-Za-z0-9._-]{0,200}){0,8}$")
@@ -297,6 +297,38 @@ class SupportsPresign(Protocol):
     ) -> str:
         """A GET URL valid for ``expires_in`` seconds (the backend may cap it) whose responses carry the given
         Content-Type, Content-Encoding and Content-Disposition."""
+
+
+REPLICA_CAPABILITIES = {
+    Capability.ATOMIC_IF_MATCH: "compare-and-set (If-Match) is not atomic on it, so two replicas could overwrite "
+    "each other's upload records",
+    Capability.ATOMIC_IF_ABSENT: "create-if-absent (If-None-Match) is not atomic on it, so two replicas could both "
+    "take one new id or part",
+}
+
+
+def replica_hazards(storage: Storage) -> list[str]:
+    """Why several processes must not share ``storage`` (empty when they may): the capabilities that records
+    updated by replicas rely on, missing on this backend (as declared after ``start``: probed on S3)."""
+    return [why for capability, why in REPLICA_CAPABILITIES.items() if capability not in storage.capabilities]
+
+
+class UnsafeForReplicas(StorageError):
+    """The backend cannot be shared by several replicas and the operator did not say this one runs alone."""
+
+    def __init__(self, hazards: list[str]) -> None:
+        super().__init__(
+            "the storage backend cannot be shared by replicas: "
+            + "; ".join(hazards)
+            + ". Run one process on it and say so with TRANSFER_SINGLE_REPLICA=true (transfer serve --single-replica)"
+        )
+
+
+def require_replica_safe(storage: Storage, single_replica: bool) -> None:
+    """Raise :class:`UnsafeForReplicas` unless ``storage`` is safe for replicas or the process runs alone."""
+    hazards = replica_hazards(storage)
+    if hazards and not single_replica:
+        raise UnsafeForReplicas(hazards)
 
 
 Interface = TypeVar("Interface")

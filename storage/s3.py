@@ -1,4 +1,4 @@
-"""S3-compatible backend (AWS S3, MinIO, Cloudflare R2, Swift's s3api) on boto3.
+"""S3-compatible backend (AWS S3, MinIO, Cloudflare R2, Ceph RGW, Swift's s3api) on boto3.
 
 Layout in the bucket, under an optional prefix::
 
@@ -12,10 +12,14 @@ aborts the multipart upload, so no orphaned upload remains. Reads pass the range
 the ETag seen when the reader was opened, so a reader never mixes two versions.
 
 Compare-and-set: ``ObjectInfo.etag`` is the data object's ETag; ``create(key, if_match=etag)`` publishes the bytes
-with ``If-Match`` on PutObject / CompleteMultipartUpload (AWS S3 since 2024, MinIO), then the metadata, so a lost
-race changes nothing. Servers that refuse conditional PUTs (Swift's s3api answers 501) are configured with
-``atomic_if_match=False``: the ETag is compared by a HEAD just before the put, under a per-key lock of this
-process, so the compare-and-set holds within one process but not between replicas (no ATOMIC_IF_MATCH then).
+with ``If-Match`` on PutObject / CompleteMultipartUpload (AWS S3 since 2024, MinIO, Ceph RGW), then the metadata, so
+a lost race changes nothing. Engines differ, so :meth:`S3Storage.start` probes the one it talks to
+(:class:`EngineProfile`) and uses what works: the ETag quoted as returned (AWS) or unquoted (Ceph RGW compares
+byte for byte with the ETag it stores without quotes); where CompleteMultipartUpload ignores conditions (Ceph 16)
+a large create-if-absent claims its key with a conditional PutObject of its metadata. Where the engine has no
+conditional PUT (Swift's s3api answers 501) the ETag is compared by a HEAD just before the put, under a per-key
+lock of this process, so the compare-and-set holds within one process but not between replicas (no
+ATOMIC_IF_MATCH then: the service refuses to run as one of several replicas on it).
 
 boto3 calls run in a thread pool of ``max_concurrency`` threads (the event loop never blocks); transient errors
 (503 SlowDown, resets, timeouts) are retried by botocore's ``standard`` retry mode; every other error is translated
@@ -25,18 +29,22 @@ by one table into ``storage.errors``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import builtins
 import contextlib
+import hashlib
 import json
+import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import boto3
 import botocore.exceptions
+import httpx
 from botocore.config import Config
 
 from storage.base import (
@@ -50,12 +58,14 @@ from storage.base import (
 )
 from storage.errors import (
     BackendUnavailable,
+    ChecksumRejected,
     ObjectChanged,
     ObjectExists,
     ObjectNotFound,
     ObjectTooLarge,
     StorageError,
     StorageFull,
+    Unsupported,
 )
 from storage.keyed import KeyedLocks
 from storage.parts import plan_part_size
@@ -74,8 +84,23 @@ _ERROR_TABLE: dict[str, type[StorageError]] = {
     "QuotaExceeded": StorageFull,
     "XMinioStorageFull": StorageFull,
     "InsufficientStorage": StorageFull,
+    "BadDigest": ChecksumRejected,  # Content-MD5 or x-amz-checksum-* does not match the bytes
+    "InvalidDigest": ChecksumRejected,
+    "XAmzContentSHA256Mismatch": ChecksumRejected,
+    "NotImplemented": Unsupported,  # Swift's s3api on If-Match: a refusal, not an outage
+    "501": Unsupported,
+    "ConditionalRequestConflict": ObjectChanged,  # 409: a concurrent conditional write of the same key
 }
 _ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "Forbidden"}
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status of the S3 answer behind a translated error, when there was one."""
+    cause = exc.__cause__
+    if isinstance(cause, botocore.exceptions.ClientError):
+        status = cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return int(status) if status is not None else None
+    return None
 
 
 def translate_error(exc: Exception, what: str) -> StorageError:
@@ -127,6 +152,88 @@ class S3Config:
     atomic_if_match: bool = True
     connect_timeout: float = 5.0
     read_timeout: float = 60.0
+    # learn at start() what the engine really does (see :class:`EngineProfile`); the two ``atomic_*`` flags above
+    # can then only take an ability away (an operator's "no"), never grant one the engine was seen not to have
+    probe: bool = True
+
+
+IfMatchForm = Literal["quoted", "unquoted", "ignored", "refused", "broken"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineProfile:
+    """What an S3 engine was seen to do at start-up, by probes on a reserved key (``<prefix>probe/<random>/…``,
+    outside the data and metadata namespaces, deleted afterwards). Each field is the outcome of one request pair,
+    never a guess from the server's name.
+
+    ``if_match`` — PutObject ``If-Match`` with the current ETag: ``quoted`` (as S3 returns it: AWS, MinIO),
+    ``unquoted`` (only without the quotes: Ceph RGW compares byte for byte with its stored ETag), ``refused``
+    (501/400: Swift's s3api), ``ignored`` (a stale ETag is accepted too: no compare at all), ``broken`` (neither
+    form of the current ETag is accepted)."""
+
+    conditional_create: bool  # PutObject If-None-Match: * refuses an existing key
+    if_match: IfMatchForm
+    if_match_missing: int | None  # the status of If-Match on a key with no object (AWS 404, Ceph 412)
+    get_if_match: IfMatchForm  # GetObject If-Match with the ETag (quoted / unquoted), what pinned readers send
+    conditional_complete: bool  # CompleteMultipartUpload honours If-None-Match (Ceph 16: ignored, it overwrites)
+    part_checksums_verified: bool  # UploadPart refuses a wrong x-amz-checksum-sha256 (Ceph 16: stored unchecked)
+    presign: str  # the presigned-URL signature the engine accepts: "sigv4", or "none"
+
+    @property
+    def compare_and_set(self) -> bool:
+        """Replace-if-version is atomic on the engine (the server compares, not us)."""
+        return self.if_match in ("quoted", "unquoted")
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(probe, outcome, what the backend does with it), for ``transfer storage check``."""
+        yes = {True: "yes", False: "no"}
+        return [
+            (
+                "conditional create (If-None-Match: *)",
+                yes[self.conditional_create],
+                "used: new ids, parts, records" if self.conditional_create else "not atomic: one replica only",
+            ),
+            (
+                "conditional replace (If-Match)",
+                self.if_match,
+                {
+                    "quoted": "used: the ETag as returned",
+                    "unquoted": "used: the ETag without its quotes",
+                }.get(self.if_match, "no compare-and-set: one replica only"),
+            ),
+            ("If-Match on a missing key", str(self.if_match_missing or "-"), "either means: changed"),
+            ("GetObject If-Match (pinned reads)", self.get_if_match, "readers never mix two versions"),
+            (
+                "conditional CompleteMultipartUpload",
+                yes[self.conditional_complete],
+                "used" if self.conditional_complete else "large create-if-absent claims its key by its metadata",
+            ),
+            (
+                "part checksums verified",
+                yes[self.part_checksums_verified],
+                "direct parts checked by the engine and read back"
+                if self.part_checksums_verified
+                else "direct parts read back before publication (the engine stores wrong ones)",
+            ),
+            (
+                "presigned URL signature",
+                self.presign,
+                "signed_url and direct uploads" if self.presign != "none" else "no signed_url, no direct uploads",
+            ),
+        ]
+
+
+# what each engine (endpoint, region, credentials) was seen to do, once per process: an engine does not change its
+# conditional requests while a process runs, and a process that opens many buckets (the tests) probes once
+_PROBED: dict[tuple[str | None, str | None, str | None], EngineProfile] = {}
+
+
+def quoted(etag: str) -> str:
+    return etag if etag.startswith('"') else f'"{etag}"'
+
+
+def unquoted(etag: str) -> str:
+    return etag[1:-1] if len(etag) >= 2 and etag.startswith('"') and etag.endswith('"') else etag
 
 
 class S3Writer(WriterContext):
@@ -230,18 +337,29 @@ class S3Writer(WriterContext):
             if not conditional_put:  # replace: metadata first, the bytes are the visibility point
                 await s.put_meta(self._key, record)
                 self._meta_written = True
+            multipart = self._upload_id is not None
             conditional: dict[str, str] = {}
-            if self._if_absent:
+            # an engine that ignores conditions on CompleteMultipartUpload (Ceph 16) gets none there: a large
+            # create-if-absent claims its key by a conditional PutObject of its metadata instead (an object whose
+            # bytes are not there yet is not published), and a large if-match compares by HEAD under our lock
+            claim = self._if_absent and multipart and not s.conditional_complete
+            if self._if_absent and not claim:
                 conditional = {"IfNoneMatch": "*"}
-            elif self._if_match is not None and s.config.atomic_if_match:
-                conditional = {"IfMatch": self._if_match}
-            compare_first = self._if_match is not None and not s.config.atomic_if_match
+            elif self._if_match is not None and s.atomic_if_match and not (multipart and not s.conditional_complete):
+                conditional = {"IfMatch": s.if_match_value(self._if_match)}
+            compare_first = self._if_match is not None and "IfMatch" not in conditional
             guard = s.compare_locks.hold(self._key) if compare_first else contextlib.nullcontext()
             async with guard:
                 if compare_first:
                     await self._compare()
+                if claim:
+                    try:
+                        await s.put_meta(self._key, record, if_absent=True)
+                    except ObjectChanged as exc:
+                        raise ObjectExists(self._key) from exc
+                    self._meta_written = True  # the claim: an abort gives it back
                 etag = await self._publish_bytes(conditional)
-                if conditional_put:  # the bytes won the race, now the metadata makes them visible
+                if conditional_put and not claim:  # the bytes won the race, now the metadata makes them visible
                     await s.put_meta(self._key, record)
         except BaseException:
             await self.abort()
@@ -260,7 +378,7 @@ class S3Writer(WriterContext):
             )
         except ObjectNotFound as exc:
             raise ObjectChanged(f"{self._key} has no object any more") from exc
-        if str(head["ETag"]) != self._if_match:
+        if unquoted(str(head["ETag"])) != unquoted(self._if_match or ""):
             raise ObjectChanged(f"{self._key} is at version {head['ETag']}, not {self._if_match}")
 
     async def _publish_bytes(self, conditional: dict[str, str]) -> str:
@@ -294,10 +412,9 @@ class S3Writer(WriterContext):
                 raise ObjectChanged(f"{self._key} has no object any more") from exc
             raise
         except BackendUnavailable as exc:
-            if conditional and isinstance(exc.__cause__, botocore.exceptions.ClientError):
-                status = exc.__cause__.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if conditional:
                 # 412 PreconditionFailed; 409 ConditionalRequestConflict (a concurrent conditional write)
-                if status in (409, 412):
+                if _status(exc) in (409, 412):
                     if self._if_absent:
                         raise ObjectExists(self._key) from exc
                     raise ObjectChanged(f"{self._key} changed: {exc}") from exc
@@ -348,7 +465,7 @@ class S3Reader(ReaderContext):
             Bucket=s.config.bucket,
             Key=s.data_key(self._info.key),
             Range=f"bytes={start}-{stop - 1}",
-            IfMatch=self._etag,
+            **s.get_if_match(self._etag),
         )
         body = response["Body"]
         try:
@@ -394,6 +511,7 @@ class S3Storage:
         # Retries happen inside botocore (standard mode); each attempt after the first builds a new request whose
         # context carries the attempt number. Whoever runs this storage may count them (``on_retry(operation)``).
         self.on_retry: Callable[[str], None] | None = None
+        self.engine: EngineProfile | None = None  # what start() saw the engine do
         self.client.meta.events.register("request-created.s3", self._request_created)
 
     def _request_created(self, request: Any, operation_name: str = "", **_: Any) -> None:
@@ -403,13 +521,41 @@ class S3Storage:
 
     @property
     def capabilities(self) -> frozenset[Capability]:
-        caps = {Capability.PRESIGN, Capability.MULTIPART, Capability.COMPOSE, Capability.ABANDONED_UPLOADS}
-        caps.add(Capability.DIRECT_UPLOAD)
-        if self.config.atomic_if_absent:
+        """What this backend offers on its engine: before start() (or without probing) what the configuration
+        says; after start() only what the probes saw working."""
+        caps = {Capability.MULTIPART, Capability.COMPOSE, Capability.ABANDONED_UPLOADS}
+        if self.engine is None or self.engine.presign != "none":
+            caps |= {Capability.PRESIGN, Capability.DIRECT_UPLOAD}
+        if self.atomic_if_absent:
             caps.add(Capability.ATOMIC_IF_ABSENT)
-        if self.config.atomic_if_match:
+        if self.atomic_if_match:
             caps.add(Capability.ATOMIC_IF_MATCH)
         return frozenset(caps)
+
+    @property
+    def atomic_if_absent(self) -> bool:
+        return self.config.atomic_if_absent and (self.engine is None or self.engine.conditional_create)
+
+    @property
+    def atomic_if_match(self) -> bool:
+        return self.config.atomic_if_match and (self.engine is None or self.engine.compare_and_set)
+
+    @property
+    def conditional_complete(self) -> bool:
+        return self.engine is None or self.engine.conditional_complete
+
+    def if_match_value(self, etag: str) -> str:
+        """``etag`` in the form the engine compares If-Match with (Ceph: without the quotes)."""
+        return unquoted(etag) if self.engine is not None and self.engine.if_match == "unquoted" else quoted(etag)
+
+    def get_if_match(self, etag: str) -> dict[str, str]:
+        """The If-Match of a pinned GetObject: the form the engine accepts, none when it has no working one."""
+        form = "quoted" if self.engine is None else self.engine.get_if_match
+        if form == "quoted":
+            return {"IfMatch": quoted(etag)}
+        if form == "unquoted":
+            return {"IfMatch": unquoted(etag)}
+        return {}
 
     def data_key(self, key: str) -> str:
         return f"{self.config.prefix}data/{validate_key(key)}"
@@ -426,7 +572,7 @@ class S3Storage:
             raise translate_error(exc, what) from exc
 
     async def start(self) -> None:
-        """Check that the bucket exists and the credentials may use it."""
+        """Check that the bucket exists and the credentials may use it, then learn what the engine does."""
         where = self.config.endpoint_url or "AWS"
         try:
             await self.call(
@@ -434,6 +580,152 @@ class S3Storage:
             )
         except ObjectNotFound as exc:  # HeadBucket answers a bare 404
             raise BackendUnavailable(f"S3 bucket {self.config.bucket!r} does not exist at {where}") from exc
+        if self.config.probe and self.engine is None:
+            seen = (self.config.endpoint_url, self.config.region, self.config.access_key_id)
+            self.engine = _PROBED.get(seen) or await self.probe()
+            _PROBED[seen] = self.engine
+
+    async def _raw(self, what: str, fn: Callable[..., Any], **kwargs: Any) -> tuple[int, Any]:
+        """One probe request: (HTTP status, response or None); a refusal is an outcome, not an error."""
+        try:
+            return 200, await self.call(what, fn, Bucket=self.config.bucket, **kwargs)
+        except StorageError as exc:
+            status = _status(exc)
+            if status is None:
+                raise
+            return status, None
+
+    async def probe(self) -> EngineProfile:
+        """The probes of :class:`EngineProfile`, about twenty requests on ``<prefix>probe/<random>/``."""
+        c = self.client
+        base = f"{self.config.prefix}probe/{secrets.token_hex(8)}/"
+        a, cks = base + "a", base + "c"
+        try:
+            status, first = await self._raw("probing", c.put_object, Key=a, Body=b"1", IfNoneMatch="*")
+            if status != 200:
+                raise BackendUnavailable(f"S3 refused a probe PutObject ({status}) in {self.config.bucket!r}")
+            status, _ = await self._raw("probing", c.put_object, Key=a, Body=b"2", IfNoneMatch="*")
+            conditional_create = status in (409, 412) and await self._probe_create_race(base + "race")
+            current = (
+                str(first["ETag"])
+                if status != 200
+                else str((await self._raw("probing", c.head_object, Key=a))[1]["ETag"])
+            )
+            if_match: IfMatchForm = "broken"
+            for form, value in (("quoted", quoted(current)), ("unquoted", unquoted(current))):
+                status, answer = await self._raw("probing", c.put_object, Key=a, Body=b"3", IfMatch=value)
+                if status == 200:
+                    if_match = "quoted" if form == "quoted" else "unquoted"
+                    stale = value  # the version just replaced
+                    status, _ = await self._raw("probing", c.put_object, Key=a, Body=b"4", IfMatch=stale)
+                    if status == 200:
+                        if_match = "ignored"
+                    break
+                if status in (400, 501):
+                    if_match = "refused"
+                    break
+            status, _ = await self._raw("probing", c.put_object, Key=base + "missing", Body=b"", IfMatch='"0"')
+            if_match_missing = status if status != 200 and if_match != "refused" else None
+            head = (await self._raw("probing", c.head_object, Key=a))[1]
+            etag = str(head["ETag"]) if head else current
+            get_if_match: IfMatchForm = "broken"
+            for form, value in (("quoted", quoted(etag)), ("unquoted", unquoted(etag))):
+                status, answer = await self._raw("probing", c.get_object, Key=a, IfMatch=value)
+                if answer is not None:
+                    answer["Body"].close()
+                if status in (200, 206):
+                    get_if_match = "quoted" if form == "quoted" else "unquoted"
+                    break
+            conditional_complete = await self._probe_complete(a)
+            part_checksums_verified = await self._probe_part_checksum(cks)
+            presign = "none"
+            url = await self.call(
+                "probing", c.generate_presigned_url, "get_object", Params={"Bucket": self.config.bucket, "Key": a}
+            )
+            async with httpx.AsyncClient(timeout=self.config.read_timeout) as http:
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get(url)).status_code == 200:
+                        presign = "sigv4"
+            return EngineProfile(
+                conditional_create=conditional_create,
+                if_match=if_match,
+                if_match_missing=if_match_missing,
+                get_if_match=get_if_match,
+                conditional_complete=conditional_complete,
+                part_checksums_verified=part_checksums_verified,
+                presign=presign,
+            )
+        finally:
+            for key in (a, base + "missing"):
+                with contextlib.suppress(StorageError):
+                    await self.call("cleaning up probes", c.delete_object, Bucket=self.config.bucket, Key=key)
+
+    async def _probe_create_race(self, key: str, writers: int = 8) -> bool:
+        """``writers`` concurrent If-None-Match: * creators of one new key: exactly one may win. (A check made
+        before the write, as Swift's s3api makes it, lets several win; one race cannot prove atomicity, but it
+        catches that.)"""
+        c = self.client
+        try:
+            outcomes = await asyncio.gather(
+                *(self._raw("probing", c.put_object, Key=key, Body=b"%d" % i, IfNoneMatch="*") for i in range(writers))
+            )
+            return sum(status == 200 for status, _ in outcomes) == 1
+        finally:
+            with contextlib.suppress(StorageError):
+                await self.call("cleaning up probes", c.delete_object, Bucket=self.config.bucket, Key=key)
+
+    async def _probe_complete(self, existing: str) -> bool:
+        """CompleteMultipartUpload with If-None-Match: * onto an existing key: refused (412/409) or not."""
+        c = self.client
+        status, started = await self._raw("probing", c.create_multipart_upload, Key=existing)
+        if started is None:
+            return False
+        upload_id = str(started["UploadId"])
+        try:
+            _, part = await self._raw(
+                "probing", c.upload_part, Key=existing, UploadId=upload_id, PartNumber=1, Body=b"5"
+            )
+            if part is None:
+                return False
+            status, _ = await self._raw(
+                "probing",
+                c.complete_multipart_upload,
+                Key=existing,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]},
+                IfNoneMatch="*",
+            )
+            return status in (409, 412)
+        finally:
+            with contextlib.suppress(StorageError):
+                await self.call(
+                    "probing", c.abort_multipart_upload, Bucket=self.config.bucket, Key=existing, UploadId=upload_id
+                )
+
+    async def _probe_part_checksum(self, key: str) -> bool:
+        """UploadPart with a wrong x-amz-checksum-sha256: refused (the engine verifies part checksums) or stored."""
+        c = self.client
+        status, started = await self._raw("probing", c.create_multipart_upload, Key=key, ChecksumAlgorithm="SHA256")
+        if started is None:
+            return False
+        upload_id = str(started["UploadId"])
+        wrong = base64.b64encode(hashlib.sha256(b"not these bytes").digest()).decode()
+        try:
+            status, _ = await self._raw(
+                "probing",
+                c.upload_part,
+                Key=key,
+                UploadId=upload_id,
+                PartNumber=1,
+                Body=b"6",
+                ChecksumSHA256=wrong,
+            )
+            return status != 200
+        finally:
+            with contextlib.suppress(StorageError):
+                await self.call(
+                    "probing", c.abort_multipart_upload, Bucket=self.config.bucket, Key=key, UploadId=upload_id
+                )
 
     async def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -534,8 +826,17 @@ class S3Storage:
             kwargs["KeyMarker"] = page.get("NextKeyMarker", "")
             kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker", "")
 
-    async def put_meta(self, key: str, record: dict[str, Any]) -> None:
+    async def put_meta(self, key: str, record: dict[str, Any], *, if_absent: bool = False) -> None:
+        """The metadata object of ``key``; with ``if_absent`` only if it has none (else ObjectChanged)."""
         body = json.dumps(record, ensure_ascii=True).encode("ascii")
+        try:
+            await self._put_meta(key, body, if_absent)
+        except BackendUnavailable as exc:
+            if if_absent and _status(exc) == 409:  # ConditionalRequestConflict: a concurrent conditional write
+                raise ObjectChanged(f"{key} is being created by another writer") from exc
+            raise
+
+    async def _put_meta(self, key: str, body: bytes, if_absent: bool) -> None:
         await self.call(
             "writing metadata",
             self.client.put_object,
@@ -543,6 +844,7 @@ class S3Storage:
             Key=self.meta_key(key),
             Body=body,
             ContentType="application/json",
+            **({"IfNoneMatch": "*"} if if_absent else {}),
         )
 
     async def _head_and_meta(self, key: str) -> tuple[ObjectInfo, str]:

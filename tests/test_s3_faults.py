@@ -1,6 +1,7 @@
 """The S3 backend behind a fault proxy (in front of the S3 test server): resets, 503 SlowDown and stalls are retried
 where safe; a CompleteMultipartUpload that keeps failing is a clear error. Never a partial or corrupted object, never
-an orphaned multipart upload."""
+an orphaned multipart upload. The tests that touch what engines do differently (completion, listing and aborting
+abandoned multipart uploads) run on Swift's s3api and on Ceph's RADOS Gateway."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import pytest
 
 from storage.errors import BackendUnavailable, ObjectNotFound
 from storage.s3 import S3Storage
-from tests.conftest import in_progress_uploads, running, s3_config
+from tests.conftest import ON_ENGINES, in_progress_uploads, running, s3_config
 from tests.faultproxy import FaultProxy
 from tests.storage_conformance import put, read_all
 from transfer.settings import Settings
@@ -39,11 +40,12 @@ def proxy(s3_endpoint: Any) -> Iterator[FaultProxy]:
 
 class _Via:
     def __init__(self, endpoint: Any, url: str) -> None:
-        self.url, self.access_key, self.secret_key, self.region = (
+        self.url, self.access_key, self.secret_key, self.region, self.engine = (
             url,
             endpoint.access_key,
             endpoint.secret_key,
             endpoint.region,
+            endpoint.engine,
         )
 
 
@@ -89,6 +91,7 @@ async def test_stalled_reads_time_out_and_are_retried(storage: S3Storage, proxy:
     assert ("GetObject", "stall") in proxy.log
 
 
+@ON_ENGINES
 async def test_complete_that_keeps_failing_is_a_clear_error(storage: S3Storage, proxy: FaultProxy) -> None:
     proxy.add("CompleteMultipartUpload", "error200", times=-1)  # S3's "200 OK" with an error inside
     with pytest.raises(BackendUnavailable):
@@ -181,6 +184,7 @@ def test_client_gone_mid_upload_on_s3_leaves_no_multipart_upload(
         assert httpx.get(f"{live.url}/v1/files").json()["files"] == []
 
 
+@ON_ENGINES
 def test_server_killed_mid_upload_leaves_an_upload_the_sweeper_aborts(
     s3_env: dict[str, str], s3_endpoint: Any, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,6 +1,7 @@
 """The service on the S3 backend, end to end: uploads become multipart uploads, downloads pass ranges to S3,
 ``signed_url`` descriptors are S3 presigned URLs, refused uploads leave no multipart upload, and two replicas
-sharing one bucket serve each other's files (nothing lives only in one process)."""
+sharing one bucket serve each other's files (nothing lives only in one process). The tests that say something about
+the engine run on Swift's s3api and on Ceph's RADOS Gateway."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import httpx
 import pytest
 
 from benchmarks.e2e import service
-from tests.conftest import in_progress_uploads
+from tests.conftest import ON_ENGINES, in_progress_uploads
 from tests.test_api_upload import assert_error
 from transfer.client import AsyncTransferClient, ResolveOptions
 
@@ -39,6 +40,7 @@ def replicas(s3_env: dict[str, str], tmp_path: Path) -> Iterator[list[str]]:
         yield urls
 
 
+@ON_ENGINES
 def test_upload_download_ranges_on_s3(replicas: list[str], s3_endpoint: Any, s3_bucket: str) -> None:
     data = os.urandom(12 * MiB + 5)
     with httpx.Client(base_url=replicas[0], timeout=60) as http:
@@ -55,6 +57,7 @@ def test_upload_download_ranges_on_s3(replicas: list[str], s3_endpoint: Any, s3_
     assert in_progress_uploads(s3_endpoint, s3_bucket) == []
 
 
+@ON_ENGINES
 def test_two_replicas_share_one_bucket(replicas: list[str], tmp_path: Path) -> None:
     a, b = replicas
     data = os.urandom(9 * MiB)
@@ -82,6 +85,7 @@ async def test_resolve_through_the_other_replica(replicas: list[str], tmp_path: 
     assert Path(out).read_bytes() == data
 
 
+@ON_ENGINES
 def test_signed_url_descriptor_is_an_s3_presigned_url(replicas: list[str], s3_endpoint: Any) -> None:
     data = b"%PDF-1.7 " + os.urandom(2 * MiB)
     with httpx.Client(base_url=replicas[0], timeout=60) as http:

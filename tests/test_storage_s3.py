@@ -1,6 +1,7 @@
-"""The S3 backend against a real S3-compatible server (Swift s3api started by the test session, or the endpoint in
-``TRANSFER_TEST_S3_ENDPOINT``): the conformance suite unchanged, multipart boundaries, aborts that leave no
-multipart upload behind, presigned URLs the server itself checks, and clear start-up errors."""
+"""The S3 backend against real S3 engines — Swift's s3api (or the endpoint in ``TRANSFER_TEST_S3_ENDPOINT``) and
+Ceph's RADOS Gateway, both started by the test session — every test on each: the conformance suite unchanged,
+multipart boundaries, aborts that leave no multipart upload behind, presigned URLs the server itself checks, and
+clear start-up errors."""
 
 from __future__ import annotations
 
@@ -16,11 +17,17 @@ import pytest
 from storage.errors import BackendUnavailable, ObjectNotFound
 from storage.parts import MAX_PART_SIZE, MIN_PART_SIZE, plan_part_size
 from storage.s3 import S3Config, S3Storage
-from tests.conftest import in_progress_uploads, s3_client, s3_config
+from tests.conftest import ENGINES, engine_endpoint, in_progress_uploads, s3_client, s3_config
 from tests.storage_conformance import StorageConformance, put, read_all
 
 pytestmark = [pytest.mark.anyio, pytest.mark.s3]
 MiB = 1 << 20
+
+
+@pytest.fixture(params=ENGINES)
+def s3_endpoint(request: pytest.FixtureRequest) -> Any:
+    """Every test of this module on each engine."""
+    return engine_endpoint(request, request.param)
 
 
 @pytest.fixture

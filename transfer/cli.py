@@ -132,6 +132,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from pydantic import ValidationError
 
+    from storage.base import UnsafeForReplicas, require_replica_safe
     from storage.errors import StorageError
     from transfer.api.observability import configure_logging
     from transfer.api.server import uvicorn_config
@@ -145,10 +146,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         configure_logging(settings.log_format, args.log_level)
         storage = make_storage(settings)
         asyncio.run(storage.start())  # fail here, in one line, rather than in uvicorn's lifespan with a traceback
+        require_replica_safe(storage, settings.single_replica)
         app = create_app(settings, storage)
     except ValidationError as exc:
         problems = "; ".join(f"TRANSFER_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
         raise CliError("invalid_settings", problems) from exc
+    except UnsafeForReplicas as exc:
+        raise CliError("unsafe_for_replicas", str(exc)) from exc
     except StorageError as exc:
         raise CliError("storage_unavailable", str(exc).splitlines()[0]) from exc
     except (TransferError, ValueError, OSError) as exc:
@@ -208,10 +212,57 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     return asyncio.run(run_mcp_stdio(settings, root=root, base_url=base_url, sock=sock))
 
 
+async def cmd_storage_check(args: argparse.Namespace) -> int:
+    """Probe an S3 endpoint the way the backend does at start-up and print what it saw."""
+    from dataclasses import asdict
+
+    from storage.base import replica_hazards
+    from storage.errors import StorageError
+    from storage.s3 import S3Config, S3Storage
+    from transfer.settings import Settings
+
+    settings = Settings()
+    bucket = args.bucket or settings.s3_bucket
+    if not bucket:
+        raise CliError("invalid_request", "name a bucket to probe in: --bucket or TRANSFER_S3_BUCKET")
+    endpoint = args.endpoint or settings.s3_endpoint_url
+    storage = S3Storage(
+        S3Config(
+            bucket=bucket,
+            endpoint_url=endpoint,
+            region=args.region or settings.s3_region,
+            addressing_style=args.addressing_style or settings.s3_addressing_style,
+            prefix=settings.s3_prefix if args.prefix is None else args.prefix,
+            max_attempts=2,
+        )
+    )
+    try:
+        await storage.start()
+    except StorageError as exc:
+        raise CliError("storage_unavailable", str(exc).splitlines()[0]) from exc
+    finally:
+        await storage.close()
+    engine = storage.engine
+    assert engine is not None
+    hazards = replica_hazards(storage)
+    if args.json:
+        print(json.dumps({**asdict(engine), "replicas": not hazards, "hazards": hazards}))
+        return 0
+    rows = [("probe", "outcome", "what the backend does"), *engine.rows()]
+    widths = [max(len(r[i]) for r in rows) for i in range(2)]
+    print(f"S3 engine at {endpoint or 'AWS'}, bucket {bucket}")
+    for probe, outcome, use in rows:
+        print(f"  {probe:<{widths[0]}}  {outcome:<{widths[1]}}  {use}")
+    verdict = "safe for several replicas" if not hazards else "ONE replica only: " + "; ".join(hazards)
+    print(f"replicas: {verdict}")
+    return 0
+
+
 _OPS_FLAGS = (  # serve only
     ("log_format", "TRANSFER_LOG_FORMAT"),
     ("shutdown_grace", "TRANSFER_SHUTDOWN_GRACE"),
     ("shutdown_drain", "TRANSFER_SHUTDOWN_DRAIN"),
+    ("single_replica", "TRANSFER_SINGLE_REPLICA"),
 )
 
 _SERVICE_FLAGS = (
@@ -637,7 +688,29 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds after SIGTERM with /readyz at 503 before the port closes (TRANSFER_SHUTDOWN_DRAIN, default 5)",
     )
+    p.add_argument(
+        "--single-replica",
+        action="store_const",
+        const="true",
+        help="this is the only process on its storage (TRANSFER_SINGLE_REPLICA): needed on an engine without "
+        "atomic compare-and-set, e.g. Swift's s3api",
+    )
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("storage", help="the storage engine")
+    storage_sub = p.add_subparsers(dest="storage_command", required=True)
+    s = storage_sub.add_parser(
+        "check", help="probe an S3 endpoint: which conditional requests, checksums and presigned URLs it honours"
+    )
+    s.add_argument("--endpoint", help="S3 endpoint URL (default TRANSFER_S3_ENDPOINT_URL, AWS_ENDPOINT_URL, AWS)")
+    s.add_argument("--bucket", help="an existing bucket to probe in (default TRANSFER_S3_BUCKET)")
+    s.add_argument("--region", help="default TRANSFER_S3_REGION / AWS_REGION")
+    s.add_argument("--prefix", help="key prefix (default TRANSFER_S3_PREFIX); probes go under <prefix>probe/")
+    s.add_argument(
+        "--addressing-style", choices=["auto", "path", "virtual"], help="default TRANSFER_S3_ADDRESSING_STYLE"
+    )
+    s.add_argument("--json", action="store_true", help="the outcomes as one JSON object")
+    s.set_defaults(func=cmd_storage_check)
 
     p = sub.add_parser("mcp", help="MCP server: tools to upload, open sessions, resolve, describe, bundle, TP")
     p.add_argument("--transport", choices=["stdio", "streamable-http"], default="stdio")

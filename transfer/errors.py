@@ -520,6 +520,8 @@ _STORAGE_TABLE: tuple[tuple[type[storage_errors.StorageError], type[TransferErro
     (storage_errors.StorageFull, InsufficientStorage),
     (storage_errors.ObjectTooLarge, TooLarge),
     (storage_errors.InvalidKey, InvalidRequest),
+    (storage_errors.ChecksumRejected, ChecksumMismatch),
+    (storage_errors.Unsupported, StorageUnavailable),
     (storage_errors.BackendUnavailable, StorageUnavailable),
 )
 

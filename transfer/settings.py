@@ -42,10 +42,16 @@ class Settings(BaseSettings):
     s3_part_buffers: int = Field(default=10, ge=1, le=64, description="parts in memory per upload")
     s3_max_concurrency: int = Field(default=16, ge=1, le=256, description="threads/connections for boto3")
     s3_atomic_if_absent: bool = Field(
-        default=True, description="the store evaluates If-None-Match atomically (AWS, MinIO: yes; Swift: no)"
+        default=True,
+        description="false: never rely on If-None-Match; true: rely on it if the start-up probes saw it work",
     )
     s3_atomic_if_match: bool = Field(
-        default=True, description="the store honours If-Match on PUT, atomically (AWS, MinIO: yes; Swift: no)"
+        default=True, description="false: never rely on If-Match; true: rely on it if the start-up probes saw it work"
+    )
+    single_replica: bool = Field(
+        default=False,
+        description="this process is the only one on its storage: required to serve from a backend without atomic "
+        "compare-and-set (Swift's s3api), which would let replicas overwrite each other's records",
     )
     s3_max_attempts: int = Field(default=5, ge=1, le=20, description="attempts per S3 call (resets, 503, timeouts)")
     s3_connect_timeout: float = Field(default=5.0, gt=0, description="seconds to connect to the S3 endpoint")

@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from storage.base import Capability, Storage
+from storage.base import Storage, require_replica_safe
 from transfer import metrics
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.sessions import SessionState
@@ -133,16 +133,8 @@ class Services:
         if self._users > 1:
             return
         await self.files.start()
-        if Capability.ATOMIC_IF_MATCH not in self.files.storage.capabilities:
-            log.warning(
-                "the storage backend does not guarantee atomic compare-and-set: run one replica on it (the upload "
-                "records of two replicas could overwrite each other's parts)"
-            )
-        if Capability.ATOMIC_IF_ABSENT not in self.files.storage.capabilities:
-            log.warning(
-                "the storage backend does not guarantee atomic create-if-absent: run one replica on it "
-                "(two replicas may both take the same new id)"
-            )
+        # an engine without atomic compare-and-set refuses replicas unless told this process runs alone
+        require_replica_safe(self.files.storage, self.settings.single_replica)
         self._sweepers = [
             asyncio.create_task(self._repeat(sweep), name=f"sweep:{sweep.name}") for sweep in self.maintenance()
         ]

@@ -89,7 +89,40 @@ async def test_tools_are_listed_with_precise_schemas(mcp_server: tuple[LiveServe
     assert len(json.dumps(tools["resolve"].input_schema)) < 2000  # was 7.8 KB: the expanded union of the models
     bundle_defs = tools["create_bundle"].input_schema["$defs"]
     assert bundle_defs["BundleItemInput"]["required"] == ["role"]
-    assert bundle_defs["BundleItemRole"]["enum"] == ["main", "reference", "attachment", "thumbnail"]
+    role = bundle_defs["BundleItemInput"]["properties"]["role"]
+    assert role["enum"] == ["main", "reference", "attachment", "thumbnail"]  # inlined, not a $ref
+    assert set(bundle_defs) == {"BundleItemInput"}
+
+
+def _refs(schema: Any) -> list[str]:
+    if isinstance(schema, dict):
+        own = [str(schema["$ref"])] if "$ref" in schema else []
+        return own + [r for v in schema.values() for r in _refs(v)]
+    if isinstance(schema, list):
+        return [r for v in schema for r in _refs(v)]
+    return []
+
+
+async def test_tools_suit_strict_callers(mcp_server: tuple[LiveServer, Path]) -> None:
+    """openai-agents' own converter takes the file tools' schemas for strict mode as they are, enums inlined: no
+    ``$ref`` to a plain enum (``$defs/FileRole``) in their inputs or results."""
+    from agents.strict_schema import ensure_strict_json_schema
+
+    live, _ = mcp_server
+    async with Client(f"{live.url}/mcp") as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    for name in ("upload_file", "upload_content", "describe", "create_bundle"):
+        schemas = [tools[name].input_schema, tools[name].output_schema]
+        assert [r for s in schemas for r in _refs(s) if "Role" in r or "Method" in r] == [], name
+    for name in ("upload_file", "upload_content", "describe"):
+        strict = ensure_strict_json_schema(json.loads(json.dumps(tools[name].input_schema)))
+        assert strict["additionalProperties"] is False and _refs(strict) == [], name
+        assert set(strict["required"]) == set(strict["properties"]), name
+    assert tools["upload_content"].input_schema["properties"]["role"]["anyOf"][0]["enum"] == [
+        "reference",
+        "result",
+        "attachment",
+    ]
 
 
 # code-comment leftovers: runs of spaces, line breaks, reST or Markdown code markup, a setting's name

@@ -55,6 +55,7 @@ from transfer.bindings.mcp_schemas import (
     SessionStatus,
     TpAnswer,
     UploadAuthorization,
+    inline_enum_refs,
     tool_texts,
 )
 from transfer.core.auth import Authenticator, Grant
@@ -598,6 +599,11 @@ def build_mcp(
             annotations=annotations,
             structured_output=True,
         )
+        tool = server._tool_manager.get_tool(name)
+        assert tool is not None
+        inline_enum_refs(tool.parameters)
+        if tool.output_schema is not None:
+            inline_enum_refs(tool.output_schema)
     return server
 
 

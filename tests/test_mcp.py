@@ -435,3 +435,26 @@ async def test_plain_stdio_never_hands_out_a_url_nothing_serves(tmp_path: Path, 
         async with httpx.AsyncClient() as http:
             got = await http.get(descriptor["url"])
         assert got.status_code == 200 and got.content == data
+
+
+async def test_lifetimes_and_numbers_are_checked_as_on_every_door(mcp_server: tuple[LiveServer, Path]) -> None:
+    """expires_in of 10^30 (an OverflowError at completion) or 10^11 (the year 5195) is refused when asked for,
+    before a session reserves anything; a JSON true or 60.0 is not a number of seconds."""
+    live, _ = mcp_server
+    async with Client(f"{live.url}/mcp") as client:
+        for seconds in (10**30, 10**11):
+            opened = tool_error(
+                await client.call_tool("open_session", {"name": "a.bin", "size": 5, "expires_in": seconds})
+            )
+            assert opened["code"] == "expires_in_too_long", opened
+            stored = tool_error(
+                await client.call_tool("upload_content", {"data": "hi", "name": "a.txt", "expires_in": seconds})
+            )
+            assert stored["code"] == "expires_in_too_long", stored
+        for wrong in (True, 60.0):
+            bad = tool_error(
+                await client.call_tool("upload_content", {"data": "hi", "name": "a.txt", "expires_in": wrong})
+            )
+            assert bad["code"] == "invalid_request", bad
+        bad = tool_error(await client.call_tool("open_session", {"name": "a.bin", "size": True}))
+        assert bad["code"] == "invalid_request", bad

@@ -24,6 +24,10 @@ Here:
   with no deadline at all (each read cancels the keep-alive timer), so a client could hold a connection open
   forever at a byte a minute after its answer.
 
+An answer sent before the ``100 Continue`` a request with ``Expect: 100-continue`` waits for carries
+``Connection: close`` and ends the connection: the client may send the body then or not at all, so the next bytes
+could be either (uvicorn kept the connection, and read the client's next request as that body).
+
 Everything else is uvicorn's own behaviour, unchanged: ``100 Continue`` on the first ``receive`` (RFC 9110 §10.1.1),
 ``http.disconnect`` once the client has gone or the response is complete.
 """
@@ -56,6 +60,14 @@ class BodyCycle(RequestResponseCycle):
         self.pieces.append(piece)
         self.queued += len(piece)
         self.message_event.set()
+
+    async def send(self, message: Any) -> None:
+        if message["type"] == "http.response.start" and self.waiting_for_100_continue and self.more_body:
+            # an answer (401, 413, ...) before the 100 Continue the client waits for: it may send the body now or
+            # never, so what comes next cannot be told apart from a request; the answer says Connection: close
+            # and the connection ends with it (RFC 9110 §10.1.1, RFC 9112 §9.6)
+            self.keep_alive = False
+        await super().send(message)
 
     async def receive(self) -> Any:
         if self.waiting_for_100_continue and not self.transport.is_closing():

@@ -4,6 +4,7 @@ helper; server-side imports and their SSRF guard (loopback, metadata addresses, 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import http.server
 import json
@@ -265,3 +266,26 @@ async def test_a_job_that_never_starts_ends_with_an_error(tmp_path: Path) -> Non
             events = await read_stream(http, f"{live.url}/v1/jobs/never-started-1/events")
     assert [e[0] for e in events] == ["error"]
     assert events[0][2]["payload"]["code"] == "not_found"
+
+
+async def test_a_job_keeps_no_bytes_of_its_file(live: LiveServer) -> None:
+    """A small upload answers inline, but its job (kept ten minutes, replayed to every reader, journalled for the
+    other replicas) carries a signed URL, not the bytes: once the file is deleted, nothing of it is left there."""
+    secret = b"a small secret, inline in the upload's answer"
+    async with httpx.AsyncClient(base_url=live.url, timeout=30) as http:
+        answer = (
+            await http.post("/v1/files", params={"name": "s.txt", "job_id": "small-job-01"}, content=secret)
+        ).json()
+        assert answer["type"] == "inline" and base64.b64decode(answer["data"]) == secret
+        state = (await http.get("/v1/jobs/small-job-01")).json()
+        kept = state["result"]["descriptor"]
+        assert kept["type"] == "url" and "data" not in kept
+        assert (await http.get(kept["url"])).content == secret
+        assert (await http.delete(f"/v1/files/{answer['metadata']['file_id']}")).status_code == 204
+        assert (await http.get(kept["url"])).status_code == 404
+        replay = await read_stream(http, f"{live.url}/v1/jobs/small-job-01/events")
+        encoded = base64.b64encode(secret)
+        for _, _, doc in replay:
+            text = json.dumps(doc).encode()
+            assert encoded not in text and secret not in text
+        assert encoded not in json.dumps((await http.get("/v1/jobs/small-job-01")).json()).encode()

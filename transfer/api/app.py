@@ -37,7 +37,7 @@ from transfer.api.streaming import DownloadResponse, combined_headers, request_b
 from transfer.api.trust import BrowserPolicy, HostPolicy, TrustBoundary
 from transfer.api.tus import TusMiddleware, add_tus_routes
 from transfer.core.auth import Authenticator, Scope
-from transfer.core.content import DownloadMethod, FileRole, normalize_checksum
+from transfer.core.content import DownloadMethod, FileRole, TransferMode, normalize_checksum
 from transfer.core.digests import sha256_from_digest_field
 from transfer.core.encodings import CODECS, coding_from_http, storage_encoding
 from transfer.core.lifecycle import parse_expires_in
@@ -411,7 +411,12 @@ def rest_app(
                     await job.settled()  # the answer comes once every replica can read the job's end
             raise
         if job is not None:
-            job.succeed({"file_id": record.id, "descriptor": descriptor.to_json()})
+            # the job (kept, replayed, journalled for other replicas) holds no bytes of the file: a URL, which
+            # stops working when the file is deleted or expires
+            kept = descriptor
+            if descriptor.type is TransferMode.INLINE:
+                kept = await service.describe(record, base_url(request), ttl=options.ttl, inline=False)
+            job.succeed({"file_id": record.id, "descriptor": kept.to_json()})
             await job.settled()
         return descriptor.to_json()
 

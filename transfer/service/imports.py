@@ -96,7 +96,8 @@ class ImportService:
     async def _run(self, job: Job, descriptor: FileContent, base_url: str, caller: Grant) -> None:
         try:
             record = await self.fetch_and_store(descriptor, caller, job)
-            result = await self.files.describe(record, base_url)
+            # url mode always: the job (kept, replayed, journalled) holds no bytes of a file that may be deleted
+            result = await self.files.describe(record, base_url, inline=False)
             job.succeed({"file_id": record.id, "descriptor": result.to_json()})
         except TransferError as exc:
             job.fail(exc)

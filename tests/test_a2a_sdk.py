@@ -162,6 +162,19 @@ async def test_sdk_sends_a_url_part_fetched_through_the_ssrf_guard(tmp_path: Pat
                 await send(client, file_message(pb.Part(url=link)))
             assert caught.value.data is not None and caught.value.data["code"] == "destination_refused"
         assert stored_files(live, TOKENS["alice"]) == before
+        # the service's own signed URL on loopback is not a server-side fetch: read from storage, its signature
+        # checked as a download's (a tampered one is refused as a download would refuse it)
+        small = os.urandom(2 * MIB)  # above the inline threshold: the answer is a url descriptor
+        own = httpx.post(
+            f"{live.url}/v1/files?name=own.bin", content=small, headers={"authorization": f"Bearer {TOKENS['alice']}"}
+        ).json()
+        async with a2a_client(live.url, TOKENS["alice"]) as (client, _):
+            task = await send(client, file_message(pb.Part(url=own["url"], filename="own-copy.bin")))
+            url, metadata = file_url(task)
+            assert metadata["sha256"] == hashlib.sha256(small).hexdigest()
+            assert await download_sha256(url) == hashlib.sha256(small).hexdigest()
+            with pytest.raises(A2AClientError, match="-32041: signature does not match"):  # access denied
+                await send(client, file_message(pb.Part(url=own["url"].replace("sig=", "sig=x"))))
 
 
 async def test_a_failed_part_leaves_nothing_stored(tmp_path: Path) -> None:

@@ -218,10 +218,17 @@ async def test_upload_file_then_resolve_to_a_path_over_http(mcp_server: tuple[Li
         assert descriptor["type"] == "url" and descriptor["size"] == len(data)
         assert descriptor["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
         assert "data" not in descriptor
-        # the server's resolve is a server-side fetch: loopback is refused unless allowed
-        refused = tool_error(await client.call_tool("resolve", {"descriptor": descriptor, "path": "copy.bin"}))
+        # the server's resolve is a server-side fetch, and loopback is refused (SSRF) unless allowed; but this is
+        # the service's own signed URL: read from storage in-process, its signature checked as a download's
+        copied = structured(await client.call_tool("resolve", {"descriptor": descriptor, "path": "copy.bin"}))
+        assert copied["size"] == len(data) and (root / "copy.bin").read_bytes() == data
+        tampered = {**descriptor, "url": descriptor["url"].replace("sig=", "sig=x")}
+        bad_sig = tool_error(await client.call_tool("resolve", {"descriptor": tampered, "path": "copy2.bin"}))
+        assert bad_sig["code"] == "signature_invalid" and not (root / "copy2.bin").exists()
+        foreign = {**descriptor, "url": live.url + "/healthz"}  # any other URL on loopback: refused as before
+        refused = tool_error(await client.call_tool("resolve", {"descriptor": foreign, "path": "copy3.bin"}))
         assert refused["code"] == "destination_refused"
-        assert not (root / "copy.bin").exists()
+        assert not (root / "copy3.bin").exists()
         # outside the root: refused, nothing written
         escape = tool_error(await client.call_tool("upload_file", {"path": "../data/x"}))
         assert escape["code"] == "forbidden"

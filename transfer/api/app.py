@@ -29,6 +29,7 @@ from transfer.api.direct import add_direct_routes
 from transfer.api.jobs import add_job_routes
 from transfer.api.limits import ControlBodyLimit, HeaderLimit
 from transfer.api.multipart import file_part_stream, multipart_boundary
+from transfer.api.ownurls import serve_own_urls
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.resumable import EXPOSED_HEADERS as RESUMABLE_HEADERS
 from transfer.api.resumable import add_resumable_routes, is_resumable_path, problem_response
@@ -247,6 +248,7 @@ def rest_app(
         redoc_url=None,
     )
     app.state.services = services
+    serve_own_urls(services)  # its own signed URLs, fetched by itself (MCP resolve, A2A url parts), read in-process
     app.state.lifespan_contexts = []  # front doors that need to run something for the app's lifetime (MCP)
 
     @app.exception_handler(TransferError)

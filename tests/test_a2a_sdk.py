@@ -21,7 +21,7 @@ from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError, TaskNotFoundError, UnsupportedOperationError
 from google.protobuf import json_format
 
-from tests.conftest import LiveServer, running
+from tests.conftest import Clock, LiveServer, running
 from transfer.core.a2a_protocol import decode_inline
 from transfer.core.auth import new_token, token_hash
 from transfer.settings import Settings
@@ -371,3 +371,15 @@ def test_an_open_service_publishes_a_card_without_a_security_scheme(tmp_path: Pa
         assert "securitySchemes" not in card and "securityRequirements" not in card
         assert {i["url"] for i in card["supportedInterfaces"]} == {f"{live.url}/a2a"}
         assert httpx.get(f"{live.url}/.well-known/agent.json").json() == card
+
+
+async def test_a_task_whose_file_expired_is_still_its_task(tmp_path: Path, clock: Clock) -> None:
+    """Expiry on every door: GetTask after a task's file expired (swept or not) answers the task without that file,
+    as after a delete; no URL to it, and no error for the whole task."""
+    with running(settings_for(tmp_path, default_file_ttl=60, session_gc_interval=3600), clock) as live:
+        async with a2a_client(live.url, TOKENS["alice"]) as (client, _):
+            task = await send(client, file_message(pb.Part(raw=os.urandom(2000), filename="brief.bin")))
+            assert len(task.artifacts) == 1
+            clock.advance(60)
+            again = await client.get_task(pb.GetTaskRequest(id=task.id))
+            assert again.id == task.id and len(again.artifacts) == 0

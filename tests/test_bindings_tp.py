@@ -148,6 +148,8 @@ async def test_mount_of_a_foreign_url_is_an_ssrf_guarded_import(tp_server: LiveS
         stored = await upload(http, live, os.urandom(5000))
         foreign = {**stored}
         foreign["metadata"] = {}  # not recognisably ours: the service would have to fetch it
+        # not signed either (a signed URL of ours would be read in-process, as MCP resolve and A2A parts do)
+        foreign["url"] = stored["url"].split("?")[0]
         request = envelope("resource_mount", {"resource": foreign})
         response = await http.post(f"{live.url}/tp/v1/resource/mount", json=request, headers=TP_JSON)
         assert response.status_code == 202

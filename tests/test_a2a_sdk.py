@@ -21,7 +21,7 @@ from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError, TaskNotFoundError, UnsupportedOperationError
 from google.protobuf import json_format
 
-from tests.conftest import LiveServer, running
+from tests.conftest import Clock, LiveServer, running
 from transfer.core.a2a_protocol import decode_inline
 from transfer.core.auth import new_token, token_hash
 from transfer.settings import Settings
@@ -162,6 +162,19 @@ async def test_sdk_sends_a_url_part_fetched_through_the_ssrf_guard(tmp_path: Pat
                 await send(client, file_message(pb.Part(url=link)))
             assert caught.value.data is not None and caught.value.data["code"] == "destination_refused"
         assert stored_files(live, TOKENS["alice"]) == before
+        # the service's own signed URL on loopback is not a server-side fetch: read from storage, its signature
+        # checked as a download's (a tampered one is refused as a download would refuse it)
+        small = os.urandom(2 * MIB)  # above the inline threshold: the answer is a url descriptor
+        own = httpx.post(
+            f"{live.url}/v1/files?name=own.bin", content=small, headers={"authorization": f"Bearer {TOKENS['alice']}"}
+        ).json()
+        async with a2a_client(live.url, TOKENS["alice"]) as (client, _):
+            task = await send(client, file_message(pb.Part(url=own["url"], filename="own-copy.bin")))
+            url, metadata = file_url(task)
+            assert metadata["sha256"] == hashlib.sha256(small).hexdigest()
+            assert await download_sha256(url) == hashlib.sha256(small).hexdigest()
+            with pytest.raises(A2AClientError, match="-32041: signature does not match"):  # access denied
+                await send(client, file_message(pb.Part(url=own["url"].replace("sig=", "sig=x"))))
 
 
 async def test_a_failed_part_leaves_nothing_stored(tmp_path: Path) -> None:
@@ -208,7 +221,7 @@ async def test_methods_the_card_does_not_offer_get_a2a_codes_and_tp_methods_stil
             assert not card.capabilities.streaming and not card.capabilities.push_notifications
             with pytest.raises(UnsupportedOperationError):
                 await client.list_tasks(pb.ListTasksRequest())
-            with pytest.raises(TaskNotCancelableError):
+            with pytest.raises(TaskNotFoundError):  # as tasks/get says: an unknown task is not found (-32001)
                 await client.cancel_task(pb.CancelTaskRequest(id="t_" + "0" * 32))
         auth = {"authorization": f"Bearer {TOKENS['alice']}"}
         raw = base64.b64encode(b"hello").decode()
@@ -358,3 +371,15 @@ def test_an_open_service_publishes_a_card_without_a_security_scheme(tmp_path: Pa
         assert "securitySchemes" not in card and "securityRequirements" not in card
         assert {i["url"] for i in card["supportedInterfaces"]} == {f"{live.url}/a2a"}
         assert httpx.get(f"{live.url}/.well-known/agent.json").json() == card
+
+
+async def test_a_task_whose_file_expired_is_still_its_task(tmp_path: Path, clock: Clock) -> None:
+    """Expiry on every door: GetTask after a task's file expired (swept or not) answers the task without that file,
+    as after a delete; no URL to it, and no error for the whole task."""
+    with running(settings_for(tmp_path, default_file_ttl=60, session_gc_interval=3600), clock) as live:
+        async with a2a_client(live.url, TOKENS["alice"]) as (client, _):
+            task = await send(client, file_message(pb.Part(raw=os.urandom(2000), filename="brief.bin")))
+            assert len(task.artifacts) == 1
+            clock.advance(60)
+            again = await client.get_task(pb.GetTaskRequest(id=task.id))
+            assert again.id == task.id and len(again.artifacts) == 0

@@ -148,6 +148,8 @@ async def test_mount_of_a_foreign_url_is_an_ssrf_guarded_import(tp_server: LiveS
         stored = await upload(http, live, os.urandom(5000))
         foreign = {**stored}
         foreign["metadata"] = {}  # not recognisably ours: the service would have to fetch it
+        # not signed either (a signed URL of ours would be read in-process, as MCP resolve and A2A parts do)
+        foreign["url"] = stored["url"].split("?")[0]
         request = envelope("resource_mount", {"resource": foreign})
         response = await http.post(f"{live.url}/tp/v1/resource/mount", json=request, headers=TP_JSON)
         assert response.status_code == 202
@@ -562,3 +564,26 @@ async def test_a_mailbox_is_bounded_and_swept(tmp_path: Path) -> None:
             assert len(box) == 1
             polled = await http.get("/tp/v1/messages", params={"receiver": "fay:idle"})
             assert len(polled.json()["messages"]) == 1
+
+
+async def test_one_connection_follows_a_bounded_number_of_ids(tmp_path: Path) -> None:
+    """MAX_SUBSCRIBE bounds one message; the connection as a whole follows at most tp_max_subscriptions ids (60,000
+    once took 480 MiB of RSS): naming the same ids again costs nothing, one id more closes it with 1008 and a
+    TPError that names the limit."""
+    settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"}, tp_max_subscriptions=5)
+    with running(settings) as live:
+        ws_url = live.url.replace("http", "ws") + "/tp/v1"
+        async with connect(ws_url, subprotocols=["tp.v1"]) as ws:  # type: ignore[list-item]
+            ids = [f"relay-{n}" for n in range(5)]
+            for _ in range(3):
+                await ws.send(json.dumps(envelope("resource_notify", {"subscribe": ids})))
+                ack = json.loads(await asyncio.wait_for(ws.recv(), 5))
+                assert ack["payload"]["status"] == "subscribed" and ack["payload"]["subscribe"] == ids
+            await ws.send(json.dumps(envelope("resource_notify", {"subscribe": ["relay-5"]})))
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 5)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+        reason = json.loads(closed.value.rcvd.reason)
+        assert reason["code"] == "too_many_subscriptions" and "5" in reason["message"]
+        services = live.app.state.services
+        assert not any(topic.startswith("resource:relay-") for topic in services.tp._topics)  # all let go

@@ -138,3 +138,31 @@ def test_a_refused_body_sent_promptly_keeps_the_connection_for_the_next_request(
         assert status == 201, body
         assert json.loads(body)["size"] == len(accepted)
     assert live.leftovers() == []
+
+
+def test_an_answer_before_100_continue_closes_the_connection(live: LiveServer) -> None:
+    """A client that sent ``Expect: 100-continue`` and got a final answer instead (here 413) may send its body
+    now or never: the answer says ``Connection: close`` and the connection ends, so a next request is never read
+    as the body (RFC 9110 §10.1.1, RFC 9112 §9.6)."""
+    host = live.url.removeprefix("http://")
+    head = (
+        f"POST /v1/files?name=f.bin HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/octet-stream\r\n"
+        f"Content-Length: {10**7}\r\nExpect: 100-continue\r\n\r\n"
+    ).encode()
+    with _connect(live) as sock, sock.makefile("rb") as f:
+        sock.sendall(head)  # and, as curl does, waits for the 100 before the body
+        status = int(f.readline().split()[1])
+        headers = {}
+        while (line := f.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip().lower()
+        assert status == 413 and headers.get(b"connection") == b"close"
+        f.read(int(headers[b"content-length"]))
+        sock.sendall(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        assert _closed_by_server(sock)
+    # the same request without the expectation keeps the old rule: the rest is read and dropped, not closed at once
+    with _connect(live) as sock, sock.makefile("rb") as f:
+        sock.sendall(_upload_head(live, 2 << 20) + b"x" * (2 << 20))
+        assert _response(f)[0] == 413
+        sock.sendall(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        assert _response(f)[0] == 200

@@ -299,8 +299,12 @@ def test_plans_are_owned(s3_service: Any) -> None:
         ):
             assert response.status_code == 404 and response.json()["error"]["code"] == "not_found", response.text
         assert alice.get(f"/v1/direct/{pid}").status_code == 200
+        parts = {"parts": [{"number": 1, "sha256": "a" * 64}]}
+        assert alice.post(f"/v1/direct/{pid}/parts", json=parts).status_code == 200  # the plan is cached now
         assert alice.delete(f"/v1/direct/{pid}").status_code == 204
         assert alice.get(f"/v1/direct/{pid}").status_code == 410
+        refused = alice.post(f"/v1/direct/{pid}/parts", json=parts)  # an aborted plan hands out no part URLs
+        assert refused.status_code == 410 and refused.json()["error"]["code"] == "gone", refused.text
 
 
 @pytest.mark.s3

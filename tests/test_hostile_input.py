@@ -342,3 +342,56 @@ def test_prefer_wait_and_tus_metadata_are_a_value_or_a_400(text: str) -> None:
         parse_metadata(text)
     except TransferError as exc:
         assert exc.status == 400
+
+
+# --- lifetimes and JSON types ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seconds", [10**30, 10**11, 0, -5])
+def test_expires_in_is_bounded_before_anything_is_reserved(http: httpx.Client, seconds: int) -> None:
+    """One validator for every door: beyond 100 years (the year 5195, or an OverflowError at completion) or not
+    positive is a 400 at creation, so no session is left holding a reservation."""
+    r = http.post("/v1/sessions", json={"size": 5, "expires_in": seconds})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] in ("expires_in_too_long", "invalid_request")
+    far = http.post("/v1/files", params={"expires_in": str(seconds)}, content=b"x")
+    assert far.status_code == 400, far.text
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"size": 5, "expires_in": True},
+        {"size": 5, "expires_in": 60.0},
+        {"size": 5.0},
+        {"size": True},
+        {"size": 5, "chunk_size": "5"},
+        {"size": 5, "ttl": 1.0},
+    ],
+)
+def test_json_numbers_are_json_integers(http: httpx.Client, body: dict[str, Any]) -> None:
+    assert_error(http.post("/v1/sessions", json=body), 400, "invalid_request")
+
+
+@pytest.mark.parametrize("index", ["1.0", "+1", "1e0", "0x1", "١"])
+def test_a_chunk_index_is_ascii_digits(http: httpx.Client, index: str) -> None:
+    sid = http.post("/v1/sessions", json={"size": 10}).json()["streaming_session_id"]
+    data = b"hello"
+    headers = {"chunk-checksum": "xxh3-128:" + xxhash.xxh3_128_hexdigest(data)}
+    assert_error(http.put(f"/v1/sessions/{sid}/chunks/{index}", content=data, headers=headers), 400, "invalid_request")
+    assert http.get(f"/v1/sessions/{sid}").json()["stored"] == []
+
+
+def test_direct_part_numbers_and_sizes_are_json_integers() -> None:
+    from pydantic import ValidationError
+
+    from transfer.api.direct import PartsRequest, PlanCreate
+
+    sha = "0" * 64
+    assert PartsRequest.model_validate({"parts": [{"number": 1, "sha256": sha}]}).parts[0].number == 1
+    for number in (True, 1.0, "1"):
+        with pytest.raises(ValidationError):
+            PartsRequest.model_validate({"parts": [{"number": number, "sha256": sha}]})
+    for size in (True, 5.0):
+        with pytest.raises(ValidationError):
+            PlanCreate.model_validate({"size": size})

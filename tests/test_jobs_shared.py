@@ -97,6 +97,9 @@ async def test_import_job_ids_are_followed_anywhere_and_other_keys_get_404(
         # a private address is refused by the import's destination policy: the job fails, on A
         stored = await http.post(f"{a.url}/v1/files", content=os.urandom(10_000), params={"inline": "false"})
         descriptor = stored.json()  # its URL is on loopback: a private address
+        descriptor["url"] = descriptor["url"].split("?")[
+            0
+        ]  # unsigned: the service's own signed URLs are read in-process
         r = await http.post(f"{a.url}/v1/imports", json={"descriptor": descriptor})
         assert r.status_code == 202, r.text
         job = r.json()["job_id"]

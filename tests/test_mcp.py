@@ -89,7 +89,40 @@ async def test_tools_are_listed_with_precise_schemas(mcp_server: tuple[LiveServe
     assert len(json.dumps(tools["resolve"].input_schema)) < 2000  # was 7.8 KB: the expanded union of the models
     bundle_defs = tools["create_bundle"].input_schema["$defs"]
     assert bundle_defs["BundleItemInput"]["required"] == ["role"]
-    assert bundle_defs["BundleItemRole"]["enum"] == ["main", "reference", "attachment", "thumbnail"]
+    role = bundle_defs["BundleItemInput"]["properties"]["role"]
+    assert role["enum"] == ["main", "reference", "attachment", "thumbnail"]  # inlined, not a $ref
+    assert set(bundle_defs) == {"BundleItemInput"}
+
+
+def _refs(schema: Any) -> list[str]:
+    if isinstance(schema, dict):
+        own = [str(schema["$ref"])] if "$ref" in schema else []
+        return own + [r for v in schema.values() for r in _refs(v)]
+    if isinstance(schema, list):
+        return [r for v in schema for r in _refs(v)]
+    return []
+
+
+async def test_tools_suit_strict_callers(mcp_server: tuple[LiveServer, Path]) -> None:
+    """openai-agents' own converter takes the file tools' schemas for strict mode as they are, enums inlined: no
+    ``$ref`` to a plain enum (``$defs/FileRole``) in their inputs or results."""
+    from agents.strict_schema import ensure_strict_json_schema
+
+    live, _ = mcp_server
+    async with Client(f"{live.url}/mcp") as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    for name in ("upload_file", "upload_content", "describe", "create_bundle"):
+        schemas = [tools[name].input_schema, tools[name].output_schema]
+        assert [r for s in schemas for r in _refs(s) if "Role" in r or "Method" in r] == [], name
+    for name in ("upload_file", "upload_content", "describe"):
+        strict = ensure_strict_json_schema(json.loads(json.dumps(tools[name].input_schema)))
+        assert strict["additionalProperties"] is False and _refs(strict) == [], name
+        assert set(strict["required"]) == set(strict["properties"]), name
+    assert tools["upload_content"].input_schema["properties"]["role"]["anyOf"][0]["enum"] == [
+        "reference",
+        "result",
+        "attachment",
+    ]
 
 
 # code-comment leftovers: runs of spaces, line breaks, reST or Markdown code markup, a setting's name
@@ -185,10 +218,17 @@ async def test_upload_file_then_resolve_to_a_path_over_http(mcp_server: tuple[Li
         assert descriptor["type"] == "url" and descriptor["size"] == len(data)
         assert descriptor["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
         assert "data" not in descriptor
-        # the server's resolve is a server-side fetch: loopback is refused unless allowed
-        refused = tool_error(await client.call_tool("resolve", {"descriptor": descriptor, "path": "copy.bin"}))
+        # the server's resolve is a server-side fetch, and loopback is refused (SSRF) unless allowed; but this is
+        # the service's own signed URL: read from storage in-process, its signature checked as a download's
+        copied = structured(await client.call_tool("resolve", {"descriptor": descriptor, "path": "copy.bin"}))
+        assert copied["size"] == len(data) and (root / "copy.bin").read_bytes() == data
+        tampered = {**descriptor, "url": descriptor["url"].replace("sig=", "sig=x")}
+        bad_sig = tool_error(await client.call_tool("resolve", {"descriptor": tampered, "path": "copy2.bin"}))
+        assert bad_sig["code"] == "signature_invalid" and not (root / "copy2.bin").exists()
+        foreign = {**descriptor, "url": live.url + "/healthz"}  # any other URL on loopback: refused as before
+        refused = tool_error(await client.call_tool("resolve", {"descriptor": foreign, "path": "copy3.bin"}))
         assert refused["code"] == "destination_refused"
-        assert not (root / "copy.bin").exists()
+        assert not (root / "copy3.bin").exists()
         # outside the root: refused, nothing written
         escape = tool_error(await client.call_tool("upload_file", {"path": "../data/x"}))
         assert escape["code"] == "forbidden"
@@ -402,3 +442,26 @@ async def test_plain_stdio_never_hands_out_a_url_nothing_serves(tmp_path: Path, 
         async with httpx.AsyncClient() as http:
             got = await http.get(descriptor["url"])
         assert got.status_code == 200 and got.content == data
+
+
+async def test_lifetimes_and_numbers_are_checked_as_on_every_door(mcp_server: tuple[LiveServer, Path]) -> None:
+    """expires_in of 10^30 (an OverflowError at completion) or 10^11 (the year 5195) is refused when asked for,
+    before a session reserves anything; a JSON true or 60.0 is not a number of seconds."""
+    live, _ = mcp_server
+    async with Client(f"{live.url}/mcp") as client:
+        for seconds in (10**30, 10**11):
+            opened = tool_error(
+                await client.call_tool("open_session", {"name": "a.bin", "size": 5, "expires_in": seconds})
+            )
+            assert opened["code"] == "expires_in_too_long", opened
+            stored = tool_error(
+                await client.call_tool("upload_content", {"data": "hi", "name": "a.txt", "expires_in": seconds})
+            )
+            assert stored["code"] == "expires_in_too_long", stored
+        for wrong in (True, 60.0):
+            bad = tool_error(
+                await client.call_tool("upload_content", {"data": "hi", "name": "a.txt", "expires_in": wrong})
+            )
+            assert bad["code"] == "invalid_request", bad
+        bad = tool_error(await client.call_tool("open_session", {"name": "a.bin", "size": True}))
+        assert bad["code"] == "invalid_request", bad

@@ -4,6 +4,7 @@ helper; server-side imports and their SSRF guard (loopback, metadata addresses, 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import http.server
 import json
@@ -169,6 +170,8 @@ async def test_session_progress_with_the_client_helper(live: LiveServer) -> None
 async def test_imports_refuse_private_addresses_by_default(live: LiveServer) -> None:
     async with AsyncTransferClient(live.url) as client:
         stored = await client.upload(os.urandom(10_000), name="a.bin")
+        # unsigned: the service's own signed URLs are read in-process, not fetched (test_a2a_sdk, test_mcp)
+        stored = stored.model_copy(update={"url": (stored.url or "").split("?")[0]})
         job_id = await client.import_descriptor(stored)
         with pytest.raises(Exception) as refused:
             [e async for e in client.follow_job(job_id)]
@@ -245,7 +248,7 @@ async def test_redirect_to_a_refused_address_is_refused(tmp_path: Path) -> None:
     with running(settings) as live:
         async with AsyncTransferClient(live.url) as client:
             stored = await client.upload(os.urandom(5000), name="a.bin")
-            _Redirect.target = stored.url or ""
+            _Redirect.target = (stored.url or "").split("?")[0]  # unsigned: not one of the service's own URLs
             redirector = http.server.ThreadingHTTPServer(("127.0.0.2", 0), _Redirect)
             thread = threading.Thread(target=redirector.serve_forever, daemon=True)
             thread.start()
@@ -265,3 +268,26 @@ async def test_a_job_that_never_starts_ends_with_an_error(tmp_path: Path) -> Non
             events = await read_stream(http, f"{live.url}/v1/jobs/never-started-1/events")
     assert [e[0] for e in events] == ["error"]
     assert events[0][2]["payload"]["code"] == "not_found"
+
+
+async def test_a_job_keeps_no_bytes_of_its_file(live: LiveServer) -> None:
+    """A small upload answers inline, but its job (kept ten minutes, replayed to every reader, journalled for the
+    other replicas) carries a signed URL, not the bytes: once the file is deleted, nothing of it is left there."""
+    secret = b"a small secret, inline in the upload's answer"
+    async with httpx.AsyncClient(base_url=live.url, timeout=30) as http:
+        answer = (
+            await http.post("/v1/files", params={"name": "s.txt", "job_id": "small-job-01"}, content=secret)
+        ).json()
+        assert answer["type"] == "inline" and base64.b64decode(answer["data"]) == secret
+        state = (await http.get("/v1/jobs/small-job-01")).json()
+        kept = state["result"]["descriptor"]
+        assert kept["type"] == "url" and "data" not in kept
+        assert (await http.get(kept["url"])).content == secret
+        assert (await http.delete(f"/v1/files/{answer['metadata']['file_id']}")).status_code == 204
+        assert (await http.get(kept["url"])).status_code == 404
+        replay = await read_stream(http, f"{live.url}/v1/jobs/small-job-01/events")
+        encoded = base64.b64encode(secret)
+        for _, _, doc in replay:
+            text = json.dumps(doc).encode()
+            assert encoded not in text and secret not in text
+        assert encoded not in json.dumps((await http.get("/v1/jobs/small-job-01")).json()).encode()

@@ -8,14 +8,16 @@ import hashlib
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import xxhash
 
-from tests.conftest import Clock, LiveServer, in_progress_uploads
+from tests.conftest import Clock, LiveServer, in_progress_uploads, running
 from tests.test_api_upload import assert_error
+from transfer.settings import Settings
 
 MiB = 1 << 20
 CHUNK = 5 * MiB  # the smallest chunk S3 composes
@@ -258,3 +260,37 @@ def test_a_chunk_damaged_on_disk_is_dropped_and_asked_for_again(live_server: Liv
         assert put(http, sid, 1, pieces[1]).status_code == 201
         d = http.post(f"/v1/sessions/{sid}/complete", json={}).json()
         assert http.get(d["url"]).content == data
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("s3", marks=pytest.mark.s3)])
+def test_an_expired_file_is_not_served_through_its_chunk_urls(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: Clock, backend: str
+) -> None:
+    """Expiry on every door: from the file's expires_at on, its session's signed chunk URLs stop with it (410),
+    as its own URL (403) and its descriptor (410) do, though no sweep has removed it (none runs here); no chunk
+    URL handed out after completion claims to outlive the file."""
+    extra: dict[str, Any] = {}
+    if backend == "s3":
+        request.getfixturevalue("s3_env")
+        extra = {"storage": "s3"}
+    settings = Settings(
+        data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"}, session_gc_interval=3600, **extra
+    )
+    data = os.urandom(2 * MiB)  # above the inline threshold: completion answers with URLs
+    with running(settings, clock) as live, httpx.Client(base_url=live.url, timeout=60) as http:
+        doc = http.post("/v1/sessions", json={"size": len(data), "chunk_size": CHUNK, "expires_in": 60}).json()
+        sid = doc["streaming_session_id"]
+        base, query = doc["descriptor"]["url"].split("?")  # signed at creation, for the URL TTL (not 60 s)
+        assert put(http, sid, 0, data).status_code == 201
+        done = http.post(f"/v1/sessions/{sid}/complete", json={"mode": "streaming", "ttl": 7 * 86400}).json()
+        assert done["type"] == "streaming", done
+        file_id = done["metadata"]["file_id"]
+        assert http.get(f"{base}/0?{query}").content == data
+        url = http.get(f"/v1/files/{file_id}").json()["url"]
+        clock.advance(60)
+        assert http.get(url).status_code == 403
+        assert_error(http.get(f"/v1/files/{file_id}"), 410, "file_expired")
+        assert_error(http.get(f"{base}/0?{query}"), 410, "file_expired")
+        assert http.head(f"{base}/0?{query}").status_code == 410
+        assert http.get(done["url"].replace("?", "/0?", 1)).status_code in (403, 410)
+        assert done["url_expires_at"] <= done["metadata"]["expires_at"]

@@ -122,3 +122,46 @@ async def test_a_dripping_upload_is_shed_and_leaves_no_temp_file(live: LiveServe
     async with httpx.AsyncClient(base_url=live.url, timeout=GENEROUS) as http:
         listing = (await http.get("/v1/files")).json()["files"]
     assert [f["name"] for f in listing] == ["ok.bin"]
+
+
+async def test_a_body_that_stalls_after_a_fast_start_is_shed(live: LiveServer) -> None:
+    """The minimum rate holds over a sliding window (http_body_grace), not on average: 64 MiB at loopback speed,
+    then nothing, is shed once the window has passed (an average rate of 256 KiB/s would have let it idle
+    for 257 s, far past the generous bound here)."""
+    host, port = _address(live)
+    reader, writer = await asyncio.open_connection(host, port)
+    size = 64 << 20
+    try:
+        writer.write(
+            f"POST /v1/files?name=stall.bin HTTP/1.1\r\nHost: {host}:{port}\r\n".encode()
+            + f"Content-Type: application/octet-stream\r\nContent-Length: {size + 1}\r\n\r\n".encode()
+        )
+        piece = os.urandom(1 << 20)
+        for _ in range(size >> 20):
+            writer.write(piece)
+            await writer.drain()
+        answer = await asyncio.wait_for(_answer(reader), GENEROUS)  # and the last byte never comes
+    finally:
+        writer.close()
+    if answer:
+        assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    for _ in range(300):
+        if live.leftovers() == []:
+            break
+        await asyncio.sleep(0.1)
+    assert live.leftovers() == []
+
+
+def test_min_rate_is_a_sliding_window() -> None:
+    from transfer.api.limits import MinRate
+
+    rate = MinRate(window=2.0, min_rate=100.0)
+    assert rate.allowance() == 2.0
+    rate.account(waited=0.1, received=10**9)  # a fast start banks no more than the window
+    assert rate.allowance() == 2.0
+    rate.account(waited=1.5, received=0)
+    assert rate.allowance() == 0.5
+    rate.account(waited=0.5, received=50)  # 50 bytes buy half a second back
+    assert rate.allowance() == 0.5
+    rate.account(waited=1.0, received=0)
+    assert rate.allowance() == 0.0

@@ -61,6 +61,10 @@ def test_page_docs_and_redoc_load_nothing_from_elsewhere(site: LiveServer) -> No
                 assert served.status_code == 200 and len(served.content) > 100, asset
         assert "/web/vendor/swagger-ui-bundle.js" in http.get("/docs").text
         assert "/web/vendor/redoc.standalone.js" in http.get("/redoc").text
+        for path in ("/docs", "/redoc"):  # served with a policy that lets nothing load from elsewhere
+            policy = http.get(path).headers["content-security-policy"]
+            assert "default-src 'none'" in policy and "img-src 'self' data:;" in policy, path
+            assert "script-src 'self'" in policy and "http" not in policy, path
         assert http.get("/web/vendor/../../settings.py").status_code == 404
         assert http.get("/web/vendor/package.json").status_code == 404  # only the named library files
 
@@ -201,6 +205,8 @@ def test_docs_and_redoc_render_offline_in_a_browser(site: LiveServer) -> None:
             page = browser.new_page()
             page.set_default_timeout(180_000)
             page.route("**/*", offline)
+            refused: list[str] = []  # what the pages' policies stopped (reported on the console)
+            page.on("console", lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None)
             page.goto(site.url + "/docs")
             page.wait_for_selector(".swagger-ui .info .title")
             page.wait_for_selector(".opblock-tag")  # the operations, drawn from /openapi.json
@@ -211,8 +217,10 @@ def test_docs_and_redoc_render_offline_in_a_browser(site: LiveServer) -> None:
             page.wait_for_function("() => window.tus && window.tus.isSupported")
         finally:
             browser.close()
-    # Redoc's menu always tries a "by Redocly" logo from its CDN and hides it when that fails: an image, no more
-    assert [url for kind, url in elsewhere if kind != "image"] == []
+    # Redoc's menu asks for a "by Redocly" logo from its CDN and hides it when that fails: the page's policy keeps
+    # even that request from leaving, so nothing at all goes elsewhere
+    assert elsewhere == []
+    assert [text for text in refused if "cdn.redoc.ly" not in text] == [], refused  # the logo, and nothing else
 
 
 UPPY_UPLOAD = """

@@ -53,6 +53,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── MailboxFull                    429 mailbox_full          (TP messages waiting for one receiver)
     ├── TooManyAuthorizations          429 too_many_authorizations (open upload authorisations per API key)
     ├── TooManyJobs                    429 too_many_jobs         (job streams waiting for their upload to start)
+    ├── TooManySubscriptions           429 too_many_subscriptions (resource ids one WebSocket connection follows)
     ├── Conflict                       409 conflict
     │   ├── ChunkConflict              409 chunk_conflict        (other bytes already stored for that chunk)
     │   ├── VersionConflict            409 version_conflict      (a compare-and-set lost: the record changed)
@@ -367,6 +368,13 @@ class MailboxFull(TransferError):
 
 class TooManyJobs(TransferError):
     code = "too_many_jobs"
+    status = 429
+
+
+class TooManySubscriptions(TransferError):
+    """One WebSocket connection asked to follow more resource ids than ``tp_max_subscriptions``: it is closed."""
+
+    code = "too_many_subscriptions"
     status = 429
 
 

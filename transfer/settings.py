@@ -172,6 +172,9 @@ class Settings(BaseSettings):
     tp_max_envelope_size: int = Field(default=1 << 20, ge=1 << 10, description="largest TP envelope / WS frame")
     tp_ping_interval: float = Field(default=30.0, gt=0, description="WebSocket ping interval (TP: 30 s)")
     tp_pong_timeout: float = Field(default=10.0, gt=0, description="time allowed for each pong (TP: 10 s)")
+    tp_max_subscriptions: int = Field(
+        default=1000, ge=1, description="resource ids one WebSocket connection may follow (more: closed with 1008)"
+    )
     tp_mailbox_ttl: int = Field(default=24 * 3600, gt=0, description="seconds an undelivered TP message is kept")
     tp_mailbox_max_messages: int = Field(
         default=1000, ge=1, description="undelivered TP messages kept per receiver (more: 429 mailbox_full)"

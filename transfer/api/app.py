@@ -29,6 +29,7 @@ from transfer.api.direct import add_direct_routes
 from transfer.api.jobs import add_job_routes
 from transfer.api.limits import ControlBodyLimit, HeaderLimit
 from transfer.api.multipart import multipart_boundary, parse_form
+from transfer.api.ownurls import serve_own_urls
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.resumable import EXPOSED_HEADERS as RESUMABLE_HEADERS
 from transfer.api.resumable import add_resumable_routes, is_resumable_path, problem_response
@@ -37,7 +38,7 @@ from transfer.api.streaming import DownloadResponse, combined_headers, request_b
 from transfer.api.trust import BrowserPolicy, HostPolicy, TrustBoundary
 from transfer.api.tus import TusMiddleware, add_tus_routes
 from transfer.core.auth import Authenticator, Scope
-from transfer.core.content import DownloadMethod, FileRole, normalize_checksum
+from transfer.core.content import DownloadMethod, FileRole, TransferMode, normalize_checksum
 from transfer.core.digests import sha256_from_digest_field
 from transfer.core.encodings import CODECS, coding_from_http, storage_encoding
 from transfer.core.lifecycle import parse_expires_in
@@ -247,6 +248,7 @@ def rest_app(
         redoc_url=None,
     )
     app.state.services = services
+    serve_own_urls(services)  # its own signed URLs, fetched by itself (MCP resolve, A2A url parts), read in-process
     app.state.lifespan_contexts = []  # front doors that need to run something for the app's lifetime (MCP)
 
     @app.exception_handler(TransferError)
@@ -412,7 +414,12 @@ def rest_app(
                     await job.settled()  # the answer comes once every replica can read the job's end
             raise
         if job is not None:
-            job.succeed({"file_id": record.id, "descriptor": descriptor.to_json()})
+            # the job (kept, replayed, journalled for other replicas) holds no bytes of the file: a URL, which
+            # stops working when the file is deleted or expires
+            kept = descriptor
+            if descriptor.type is TransferMode.INLINE:
+                kept = await service.describe(record, base_url(request), ttl=options.ttl, inline=False)
+            job.succeed({"file_id": record.id, "descriptor": kept.to_json()})
             await job.settled()
         return descriptor.to_json()
 

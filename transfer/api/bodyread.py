@@ -18,11 +18,16 @@ Here:
   connection) and resumes on its next ``receive``;
 - the rest of a body the application answered without reading (401, 413, ...) is read and dropped so the connection
   can be reused (RFC 9112 §9.6), but no longer than a body that is read may take: it must keep arriving at
-  ``discard_min_rate`` bytes/s after ``discard_grace`` seconds from the answer (the rule of
-  :class:`transfer.api.server.BodyRateGuard`), or the connection is closed; and once it has arrived an idle
-  connection is closed after the keep-alive timeout as after any response. uvicorn's own protocol read such a body
+  ``discard_min_rate`` bytes/s over a sliding window of ``discard_grace`` seconds from the answer (the rule of
+  :class:`transfer.api.server.BodyRateGuard`, :class:`transfer.api.limits.MinRate`), or the connection is closed;
+  and once it has arrived an idle connection is closed after the keep-alive timeout as after any response.
+  uvicorn's own protocol read such a body
   with no deadline at all (each read cancels the keep-alive timer), so a client could hold a connection open
   forever at a byte a minute after its answer.
+
+An answer sent before the ``100 Continue`` a request with ``Expect: 100-continue`` waits for carries
+``Connection: close`` and ends the connection: the client may send the body then or not at all, so the next bytes
+could be either (uvicorn kept the connection, and read the client's next request as that body).
 
 Everything else is uvicorn's own behaviour, unchanged: ``100 Continue`` on the first ``receive`` (RFC 9110 §10.1.1),
 ``http.disconnect`` once the client has gone or the response is complete.
@@ -36,6 +41,8 @@ from typing import Any
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from transfer.api.limits import MinRate
 
 # bytes waiting for the application before the socket stops being read: a few socket reads, so that a busy
 # application takes them in one message
@@ -56,6 +63,14 @@ class BodyCycle(RequestResponseCycle):
         self.pieces.append(piece)
         self.queued += len(piece)
         self.message_event.set()
+
+    async def send(self, message: Any) -> None:
+        if message["type"] == "http.response.start" and self.waiting_for_100_continue and self.more_body:
+            # an answer (401, 413, ...) before the 100 Continue the client waits for: it may send the body now or
+            # never, so what comes next cannot be told apart from a request; the answer says Connection: close
+            # and the connection ends with it (RFC 9110 §10.1.1, RFC 9112 §9.6)
+            self.keep_alive = False
+        await super().send(message)
 
     async def receive(self) -> Any:
         if self.waiting_for_100_continue and not self.transport.is_closing():
@@ -92,8 +107,8 @@ class BodyProtocol(HttpToolsProtocol):
     _raw_left = 0  # body bytes still to come past the parser (0: the parser reads the connection)
     _body_open = False  # the latest request's body has not fully arrived
     _dropping = False  # ... and its response is complete: the rest of the body is read and dropped
-    _discard_since = 0.0  # loop time the application answered a request whose body is still arriving
-    _discarded = 0  # bytes read since then
+    _discard_rate: MinRate | None = None  # the rule the dropped rest of a body is held to
+    _discard_last = 0.0  # loop time of the last bytes of it (or of the answer)
     _discard_timer: asyncio.TimerHandle | None = None
 
     def on_message_begin(self) -> None:
@@ -135,16 +150,18 @@ class BodyProtocol(HttpToolsProtocol):
                 cycle.pieces.clear()
                 cycle.queued = 0
             if self.discard_min_rate > 0:
-                self._discard_since = self.loop.time()
-                self._discarded = 0
+                self._discard_rate = MinRate(self.discard_grace, self.discard_min_rate)
+                self._discard_last = self.loop.time()
                 self._discard_timer = self.loop.call_later(self.discard_grace, self._discard_deadline)
 
     def _discard_deadline(self) -> None:
-        """The dropped body's rest must keep arriving at ``discard_min_rate`` after ``discard_grace``."""
-        allowed = self._discard_since + self.discard_grace + self._discarded / self.discard_min_rate
+        """The dropped body's rest must keep arriving at ``discard_min_rate`` over ``discard_grace`` seconds."""
+        rate = self._discard_rate
+        assert rate is not None
         now = self.loop.time()
-        if now < allowed:
-            self._discard_timer = self.loop.call_later(allowed - now, self._discard_deadline)
+        left = rate.allowance() - (now - self._discard_last)
+        if left > 0:
+            self._discard_timer = self.loop.call_later(left, self._discard_deadline)
             return
         self._discard_timer = None
         self.logger.info("closing a connection: the body of an answered request arrives too slowly")
@@ -166,8 +183,10 @@ class BodyProtocol(HttpToolsProtocol):
             self.flow.pause_reading()
 
     def data_received(self, data: bytes) -> None:
-        if self._discard_timer is not None:
-            self._discarded += len(data)
+        if self._discard_timer is not None and self._discard_rate is not None:
+            now = self.loop.time()
+            self._discard_rate.account(now - self._discard_last, len(data))
+            self._discard_last = now
         left = self._raw_left
         if left:
             self._unset_keepalive_if_required()

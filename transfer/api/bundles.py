@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field
 
 from transfer.api.caller import caller_of
+from transfer.api.fields import JsonInt
 from transfer.core.auth import Scope
 from transfer.service.bundles import BundleService
 
@@ -19,7 +20,7 @@ class BundleCreate(BaseModel):
     items: list[dict[str, Any]] = Field(
         description='each {"id"?, "role", "file_id"} for a stored file or {"id"?, "role", "content": {...}} inline'
     )
-    ttl: int | None = Field(default=None, gt=0, description="seconds the items' signed URLs live")
+    ttl: JsonInt | None = Field(default=None, gt=0, description="seconds the items' signed URLs live")
 
 
 def add_bundle_routes(

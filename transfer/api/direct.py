@@ -21,7 +21,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field, field_validator
 
 from transfer.api.caller import caller_of
-from transfer.api.fields import NewFile
+from transfer.api.fields import JsonInt, NewFile
 from transfer.core.auth import Scope
 from transfer.core.content import DownloadMethod, format_timestamp, normalize_checksum
 from transfer.service.direct import DirectService, Plan
@@ -31,11 +31,11 @@ SHA256_HEX = r"^(sha256:)?[0-9a-fA-F]{64}$"
 
 
 class PlanCreate(NewFile):
-    size: int = Field(ge=0, description="total bytes of the file")
+    size: JsonInt = Field(ge=0, description="total bytes of the file")
 
 
 class PartRequest(BaseModel):
-    number: int = Field(ge=1, le=10_000)
+    number: JsonInt = Field(ge=1, le=10_000)
     sha256: str = Field(pattern=SHA256_HEX, description="SHA-256 of the part's bytes, 64 hex digits")
 
 
@@ -46,7 +46,7 @@ class PartsRequest(BaseModel):
 class PlanComplete(BaseModel):
     checksum: str | None = Field(default=None, description="sha256:<hex> of the whole file, if not declared before")
     download_method: DownloadMethod | None = None
-    ttl: int | None = Field(default=None, gt=0)
+    ttl: JsonInt | None = Field(default=None, gt=0)
 
     @field_validator("checksum")
     @classmethod

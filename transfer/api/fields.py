@@ -1,5 +1,6 @@
 """What every request that makes a new file may say about it (sessions, direct-upload plans): one model, one set
-of checks."""
+of checks; and the JSON number and boolean types of every request body (strict: ``1.0``, ``true`` or ``"1"`` is
+not an integer, ``1`` is not a boolean)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from pydantic import BaseModel, Field, field_validator
 
 from transfer.core.content import FileRole, normalize_checksum
 from transfer.core.mime import validate_media_type
+from transfer.core.numerals import JsonBool, JsonInt
+
+__all__ = ["JsonBool", "JsonInt", "NewFile"]
 
 
 class NewFile(BaseModel):
@@ -17,7 +21,7 @@ class NewFile(BaseModel):
     checksum: str | None = Field(default=None, description="sha256:<hex> of the whole file, verified at completion")
     role: FileRole | None = None
     description: str | None = None  # its limit is the service's (max_description_length), whatever the door
-    expires_in: int | None = Field(
+    expires_in: JsonInt | None = Field(
         default=None, gt=0, description="seconds the finished file lives; above the key's or service's maximum: 400"
     )
 

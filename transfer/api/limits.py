@@ -1,5 +1,5 @@
 """Size limits on request headers, and on control-plane request bodies (JSON: sessions, bundles, imports, TP,
-JSON-RPC, MCP).
+JSON-RPC, MCP); and the minimum-rate rule every request body is held to (:class:`MinRate`).
 
 Those bodies are parsed whole, so they are capped before parsing: a ``Content-Length`` over the limit is refused at
 once, and a chunked body is cut off as soon as it passes the limit (413 ``payload_too_large``). Data-plane bodies
@@ -25,6 +25,30 @@ def _is_control(method: str, path: str) -> bool:
     return method == "POST" and (
         path == "/v1/sessions" or (path.startswith("/v1/sessions/") and path.endswith("/complete"))
     )
+
+
+class MinRate:
+    """A body must keep arriving at ``min_rate`` bytes/s over a sliding window of ``window`` seconds (a leaky
+    bucket): the client may keep the server waiting ``window`` seconds at first, each byte it sends buys another
+    ``1 / min_rate`` seconds, and what it has bought never adds up to more than ``window`` seconds. So a body that
+    stalls after a fast start is cut ``window`` seconds into the stall, not after ``received / min_rate`` seconds
+    (an average rate, which a fast first gigabyte would have let idle for an hour and more). Pure: the caller
+    measures the waiting."""
+
+    __slots__ = ("window", "min_rate", "credit")
+
+    def __init__(self, window: float, min_rate: float) -> None:
+        self.window = window
+        self.min_rate = min_rate
+        self.credit = window  # seconds the client may still keep the server waiting
+
+    def allowance(self) -> float:
+        """Seconds the next wait may last."""
+        return max(0.0, self.credit)
+
+    def account(self, waited: float, received: int) -> None:
+        """``waited`` seconds passed waiting for the client, and ``received`` bytes came."""
+        self.credit = min(self.window, self.credit - waited + received / self.min_rate)
 
 
 class _BodyTooLarge(HTTPException):

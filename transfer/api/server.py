@@ -11,8 +11,9 @@ Slow clients are shed in two places (a connection must not be held open at a byt
   plus one timer) gives each request ``http_header_timeout`` seconds from its first byte (from the connection, for
   the first request) to its last header field; then 408 ``request_timeout`` and the connection is closed. It has to
   be in the protocol: the ASGI application only exists once the head is complete.
-- the body: :class:`BodyRateGuard` (ASGI) lets a body take ``http_body_grace`` seconds plus one second per
-  ``http_body_min_rate`` bytes received, counting only the time spent waiting for the client (not time the
+- the body: :class:`BodyRateGuard` (ASGI) holds a body to ``http_body_min_rate`` bytes/s over a sliding window of
+  ``http_body_grace`` seconds (:class:`transfer.api.limits.MinRate`: a stall after a fast start is cut after the
+  window, not after bytes ÷ rate), counting only the time spent waiting for the client (not time the
   application spent writing to storage); then 408 and the application sees the client as gone, so an upload aborts
   and removes its temp file exactly as for a client that disconnected.
 """
@@ -29,6 +30,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 
 from transfer.api import zerocopy
 from transfer.api.informational import InformationalProtocol
+from transfer.api.limits import MinRate
 from transfer.errors import RequestTimeout
 from transfer.settings import Settings
 
@@ -149,9 +151,9 @@ def head_timeout_protocol(
 
 
 class BodyRateGuard:
-    """Sheds a request whose body arrives too slowly: the time spent waiting for body bytes may not exceed
-    ``grace + received / min_rate`` seconds (Apache mod_reqtimeout's ``MinRate`` rule, measured on waiting time
-    only). A shed request gets 408 with ``connection: close`` (when no response has started) and the application
+    """Sheds a request whose body arrives too slowly: slower than ``min_rate`` bytes/s over a sliding window of
+    ``grace`` seconds (:class:`MinRate`; Apache mod_reqtimeout's ``MinRate`` idea, measured on waiting time only). A
+    shed request gets 408 with ``connection: close`` (when no response has started) and the application
     sees ``http.disconnect``; whatever it sends afterwards is dropped."""
 
     def __init__(self, app: ASGIApp, *, grace: float, min_rate: float) -> None:
@@ -164,6 +166,7 @@ class BodyRateGuard:
             await self.app(scope, receive, send)
             return
         loop = asyncio.get_running_loop()
+        rate = MinRate(self.grace, self.min_rate)
         waited = 0.0
         received = 0
         body_done = False
@@ -178,13 +181,13 @@ class BodyRateGuard:
                 return await receive()
             began = loop.time()
             try:
-                async with asyncio.timeout(max(0.0, self.grace + received / self.min_rate - waited)):
+                async with asyncio.timeout(rate.allowance()):
                     message = await receive()
             except TimeoutError:
                 shed = True
                 if not started:
                     body = _timeout_body(
-                        f"request body slower than {self.min_rate:g} bytes/s (after {self.grace:g} s): "
+                        f"request body slower than {self.min_rate:g} bytes/s over {self.grace:g} s: "
                         f"{received} bytes in {loop.time() - began + waited:.1f} s"
                     )
                     await send(
@@ -203,6 +206,7 @@ class BodyRateGuard:
             waited += loop.time() - began
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                rate.account(loop.time() - began, len(message.get("body", b"")))
                 body_done = not message.get("more_body", False)
             else:
                 body_done = True

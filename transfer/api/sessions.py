@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI, Header, Request
+from fastapi import FastAPI, Header, Path, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from transfer.api.caller import caller_of
-from transfer.api.fields import NewFile
+from transfer.api.fields import JsonInt, NewFile
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.streaming import OwningStreamResponse, request_body
 from transfer.core.auth import Scope
@@ -38,18 +38,21 @@ from transfer.service import session_views
 from transfer.service.files import FileService
 from transfer.service.sessions import ChunkDigest, SessionService
 
+# a chunk index in a URL is ASCII digits (a sign for a refusal that names the range): "1.0" or "+1" is no index
+ChunkIndex = Annotated[str, Path(pattern=r"^-?[0-9]{1,18}$", description="the chunk's index, from 0")]
+
 
 class SessionCreate(NewFile):
-    size: int | None = Field(default=None, ge=0, description="total bytes; omit if unknown until completion")
-    chunk_size: int | None = Field(default=None, gt=0)
-    ttl: int | None = Field(default=None, gt=0, description="seconds the session may stay unfinished")
+    size: JsonInt | None = Field(default=None, ge=0, description="total bytes; omit if unknown until completion")
+    chunk_size: JsonInt | None = Field(default=None, gt=0)
+    ttl: JsonInt | None = Field(default=None, gt=0, description="seconds the session may stay unfinished")
 
 
 class SessionComplete(BaseModel):
-    size: int | None = Field(default=None, ge=0, description="required when the size was not declared")
+    size: JsonInt | None = Field(default=None, ge=0, description="required when the size was not declared")
     mode: Literal["url", "streaming"] = "url"
     download_method: DownloadMethod | None = None
-    ttl: int | None = Field(default=None, gt=0)
+    ttl: JsonInt | None = Field(default=None, gt=0)
 
 
 def parse_prefer_wait(value: str | None, default: float, maximum: float) -> float:
@@ -109,7 +112,7 @@ def add_session_routes(
     async def put_chunk(
         request: Request,
         sid: str,
-        index: int,
+        index: ChunkIndex,
         chunk_checksum: Annotated[str | None, Header(description="xxh3-128:<32 hex> or sha256:<64 hex>")] = None,
         content_digest: Annotated[str | None, Header()] = None,
         content_length: Annotated[int | None, Header()] = None,
@@ -125,7 +128,7 @@ def add_session_routes(
             raise InvalidRequest("a chunk needs its checksum: Chunk-Checksum: xxh3-128:<hex> (or sha256:<hex>)")
 
         receipt = await sessions.put_chunk(
-            sid, index, request_body(request), digest, content_length, caller_of(request)
+            sid, int(index), request_body(request), digest, content_length, caller_of(request)
         )
         return AsciiJSONResponse(
             {"index": receipt.index, "size": receipt.size, "xxh3": receipt.xxh3, "duplicate": receipt.duplicate},
@@ -190,11 +193,11 @@ def add_session_routes(
     @app.get("/v1/sessions/{sid}/chunks/{index}", operation_id="chunk_get", **chunk_doc)
     @app.head("/v1/sessions/{sid}/chunks/{index}", operation_id="chunk_head", **chunk_doc)
     async def get_chunk(
-        request: Request, sid: str, index: int, prefer: Annotated[str | None, Header()] = None
+        request: Request, sid: str, index: ChunkIndex, prefer: Annotated[str | None, Header()] = None
     ) -> Response:
         wait = parse_prefer_wait(prefer, settings.live_read_timeout, max(settings.live_read_timeout, 300))
         _session, stream, length, xxh3 = await sessions.open_signed_chunk(
-            sid, index, request.method, request.scope.get("raw_path"), request.url.query, wait
+            sid, int(index), request.method, request.scope.get("raw_path"), request.url.query, wait
         )
         headers = {
             "content-length": str(length),

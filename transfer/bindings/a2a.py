@@ -65,6 +65,9 @@ async def answer_a2a(
         elif operation is Operation.GET:
             task = await services.a2a.get(get_task_id(params), caller, base_url)
             result = render_task(task, dialect)
+        elif operation is Operation.CANCEL:  # an unknown task is not found (-32001), as for tasks/get
+            await services.a2a.load(get_task_id(params), caller)
+            raise unsupported(operation, method)
         else:
             raise unsupported(operation, method)
     except TransferError as exc:

@@ -55,6 +55,7 @@ from transfer.bindings.mcp_schemas import (
     SessionStatus,
     TpAnswer,
     UploadAuthorization,
+    inline_enum_refs,
     tool_texts,
 )
 from transfer.core.auth import Authenticator, Grant
@@ -73,6 +74,7 @@ from transfer.core.content import (
 )
 from transfer.core.encodings import CODECS, storage_encoding
 from transfer.core.mime import is_textual
+from transfer.core.numerals import JsonBool, JsonInt
 from transfer.core.tp import Binding, validate_envelope
 from transfer.errors import (
     Conflict,
@@ -180,7 +182,7 @@ class BundleItemInput(BaseModel):
 
 # every tool that stores a file takes its lifetime the same way
 ExpiresIn = Annotated[
-    int | None, Field(gt=0, description="seconds the stored file lives (default: the key's or server's)")
+    JsonInt | None, Field(gt=0, description="seconds the stored file lives (default: the key's or server's)")
 ]
 
 
@@ -270,7 +272,7 @@ class McpBinding:
             str,
             Field(description="how to store and serve it", json_schema_extra={"enum": list(CODECS.storage_names())}),
         ] = "none",
-        ttl: Annotated[int | None, Field(gt=0, description="seconds the signed URL lives")] = None,
+        ttl: Annotated[JsonInt | None, Field(gt=0, description="seconds the signed URL lives")] = None,
         expires_in: ExpiresIn = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
@@ -301,7 +303,7 @@ class McpBinding:
         role: FileRole | None = None,
         description: Annotated[str | None, Field(max_length=1024)] = None,
         checksum: Annotated[str | None, Field(description="sha256:<hex> of the bytes, verified")] = None,
-        ttl: Annotated[int | None, Field(gt=0, description="seconds the signed URL lives")] = None,
+        ttl: Annotated[JsonInt | None, Field(gt=0, description="seconds the signed URL lives")] = None,
         expires_in: ExpiresIn = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
@@ -327,11 +329,11 @@ class McpBinding:
     async def open_session(
         self,
         name: Annotated[str, Field(min_length=1, max_length=1024)],
-        size: Annotated[int | None, Field(ge=0, description="total bytes, if known")] = None,
+        size: Annotated[JsonInt | None, Field(ge=0, description="total bytes, if known")] = None,
         content_type: str | None = None,
-        chunk_size: Annotated[int | None, Field(gt=0, description="bytes per chunk (default: server)")] = None,
+        chunk_size: Annotated[JsonInt | None, Field(gt=0, description="bytes per chunk (default: server)")] = None,
         checksum: Annotated[str | None, Field(description="sha256:<hex> of the whole content")] = None,
-        ttl: Annotated[int | None, Field(gt=0, description="seconds the session may stay open")] = None,
+        ttl: Annotated[JsonInt | None, Field(gt=0, description="seconds the session may stay open")] = None,
         expires_in: ExpiresIn = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
@@ -357,7 +359,7 @@ class McpBinding:
     async def send_chunk(
         self,
         session_id: str,
-        index: Annotated[int, Field(ge=0)],
+        index: Annotated[JsonInt, Field(ge=0)],
         data: Annotated[str, Field(description="the chunk's bytes, base64")],
         checksum: Annotated[
             str | None, Field(description="xxh3-128:<32 hex> or sha256:<64 hex> of the chunk (recommended)")
@@ -377,7 +379,7 @@ class McpBinding:
     async def complete_session(
         self,
         session_id: str,
-        size: Annotated[int | None, Field(ge=0, description="required if not given when opening")] = None,
+        size: Annotated[JsonInt | None, Field(ge=0, description="required if not given when opening")] = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Verify and publish the session's content; returns its url-mode FileContent descriptor."""
@@ -396,7 +398,7 @@ class McpBinding:
     async def describe(
         self,
         file_id: Annotated[str, Field(description="the f_ id of a stored file")],
-        ttl: Annotated[int | None, Field(gt=0, description="seconds the signed URL lives")] = None,
+        ttl: Annotated[JsonInt | None, Field(gt=0, description="seconds the signed URL lives")] = None,
         download_method: DownloadMethod | None = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
@@ -429,8 +431,8 @@ class McpBinding:
         self,
         name: Annotated[str | None, Field(description="file name for the descriptor", max_length=1024)] = None,
         content_type: Annotated[str | None, Field(description="media type (default: sniffed)")] = None,
-        max_size: Annotated[int | None, Field(gt=0, description="largest size to accept, bytes")] = None,
-        start_ttl: Annotated[int | None, Field(gt=0, description="seconds to start the PUT (default 900)")] = None,
+        max_size: Annotated[JsonInt | None, Field(gt=0, description="largest size to accept, bytes")] = None,
+        start_ttl: Annotated[JsonInt | None, Field(gt=0, description="seconds to start the PUT (default 900)")] = None,
         expires_in: ExpiresIn = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
@@ -460,7 +462,9 @@ class McpBinding:
     async def authorize_download(
         self,
         file_id: Annotated[str, Field(description="the f_ id of a stored file")],
-        ttl: Annotated[int | None, Field(gt=0, description="seconds the URL lives (default 900, at most 3600)")] = None,
+        ttl: Annotated[
+            JsonInt | None, Field(gt=0, description="seconds the URL lives (default 900, at most 3600)")
+        ] = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """An expiring GET URL for a stored file (SEP-2631 ``files/authorizeDownload``)."""
@@ -474,7 +478,7 @@ class McpBinding:
         path: Annotated[
             str | None, Field(description="where to write (a directory for a bundle); omit for small content")
         ] = None,
-        overwrite: Annotated[bool, Field(description="replace existing files at path")] = False,
+        overwrite: Annotated[JsonBool, Field(description="replace existing files at path")] = False,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Download, verify (SHA-256, size) and decode content to a local path. Without a path, content within the
@@ -598,6 +602,11 @@ def build_mcp(
             annotations=annotations,
             structured_output=True,
         )
+        tool = server._tool_manager.get_tool(name)
+        assert tool is not None
+        inline_enum_refs(tool.parameters)
+        if tool.output_schema is not None:
+            inline_enum_refs(tool.output_schema)
     return server
 
 

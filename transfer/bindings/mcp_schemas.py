@@ -347,3 +347,36 @@ def tool_texts(*, inline: int, message: int, file_tools: bool) -> dict[str, tupl
             _hints(),
         ),
     }
+
+
+# -- schemas for strict clients -----------------------------------------------------------------------------------
+
+
+def inline_enum_refs(schema: dict[str, Any]) -> None:
+    """Replace, in place, every ``$ref`` to a plain enum in ``schema``'s ``$defs`` (``FileRole``, ``DownloadMethod``,
+    …) with the enum itself, and drop the definitions no longer referred to. Strict tool callers (OpenAI's strict
+    function calling, through openai-agents) take a schema without such references; object definitions stay."""
+    defs = schema.get("$defs")
+    if not isinstance(defs, dict):
+        return
+    enums = {f"#/$defs/{name}": d for name, d in defs.items() if isinstance(d, dict) and "enum" in d}
+    if not enums:
+        return
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref in enums:
+                siblings = {k: walk(v) for k, v in node.items() if k != "$ref"}
+                return {**{k: v for k, v in enums[ref].items() if k != "title"}, **siblings}
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    rewritten = walk({k: v for k, v in schema.items() if k != "$defs"})
+    kept = {name: walk(d) for name, d in defs.items() if f"#/$defs/{name}" not in enums}
+    schema.clear()
+    schema.update(rewritten)
+    if kept:
+        schema["$defs"] = kept

@@ -60,6 +60,7 @@ from transfer.errors import (
     InvalidRequest,
     NotFound,
     TooLarge,
+    TooManySubscriptions,
     TPVersionUnsupported,
     TransferError,
     UnsupportedMediaType,
@@ -355,10 +356,25 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
             while True:
                 await outbox.put((await queue.get()).decode("utf-8"))
 
+        # What one connection may accumulate is bounded: the resource ids it follows (each a relay topic and a job
+        # topic with a pump task, and a follower task for a job) and the sender inboxes it hears; past the bound it
+        # is closed with 1008 and a TPError naming the limit, not grown (60,000 ids once took 480 MiB).
+        max_topics = 2 * settings.tp_max_subscriptions + MAX_INBOXES
+        followed: set[str] = set()
+
         def listen(topic: str) -> None:
             if topic not in topics:
+                if len(topics) >= max_topics:
+                    raise TooManySubscriptions(f"one connection follows at most {settings.tp_max_subscriptions} ids")
                 topics[topic] = tp.subscribe(topic)
                 spawn(pump(topics[topic]))
+
+        def follow_once(rid: str, receiver: Any) -> None:
+            if rid not in followed:  # one follower per job, however often it is named
+                if len(followed) >= settings.tp_max_subscriptions:
+                    raise TooManySubscriptions(f"one connection follows at most {settings.tp_max_subscriptions} ids")
+                followed.add(rid)
+                spawn(follow(rid, receiver))
 
         async def follow(rid: str, receiver: Any) -> None:
             try:
@@ -411,7 +427,7 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
                         for topic in subscription.topics:
                             listen(topic)
                         for rid in subscription.follow:
-                            spawn(follow(rid, envelope.sender))
+                            follow_once(rid, envelope.sender)
                         ack = make_envelope(
                             "resource_notify",
                             {"status": "subscribed", "subscribe": subscription.subscribed},
@@ -428,7 +444,10 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
                     await outbox.put(reply.raw.decode("utf-8"))
                     job_id = tp.job_of(outcome)
                     if job_id is not None:
-                        spawn(follow(job_id, envelope.sender))
+                        follow_once(job_id, envelope.sender)
+                except TooManySubscriptions as exc:
+                    await ws.close(code=1008, reason=close_reason(exc))
+                    break
                 except TransferError as exc:
                     related = envelope.message_id if envelope is not None else None
                     await outbox.put(error_frame(exc, related, envelope.sender if envelope else None))
@@ -444,6 +463,18 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
             for task in running:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
+
+
+MAX_INBOXES = 100  # distinct senders whose messages one connection hears
+
+
+def close_reason(exc: TransferError) -> str:
+    """A TPError as a WebSocket close reason: compact JSON within the 123 bytes RFC 6455 §5.5 allows."""
+    doc = {"code": exc.code, "message": exc.message, "retryable": exc.retryable}
+    while len(reason := json.dumps(doc, separators=(",", ":"))) > 123:
+        message = str(doc["message"])
+        doc["message"] = message[: max(0, len(message) - (len(reason) - 123) - 3)] + "..."
+    return reason
 
 
 def _matches(pattern: str, path: str) -> bool:

@@ -59,6 +59,7 @@ class LifetimePolicy:
     def lifetime(self, requested: int | None) -> int | None:
         """Seconds the new file lives (None: until deleted). LifetimeTooLong when ``requested`` is above the
         maximum."""
+        requested = parse_expires_in(requested)  # the one validator of every door: whole seconds, bounded
         maximum = self.maximum
         if requested is not None:
             if maximum is not None and requested > maximum:

@@ -9,13 +9,21 @@ field value reaches ``int`` unless it is a short run of ASCII digits.
     decimal(text, max_digits)    -> int, or None when text is not 1..max_digits ASCII digits (no sign, no OWS)
     parse_count(value, field)    -> int (OWS trimmed), or InvalidRequest 400 naming the field
     parse_bounded(value, field, low=, high=) -> parse_count within [low, high], or InvalidRequest 400
+    JsonInt, JsonBool            -> strict pydantic types: a JSON number or boolean of exactly that type
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Annotated, Final
+
+from pydantic import Strict
 
 from transfer.errors import InvalidRequest
+
+# A JSON integer or boolean exactly, for request bodies and tool arguments: pydantic's lax mode takes 1.0 and true
+# as the integer 1, and 1 as true.
+JsonInt = Annotated[int, Strict()]
+JsonBool = Annotated[bool, Strict()]
 
 # 18 digits always fit in a signed 64-bit integer (< 9.2e18) and exceed any byte count we handle (EiB).
 MAX_DIGITS: Final = 18

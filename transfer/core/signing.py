@@ -81,6 +81,15 @@ class UrlSigner:
         """Sign ``method path`` until Unix time ``expires`` with the active key."""
         return SignedQuery(expires, self._active, self._mac(self._active, method, path, expires))
 
+    def knows(self, query_string: str) -> bool:
+        """Whether ``query_string`` names one of this signer's key ids (the URL may be one it signed; only
+        :meth:`verify` says whether it is, and still valid)."""
+        for part in query_string.split("&"):
+            name, _, value = part.partition("=")
+            if name == "kid":
+                return value in self._keys
+        return False
+
     def verify(self, method: str, path: str, query_string: str, now: float) -> SignedQuery:
         """Return the verified parameters, or raise SignatureInvalid / UrlExpired."""
         # The raw query is read without percent-decoding, so an escaped or re-encoded variant of a valid URL is a

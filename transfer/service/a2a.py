@@ -24,7 +24,7 @@ from typing import Any
 from transfer.core.a2a_protocol import FilePart, IncomingMessage, InlinePart, TaskView, decode_inline
 from transfer.core.auth import TRUSTED, Grant, Scope
 from transfer.core.content import FileContent
-from transfer.errors import Conflict, NotFound, TaskNotFound, TooLarge, TransferError
+from transfer.errors import Conflict, FileExpired, NotFound, TaskNotFound, TooLarge, TransferError
 from transfer.service.documents import read_document, write_document
 from transfer.service.files import FileService
 from transfer.service.imports import ImportService
@@ -104,8 +104,8 @@ class A2AService:
         for file_id in doc["files"]:
             try:
                 record = await self.files.record(file_id, caller)
-            except NotFound:
-                missing += 1  # deleted since (its owner or an admin may delete files)
+            except (NotFound, FileExpired):
+                missing += 1  # deleted or expired since (its owner or an admin may delete files)
                 continue
             described.append(await self.files.describe(record, base_url, inline=False))
         return TaskView(

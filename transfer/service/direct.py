@@ -490,6 +490,7 @@ class DirectService:
         with storage_errors_translated():
             await self._backend().discard_direct_upload(plan.key, None if upload_used else plan.upload_id)
         await self._change(plan.id, UploadEvent.ABORT, self.clock())
+        self._plans.pop(plan.id, None)  # this process hands out no more part URLs for it
         await self.lifecycle.release_after_failure(plan.owner, plan.id)  # on the way out of a failure too
 
     async def sweep_direct_plans(self) -> int:

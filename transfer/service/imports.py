@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -54,13 +54,20 @@ class ImportService:
         s = files.settings
         self.policy = DestinationPolicy.from_cidrs(s.fetch_allow_networks)
         self._transport = transport
+        # set by the host (transfer.api.ownurls): what reads the service's own signed URLs in-process, around the
+        # guarded transport
+        self.wrap_transport: Callable[[httpx.AsyncBaseTransport], httpx.AsyncBaseTransport] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     def http_client(self) -> httpx.AsyncClient:
-        """An httpx client whose every connection (and redirect) is checked against the destination policy."""
+        """An httpx client whose every connection (and redirect) is checked against the destination policy; the
+        service's own signed URLs are read in-process when the host allows it (:attr:`wrap_transport`)."""
         s = self.files.settings
+        transport: httpx.AsyncBaseTransport = self._transport or GuardedTransport(self.policy)
+        if self.wrap_transport is not None:
+            transport = self.wrap_transport(transport)
         return httpx.AsyncClient(
-            transport=self._transport or GuardedTransport(self.policy),
+            transport=transport,
             timeout=httpx.Timeout(s.fetch_timeout, connect=min(10.0, s.fetch_timeout)),
             follow_redirects=True,
             max_redirects=s.fetch_max_redirects,
@@ -96,7 +103,8 @@ class ImportService:
     async def _run(self, job: Job, descriptor: FileContent, base_url: str, caller: Grant) -> None:
         try:
             record = await self.fetch_and_store(descriptor, caller, job)
-            result = await self.files.describe(record, base_url)
+            # url mode always: the job (kept, replayed, journalled) holds no bytes of a file that may be deleted
+            result = await self.files.describe(record, base_url, inline=False)
             job.succeed({"file_id": record.id, "descriptor": result.to_json()})
         except TransferError as exc:
             job.fail(exc)

@@ -21,6 +21,8 @@ def streaming_descriptor(
 ) -> FileContent:
     """A signed streaming-mode FileContent: readers follow the chunks live, or after completion."""
     ttl = min(ttl or files.settings.url_ttl, MAX_URL_TTL)
+    if record is not None and record.expires_at is not None:  # no URL claims to outlive the file it reads
+        ttl = max(1, min(ttl, int(record.expires_at.timestamp()) - int(files.clock())))
     url, expires_at = files.signed_url_for_path(base, chunks_path(session.id), "GET", ttl)
     return FileContent(
         type=TransferMode.STREAMING,
@@ -36,7 +38,11 @@ def streaming_descriptor(
         streaming_session_id=session.id,
         total_chunks=session.total_chunks,
         chunk_size=session.chunk_size,
-        metadata={"chunk_checksum": "xxh3-128", **({"file_id": record.id} if record else {})},
+        metadata={
+            "chunk_checksum": "xxh3-128",
+            **({"file_id": record.id} if record else {}),
+            **({"expires_at": format_timestamp(record.expires_at)} if record and record.expires_at else {}),
+        },
     )
 
 

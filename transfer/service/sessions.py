@@ -35,8 +35,9 @@ import xxhash
 
 from storage.base import Capability, ObjectInfo, ObjectReader, Storage, SupportsWriteAtOffset, capable
 from transfer.core.auth import TRUSTED, Grant
-from transfer.core.content import FileRole, checksum_hex
+from transfer.core.content import FileRole, checksum_hex, format_timestamp
 from transfer.core.ids import is_id, new_id
+from transfer.core.lifecycle import is_expired
 from transfer.core.naming import sanitize_filename
 from transfer.core.sessions import Session, SessionState, compact_ranges, plan_chunk_size
 from transfer.core.uploads import Part, UploadEvent, transition, with_part
@@ -46,6 +47,7 @@ from transfer.errors import (
     ChunkConflict,
     ChunkLengthMismatch,
     ChunkNotReady,
+    FileExpired,
     InvalidRequest,
     NotFound,
     SessionIncomplete,
@@ -721,6 +723,11 @@ class SessionService:
                 end = min(start + session.chunk_size, session.size)
                 with storage_errors_translated():
                     reader = await self.storage.open(object_key(session.file_id))
+                try:  # its file's expiry ends its chunk URLs too, as it ends the file's own, swept or not
+                    _require_live(FileRecord.from_metadata(reader.info.metadata), self.clock())
+                except TransferError:
+                    await reader.close()
+                    raise
                 return session, ReaderStream(reader, start, end), end - start, session.chunk_digests[index]
             if session.staged and self.staging is not None:
                 part = session.parts.get(index)
@@ -744,6 +751,14 @@ class SessionService:
                 await asyncio.wait_for(event.wait(), timeout=min(POLL_SECONDS * 5, remaining))
             except TimeoutError:
                 pass
+
+
+def _require_live(record: FileRecord, now: float) -> None:
+    """FileExpired (410) from the file's expiry on (service clock), whether or not the sweep has removed it."""
+    if is_expired(record.expires_at, now):
+        assert record.expires_at is not None
+        expired_at = format_timestamp(record.expires_at)
+        raise FileExpired(f"file {record.id} expired at {expired_at}", expired_at=expired_at)
 
 
 class _StagedChunk:

@@ -425,7 +425,7 @@ class RawH2:
         """Send as much of ``data`` as the windows allow now; returns how much."""
         sent = 0
         while sent < len(data):
-            room = min(self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size, len(data) - sent)
+            room = min(self.conn.local_flow_control_window(sid), 16384, len(data) - sent)  # frames as curl sends
             if room <= 0:
                 break
             self.conn.send_data(sid, data[sent : sent + room])
@@ -460,14 +460,17 @@ class RawH2:
 
 def test_a_stalled_upload_stream_does_not_hold_the_others(tmp_path: Path) -> None:
     release.clear()
-    settings = service_settings(tmp_path, h2_stream_window=65535, h2_connection_window=1 << 20)
+    window = 1 << 20
+    settings = service_settings(tmp_path, h2_stream_window=window, h2_connection_window=4 * window)
     with serve(probe_app, settings) as (url, _):
         client = RawH2(url)
+        client.pump(lambda: client.conn.outbound_flow_control_window == 4 * window)  # the server's SETTINGS and
+        assert client.conn.remote_settings.initial_window_size == window  # WINDOW_UPDATE came first
         stalled = client.request("/stall", end=False)
-        # fill the stalled stream's window completely: its application reads nothing
-        assert client.send_what_fits(stalled, b"s" * (1 << 20)) == 65535
+        # fill the stalled stream's window completely (64 frames): its application reads nothing
+        assert client.send_what_fits(stalled, b"s" * (2 * window)) == window
         other = client.request("/echo", end=False)
-        data = b"e" * (600 << 10)  # ten times the stream window: needs the server to keep giving it back
+        data = b"e" * (6 * window)  # more than the connection's window: needs the server to keep giving it back
         sent = 0
         while sent < len(data):
             sent += client.send_what_fits(other, data[sent:])
@@ -482,7 +485,7 @@ def test_a_stalled_upload_stream_does_not_hold_the_others(tmp_path: Path) -> Non
         client.conn.end_stream(stalled)
         client.flush()
         client.pump(lambda: stalled in client.ended)
-        assert client.body(stalled) == b"65535"
+        assert client.body(stalled) == str(window).encode()
         client.sock.close()
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +100,7 @@ class H2Options:
         # one body piece waits for the application at a time: the frames arriving meanwhile queue up in
         # FlowControlledH2 and go as one piece next (16 KiB frames one by one cost the upload two thirds of its speed)
         config.max_app_queue_size = 1
+        config.keep_alive_max_requests = sys.maxsize  # Hypercorn closes after 1,000 requests; uvicorn never does
         config.include_server_header = False  # uvicorn's "server: uvicorn" is not sent either way on h2
         config.accesslog = None  # the application logs each request (transfer.api.observability)
         return config

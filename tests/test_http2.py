@@ -506,3 +506,14 @@ def test_shutdown_lets_streams_finish_then_goaway(tmp_path: Path) -> None:
         client.pump(lambda: client.goaway)
         assert slow in client.ended and client.body(slow) == b"0"
         client.sock.close()
+
+
+def test_a_connection_serves_more_than_a_thousand_streams(tmp_path: Path) -> None:
+    release.set()
+    with serve(probe_app, service_settings(tmp_path)) as (url, _):
+        client = RawH2(url)
+        for _ in range(11):  # 1,100 requests, 100 at a time (the stream limit)
+            streams = [client.request("/echo", end=True) for _ in range(100)]
+            client.pump(lambda streams=streams: all(s in client.ended for s in streams))  # type: ignore[misc]
+        assert not client.goaway and len(client.ended) == 1100  # Hypercorn's default: GOAWAY after 1,000
+        client.sock.close()

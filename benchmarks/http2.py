@@ -15,6 +15,7 @@ Server on CPU 0, clients on CPU 1 (``taskset``), medians of ``reps`` runs.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -32,10 +33,23 @@ from typing import Any
 import httpx
 
 from benchmarks.e2e import ensure_tool, free_port, make_file, pin
-from benchmarks.network import _cpu_seconds as _cpu_seconds_of
 from benchmarks.summary import host_cpu
 
 MB = 1e6
+
+
+def _cpu_seconds_of(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its children (Granian serves from a worker process)."""
+    import psutil
+
+    total = 0.0
+    process = psutil.Process(pid)
+    for each in (process, *process.children(recursive=True)):
+        times = each.cpu_times()
+        total += times.user + times.system
+    return total
+
+
 CIPHER = "TLS_AES_128_GCM_SHA256"
 
 
@@ -236,8 +250,44 @@ def run_server_choice(reps: int, workdir: Path) -> dict[str, Any]:
             for _ in range(reps):
                 row["download_MBps"].append((256 << 20) / curl_h2c([source]) / MB)
         out[kind] = {key: round(statistics.median(values), 1) for key, values in row.items()}
+        with service_under(kind, workdir / f"svc-{kind}") as (url, pid):
+            target = f"{url}/v1/files?name=small.bin"
+            h2load(target, small, 256, h1=False)  # warm-up
+            rps, cpu = [], []
+            for _ in range(reps):
+                before = _cpu_seconds_of(pid)
+                rps.append(h2load(target, small, 3200, h1=False)["rps"])
+                cpu.append((_cpu_seconds_of(pid) - before) * 1000 / 3200)
+                row["service_upload_MBps"] = row.get("service_upload_MBps", [])
+                seconds = curl_h2c(["--data-binary", f"@{upload}", f"{url}/v1/files?name=big.bin"])
+                row["service_upload_MBps"].append((64 << 20) / seconds / MB)
+        out[kind]["service_small_rps"] = round(statistics.median(rps), 1)
+        out[kind]["service_cpu_ms"] = round(statistics.median(cpu), 2)
+        out[kind]["service_upload_MBps"] = round(statistics.median(row["service_upload_MBps"]), 1)
     upload.unlink()
     return out
+
+
+@contextmanager
+def service_under(kind: str, workdir: Path) -> Iterator[tuple[str, int]]:
+    """The whole service (``transfer.hosts:default_app``, local storage) on CPU 0, cleartext: ``transfer serve``
+    (``listener``) or Granian with one worker (``granian``)."""
+    workdir.mkdir(exist_ok=True)
+    port = free_port()
+    env = {**os.environ, "TRANSFER_DATA_DIR": str(workdir / "data"), "TRANSFER_PORT": str(port)}
+    if kind == "listener":
+        command = [sys.executable, "-m", "transfer", "serve", "--log-level", "warning"]
+    else:
+        granian = shutil.which("granian") or str(Path(sys.executable).parent / "granian")
+        command = [granian, "--interface", "asgi", "--http", "auto", "--port", str(port), "--workers", "1"]
+        command += ["--loop", "uvloop", "--log-level", "warning", "--http2-initial-stream-window-size", str(1 << 20)]
+        command += ["--http2-initial-connection-window-size", str(16 << 20), "--factory", "transfer.hosts:default_app"]
+    proc = subprocess.Popen([*pin(0), *command], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/healthz", proc)
+        yield f"http://127.0.0.1:{port}", proc.pid
+    finally:
+        stop(proc)
 
 
 def http2_table(report: dict[str, Any]) -> str:
@@ -275,15 +325,19 @@ def http2_table(report: dict[str, Any]) -> str:
         lines += [
             "The HTTP/2 server, on a null ASGI app, h2c (curl --http2-prior-knowledge; h2load 64 streams):",
             "",
-            "| server | 64 MiB upload MB/s | 256 MiB download MB/s | 4 KiB POSTs req/s |",
-            "| --- | ---: | ---: | ---: |",
+            "| server | null app: 64 MiB upload MB/s | 256 MiB download MB/s | 4 KiB POSTs req/s "
+            "| the service: 4 KiB uploads req/s | CPU ms/upload | 64 MiB upload MB/s |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for kind, label in (("listener", "Hypercorn h2 on our listener"), ("granian", "Granian 2 (Rust)")):
             row = choice.get(kind)
             if row is None:
-                lines.append(f"| {label} | not installed | | |")
+                lines.append(f"| {label} | not installed | | | | | |")
             else:
-                lines.append(f"| {label} | {row['upload_MBps']} | {row['download_MBps']} | {row['small_rps']:.0f} |")
+                lines.append(
+                    f"| {label} | {row['upload_MBps']} | {row['download_MBps']} | {row['small_rps']:.0f} "
+                    f"| {row['service_small_rps']:.0f} | {row['service_cpu_ms']} | {row['service_upload_MBps']} |"
+                )
         lines.append("")
     return "\n".join(lines)
 
@@ -308,8 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="transfer-h2-") as tmp:
         report = run_http2(args.size << 20, args.reps, Path(tmp), quick=args.quick)
-    print(f"Machine: {report['cpu']}\n")
-    print(http2_table(report))
+        print(f"Machine: {report['cpu']}\n", flush=True)  # before the clean-up of tens of thousands of objects
+        print(http2_table(report), flush=True)
+        print(json.dumps(report), file=sys.stderr, flush=True)
     return 0
 
 

@@ -517,3 +517,17 @@ def test_a_connection_serves_more_than_a_thousand_streams(tmp_path: Path) -> Non
             client.pump(lambda streams=streams: all(s in client.ended for s in streams))  # type: ignore[misc]
         assert not client.goaway and len(client.ended) == 1100  # Hypercorn's default: GOAWAY after 1,000
         client.sock.close()
+
+
+@pytest.mark.parametrize("first_bytes", [b"", b"PRI * HT"])
+def test_a_silent_cleartext_connection_gets_408(tmp_path: Path, first_bytes: bytes) -> None:
+    """Before the first bytes decide the protocol the head timeout already runs: nothing, or a preface that stops
+    half way, gets HTTP/1.1's 408 and the connection closes."""
+    settings = service_settings(tmp_path, http_header_timeout=0.5)
+    with serve(create_app(settings), settings) as (url, _):
+        with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=30) as sock:
+            sock.sendall(first_bytes)
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408 ") and b"request_timeout" in answer

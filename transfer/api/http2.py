@@ -556,8 +556,17 @@ class ListenerProtocol(asyncio.Protocol):
         self._cancel_timer()
 
     def _silent(self) -> None:
+        # the head timeout has passed without a full preface or request line: HTTP/1.1's to answer (408 and
+        # close, transfer.api.server) now, not after a second timeout of its own
         self._timer = None
-        self._to_http1()  # its head timeout answers 408 and closes, as for any connection that sends nothing
+        protocol = self._to_http1()
+        timed_out = getattr(protocol, "_head_timed_out", None)
+        if timed_out is not None:
+            protocol._disarm_head_timer()  # type: ignore[attr-defined]
+            timed_out()
+        else:
+            assert self.transport is not None
+            self.transport.close()
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         "--memory-sizes", help="MiB sizes for the peak-RSS runs (default 1024,4096; --quick: 256,1024; 0: skip)"
     )
     parser.add_argument(
-        "--skip", default="", help="comma-separated: kernels,codecs,e2e,memory,bombs,wan,small,concurrency,scale"
+        "--skip", default="", help="comma-separated: kernels,codecs,e2e,memory,bombs,wan,small,concurrency,scale,http2"
     )
     parser.add_argument(
         "--scale-counts", help="stored-object counts for the scale table (default 0,10000,100000; --quick: 0,2000)"
@@ -98,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
             scale_dir.mkdir()
             report["scale"] = run_scale([int(c) for c in counts_text.split(",")], reps, 16, scale_dir)
             sections.append(scale_table(report["scale"]))
+        if "http2" not in skip:
+            from benchmarks.http2 import http2_table, run_http2
+
+            report["http2"] = run_http2(size, reps, work, quick=args.quick)
+            sections.append(http2_table(report["http2"]))
         if args.s3:
             from benchmarks.s3 import run_s3, s3_table
 

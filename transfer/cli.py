@@ -11,7 +11,9 @@ import asyncio
 import errno
 import json
 import os
+import signal
 import socket
+import ssl
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
@@ -107,13 +109,13 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _http_base(host: str, port: int) -> str:
+def _http_base(host: str, port: int, scheme: str = "http") -> str:
     """The URL of a server bound to ``host:port``: a wildcard address is reached through loopback."""
     if host in ("0.0.0.0", ""):
         host = "127.0.0.1"
     elif host == "::":
         host = "::1"
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -134,9 +136,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from storage.base import UnsafeForReplicas, require_replica_safe
     from storage.errors import StorageError
+    from transfer.api.http2 import serve_config
     from transfer.api.observability import configure_logging
-    from transfer.api.server import uvicorn_config
     from transfer.api.shutdown import GracefulServer
+    from transfer.api.tls import ListenerTLS
     from transfer.hosts import create_app
     from transfer.service.backends import make_storage
     from transfer.settings import Settings
@@ -148,8 +151,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         asyncio.run(storage.start())  # fail here, in one line, rather than in uvicorn's lifespan with a traceback
         require_replica_safe(storage, settings.single_replica)
         app = create_app(settings, storage)
+        tls = ListenerTLS(settings.tls_cert, settings.tls_key) if settings.tls_cert and settings.tls_key else None
+    except ssl.SSLError as exc:
+        raise CliError("invalid_settings", f"TLS certificate or key not usable: {exc}") from exc
     except ValidationError as exc:
-        problems = "; ".join(f"TRANSFER_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(
+            f"TRANSFER_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" if e["loc"] else e["msg"]
+            for e in exc.errors()
+        )
         raise CliError("invalid_settings", problems) from exc
     except UnsafeForReplicas as exc:
         raise CliError("unsafe_for_replicas", str(exc)) from exc
@@ -162,13 +171,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     sock = _listen(settings.host, settings.port)
     port = sock.getsockname()[1]
-    banner = f"transfer {__version__}: serving {where} on {_http_base(settings.host, port)} (OpenAPI docs at /docs)"
+    scheme = "https" if tls is not None else "http"
+    protocols = "HTTP/1.1"
+    if settings.http2:
+        protocols = "HTTP/2 (h2), HTTP/1.1" if tls is not None else "HTTP/1.1, HTTP/2 (h2c)"
+    banner = (
+        f"transfer {__version__}: serving {where} on {_http_base(settings.host, port, scheme)} ({protocols}; "
+        "OpenAPI docs at /docs)"
+    )
     if settings.log_format == "json":  # every line of a JSON log is a JSON object
         logging.getLogger("transfer.ops").warning("%s", banner)
     else:
         print(banner, file=sys.stderr)
     # logging is configured above (one format for every logger); uvicorn must not install its own
-    config = uvicorn_config(app, settings, host=settings.host, port=port, log_level=args.log_level, log_config=None)
+    config = serve_config(
+        app, settings, host=settings.host, port=port, tls=tls, log_level=args.log_level, log_config=None
+    )
+    if tls is not None:  # SIGHUP: a renewed certificate for new connections; open ones keep theirs
+        signal.signal(signal.SIGHUP, lambda _sig, _frame: tls.reload())
     server = GracefulServer(
         config, app.state.observability, drain=settings.shutdown_drain, grace=settings.shutdown_grace
     )
@@ -263,6 +283,9 @@ _OPS_FLAGS = (  # serve only
     ("shutdown_grace", "TRANSFER_SHUTDOWN_GRACE"),
     ("shutdown_drain", "TRANSFER_SHUTDOWN_DRAIN"),
     ("single_replica", "TRANSFER_SINGLE_REPLICA"),
+    ("tls_cert", "TRANSFER_TLS_CERT"),
+    ("tls_key", "TRANSFER_TLS_KEY"),
+    ("http2", "TRANSFER_HTTP2"),
 )
 
 _SERVICE_FLAGS = (
@@ -694,6 +717,14 @@ def build_parser() -> argparse.ArgumentParser:
         const="true",
         help="this is the only process on its storage (TRANSFER_SINGLE_REPLICA): needed on an engine without "
         "atomic compare-and-set, e.g. Swift's s3api",
+    )
+    p.add_argument("--tls-cert", help="PEM certificate chain: serve HTTPS (TRANSFER_TLS_CERT; reloaded on SIGHUP)")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert (TRANSFER_TLS_KEY)")
+    p.add_argument(
+        "--http2",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="HTTP/2 next to HTTP/1.1: h2 by ALPN over TLS, h2c by prior knowledge (TRANSFER_HTTP2, default on)",
     )
     p.set_defaults(func=cmd_serve)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from transfer.core.content import INLINE_THRESHOLD, DownloadMethod
@@ -73,6 +73,34 @@ class Settings(BaseSettings):
         ge=0,
         description="bytes/s a request body must average (over time spent waiting for it, after the grace); "
         "slower: 408 and the connection closes. 0: no minimum",
+    )
+    # TLS and HTTP/2 (transfer.api.http2): one listener speaks HTTP/1.1 and HTTP/2 (ALPN h2 over TLS, prior knowledge
+    # in cleartext)
+    tls_cert: Path | None = Field(
+        default=None, description="PEM certificate chain: the listener speaks TLS (reloaded on SIGHUP)"
+    )
+    tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert")
+    http2: bool = Field(
+        default=True, description="HTTP/2 on the listener (h2 by ALPN over TLS, h2c by prior knowledge)"
+    )
+    h2_max_streams: int = Field(
+        default=100,
+        ge=1,
+        le=1000,
+        description="concurrent HTTP/2 streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS)",
+    )
+    h2_stream_window: int = Field(
+        default=1 << 20,
+        ge=65535,
+        le=16 << 20,
+        description="bytes of a request body one HTTP/2 stream may have in flight before the application reads them "
+        "(its flow-control window)",
+    )
+    h2_connection_window: int = Field(
+        default=16 << 20,
+        ge=65535,
+        le=2**31 - 1,
+        description="bytes of request bodies one HTTP/2 connection may have in flight, all streams together",
     )
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
@@ -206,6 +234,12 @@ class Settings(BaseSettings):
     mcp_max_inline_bytes: int = Field(
         default=4 << 20, ge=1 << 10, description="largest content carried inside one MCP message (bytes, chunks)"
     )
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Settings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("TRANSFER_TLS_CERT and TRANSFER_TLS_KEY go together: set both or neither")
+        return self
 
     @field_validator("public_url")
     @classmethod

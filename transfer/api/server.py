@@ -89,8 +89,10 @@ class HeadTimeoutProtocol(InformationalProtocol):
         self._disarm_head_timer()
         before = self.cycle
         super().on_headers_complete()
-        if self.cycle is not None and self.cycle is not before:  # a new request (not an upgrade): its task has
-            zerocopy.enable(self.cycle)  # not run yet, so it sees the extension
+        # a new request (not an upgrade): its task has not run yet, so it sees the extension. Never over TLS:
+        # sendfile(2) would write the file's plain bytes past the encryption (transfer.api.tls)
+        if self.cycle is not None and self.cycle is not before and self.transport.get_extra_info("sslcontext") is None:
+            zerocopy.enable(self.cycle)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()

@@ -40,6 +40,7 @@ def live(tmp_path: Path) -> Iterator[LiveServer]:
         api_keys=keys,
         inline_threshold=1024,
         session_chunk_size=64 << 10,
+        cors_allow_origins=["https://app.example"],
     )
     with running(settings) as server:
         yield server
@@ -220,3 +221,7 @@ def test_what_the_lean_path_leaves_to_the_stack(paths: Paths) -> None:
     ):
         response = paths.fallback(send)
         assert response.status_code == status, (status, response.text)
+    # a browser's request from an allowed site: CORS is the stack's, and its answer carries the CORS fields
+    site = {**alice, "origin": "https://app.example"}
+    allowed = paths.fallback(lambda h: h.post("/v1/files", content=data, headers=site))
+    assert allowed.status_code == 201 and allowed.headers["access-control-allow-origin"] == "https://app.example"

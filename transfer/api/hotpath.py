@@ -12,14 +12,14 @@ through the application's own exception handlers (the same error JSON).
 
 Anything else goes the full way, unchanged: a request that some check refuses (the stack answers the refusal), one
 from a browser (``Origin``: CORS is the stack's), one whose parameters would need the framework's validation
-(upload options in the query, a non-decimal chunk index) — so no error message of the API can differ between the
-two paths. The lean path is an optimisation of requests that succeed at the HTTP layer, never a second API.
+(upload options in the query beyond ``name`` and ``inline``, a non-decimal chunk index) — so no error message of
+the API can differ between the two paths. The lean path is an optimisation of requests that succeed at the HTTP
+layer, never a second API.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -37,9 +37,6 @@ from transfer.api.tus import PREFIX as TUS_PREFIX
 from transfer.api.tus import TUS_VERSION
 from transfer.core.auth import Scope as KeyScope
 
-log = logging.getLogger("transfer.api")
-
-Endpoint = Callable[[Request], Awaitable[Any]]
 Authorize = Callable[[Request, KeyScope], Awaitable[None]]
 UploadOptionsOf = Callable[[Request], Awaitable[Any]]
 
@@ -135,7 +132,7 @@ class HotPath:
             if len(parts) == 6 and parts[3] and parts[4] == "chunks" and _DECIMAL_RE.fullmatch(parts[5]):
                 route = self.routes[("PUT", "/v1/sessions/{sid}/chunks/{index}")]
                 found = (route, {"sid": parts[3], "index": parts[5]}, self._chunk)
-        if found is None or not self._passes_checks(scope, method):
+        if found is None or not self._passes_checks(scope):
             return None
         route, params, handler = found
 
@@ -144,7 +141,7 @@ class HotPath:
 
         return serve
 
-    def _passes_checks(self, scope: Scope, method: str) -> bool:
+    def _passes_checks(self, scope: Scope) -> bool:
         """The checks of the middleware stack, once: the lean path takes only what they let through."""
         size = 0
         tus = scope["path"].startswith(_TUS_ITEM)

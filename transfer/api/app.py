@@ -26,6 +26,7 @@ from transfer.api.authorized import add_authorized_routes
 from transfer.api.bundles import add_bundle_routes
 from transfer.api.caller import caller_of
 from transfer.api.direct import add_direct_routes
+from transfer.api.hotpath import HotPath, LeanApp
 from transfer.api.jobs import add_job_routes
 from transfer.api.limits import ControlBodyLimit, HeaderLimit
 from transfer.api.multipart import multipart_boundary, parse_form
@@ -194,6 +195,18 @@ async def upload_options(  # async: FastAPI runs a plain def dependency on a wor
     )
 
 
+async def header_upload_options(request: Request) -> UploadOptions:
+    """:func:`upload_options` of a request whose query names no option (the lean path's uploads): from the header
+    fields only, through the same function."""
+    headers = request.headers
+    return await upload_options(
+        content_encoding=headers.get("content-encoding"),
+        content_digest=headers.get("content-digest"),
+        repr_digest=headers.get("repr-digest"),
+        expires_in_header=headers.get("expires-in"),
+    )
+
+
 def error_response(exc: TransferError) -> JSONResponse:
     return AsciiJSONResponse(exc.to_payload(), status_code=exc.status, headers=exc.headers or None)
 
@@ -223,6 +236,11 @@ def rest_app(
     tus = services.tus
     bearer = HTTPBearer(auto_error=False, description="an API key (`transfer keys new`)")
 
+    def grant_for(request: Request, credentials: HTTPAuthorizationCredentials | None, scope: Scope) -> None:
+        grant = auth.authorizer(None if credentials is None else f"Bearer {credentials.credentials}")
+        grant(scope)
+        request.state.grant = grant  # what the route's operations act as (see caller_of)
+
     def needs(scope: Scope) -> Any:
         """A route dependency: the request's API key must carry ``scope`` (open when no keys are configured)."""
 
@@ -231,13 +249,15 @@ def rest_app(
             request: Request,
             credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
         ) -> None:
-            grant = auth.authorizer(None if credentials is None else f"Bearer {credentials.credentials}")
-            grant(scope)
-            request.state.grant = grant  # what the route's operations act as (see caller_of)
+            grant_for(request, credentials, scope)
 
         return Depends(check)
 
-    app = FastAPI(
+    async def authorize(request: Request, scope: Scope) -> None:
+        """What ``needs(scope)`` checks, for the lean path (the same bearer parsing, the same grant)."""
+        grant_for(request, await bearer(request), scope)
+
+    app = LeanApp(
         title="Agent large-content transfer service",
         version=__version__,
         description="Upload content once, hand agents a Synapse descriptor, resolve it anywhere: signed URLs with "
@@ -301,11 +321,9 @@ def rest_app(
             max_age=600,
         )
     # outermost: no route, and no URL built from the Host, sees a request this refuses
-    app.add_middleware(
-        TrustBoundary,
-        hosts=HostPolicy.build(settings.host, settings.public_url, settings.allowed_hosts),
-        browsers=BrowserPolicy.build(settings.cors_allow_origins, settings.public_url),
-    )
+    hosts = HostPolicy.build(settings.host, settings.public_url, settings.allowed_hosts)
+    browsers = BrowserPolicy.build(settings.cors_allow_origins, settings.public_url)
+    app.add_middleware(TrustBoundary, hosts=hosts, browsers=browsers)
     # outermost of all: metrics, the access log and X-Request-ID see every answer, refusals included
     watch = observability.install(app, settings, service.storage, needs)
     for sweep in services.maintenance():
@@ -548,4 +566,13 @@ def rest_app(
         )
         return DownloadResponse(download, settings.gzip_level, settings.zstd_level)
 
+    # the data plane's lean path (transfer.api.hotpath): the same endpoints, without the framework per request
+    app.hot_path = HotPath(
+        app,
+        observability=watch,
+        authorize=authorize,
+        upload_options=header_upload_options,
+        trust=TrustBoundary(app, hosts, browsers),  # its checks only: the stack keeps its own for the rest
+        header_limit=settings.max_header_size,
+    )
     return app

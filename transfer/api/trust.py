@@ -164,7 +164,8 @@ class TrustBoundary:
         self.hosts = hosts
         self.browsers = browsers
 
-    def _refusal(self, scope: Scope) -> TransferError | None:
+    def refusal(self, scope: Scope) -> TransferError | None:
+        """The error this boundary answers ``scope`` with, None when it lets the request in."""
         headers: dict[bytes, bytes] = {}
         for name, value in scope.get("headers", []):
             headers.setdefault(name.lower(), value)
@@ -195,7 +196,7 @@ class TrustBoundary:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        refusal = self._refusal(scope)
+        refusal = self.refusal(scope)
         if refusal is None:
             await self.app(scope, receive, send)
         elif scope["type"] == "http":

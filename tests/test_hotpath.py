@@ -1,0 +1,227 @@
+"""The lean path (transfer.api.hotpath) answers exactly as the full FastAPI stack: each request below is sent once
+through the lean path and once with it switched off, on the same live server with API keys, and the two answers
+must agree (status, error JSON, the header fields that matter, the body). Each case also checks that the lean path
+really served it, and the fallbacks check that requests it must not take go the full way."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import xxhash
+
+from tests.conftest import LiveServer, running
+from transfer.api.hotpath import HotPath
+from transfer.core.auth import new_token, token_hash
+from transfer.settings import Settings
+
+TOKENS = {name: new_token() for name in ("alice", "bob", "reader")}
+SCOPES = {"alice": ["upload", "read"], "bob": ["upload", "read"], "reader": ["read"]}
+TUS = {"tus-resumable": "1.0.0"}
+# header fields whose values must be the same on both paths (ids, dates and signatures differ by nature)
+SAME_FIELDS = ("content-type", "content-length", "tus-resumable", "upload-offset", "accept-ranges", "content-range")
+
+
+def key(name: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {TOKENS[name]}"}
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[LiveServer]:
+    keys = {name: {"sha256": token_hash(TOKENS[name]), "scopes": SCOPES[name]} for name in TOKENS}
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        signing_keys={"t": "0123456789abcdef0123"},
+        api_keys=keys,
+        inline_threshold=1024,
+        session_chunk_size=64 << 10,
+        cors_allow_origins=["https://app.example"],
+    )
+    with running(settings) as server:
+        yield server
+
+
+@pytest.fixture
+def http(live: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=live.url, timeout=30) as client:
+        yield client
+
+
+class Paths:
+    """Sends a request through the lean path (checking it took it) or through the full stack."""
+
+    def __init__(self, live: LiveServer, http: httpx.Client) -> None:
+        self.app: Any = live.app
+        self.http = http
+        self.hot: HotPath = self.app.hot_path
+        self.matched = 0
+        match = self.hot.match
+
+        def counting(scope: Any) -> Any:
+            found = match(scope)
+            self.matched += found is not None
+            return found
+
+        self.hot.match = counting  # type: ignore[method-assign]
+
+    def lean(self, send: Callable[[httpx.Client], httpx.Response]) -> httpx.Response:
+        before = self.matched
+        response = send(self.http)
+        assert self.matched == before + 1, "the lean path did not serve this request"
+        return response
+
+    def full(self, send: Callable[[httpx.Client], httpx.Response]) -> httpx.Response:
+        self.app.hot_path = None
+        try:
+            return send(self.http)
+        finally:
+            self.app.hot_path = self.hot
+
+    def fallback(self, send: Callable[[httpx.Client], httpx.Response]) -> httpx.Response:
+        before = self.matched
+        response = send(self.http)
+        assert self.matched == before, "the lean path served a request it must leave to the stack"
+        return response
+
+
+@pytest.fixture
+def paths(live: LiveServer, http: httpx.Client) -> Paths:
+    return Paths(live, http)
+
+
+def assert_same(lean: httpx.Response, full: httpx.Response, *, body: bool = True) -> None:
+    assert lean.status_code == full.status_code, (lean.text, full.text)
+    for field in SAME_FIELDS:
+        assert lean.headers.get(field) == full.headers.get(field), field
+    assert ("location" in lean.headers) == ("location" in full.headers)
+    assert lean.headers["x-request-id"] and full.headers["x-request-id"]
+    if lean.headers.get("content-type") == "application/json" and lean.content:
+        lean_json, full_json = lean.json(), full.json()
+        if "error" in lean_json:
+            assert lean_json == full_json
+        else:
+            assert lean_json.keys() == full_json.keys()
+    elif body:
+        assert lean.content == full.content
+
+
+def test_uploads_answer_the_same(paths: Paths) -> None:
+    data = b"x" * 600
+    for send in (
+        lambda h: h.post("/v1/files", content=data, headers=key("alice")),
+        lambda h: h.post("/v1/files?name=a.txt", content=data, headers=key("alice")),
+        lambda h: h.post("/v1/files?inline=false", content=data, headers=key("alice")),
+        lambda h: h.put("/v1/files?inline=1&name=e.txt", content=data, headers=key("alice")),
+        lambda h: h.put("/v1/files/b.txt", content=data, headers=key("alice")),
+        lambda h: h.put("/v1/files", content=data, headers={**key("alice"), "expires-in": "3600"}),
+        lambda h: h.post("/v1/files", content=data, headers={**key("alice"), "expires-in": "soon"}),
+        lambda h: h.post("/v1/files", content=data, headers={**key("alice"), "content-encoding": "br"}),
+        lambda h: h.post("/v1/files", content=data, headers={**key("alice"), "content-digest": "sha-256=:AAAA:"}),
+        lambda h: h.post("/v1/files", content=data),  # no key
+        lambda h: h.post("/v1/files", content=data, headers={"authorization": "Bearer tk_wrong"}),
+        lambda h: h.post("/v1/files", content=data, headers={"authorization": "Basic eDp5"}),
+        lambda h: h.post("/v1/files", content=data, headers=key("reader")),  # no upload scope
+    ):
+        assert_same(paths.lean(send), paths.full(send))
+    stored = paths.lean(lambda h: h.post("/v1/files?name=c.txt", content=data, headers=key("alice")))
+    descriptor = stored.json()
+    assert stored.status_code == 201 and descriptor["name"] == "c.txt"
+    assert descriptor["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert base64.b64decode(descriptor["data"]) == data
+    assert stored.headers["location"] == f"/v1/files/{descriptor['metadata']['file_id']}"
+
+
+def test_signed_downloads_answer_the_same(paths: Paths) -> None:
+    data = bytes(range(256)) * 16
+    up = paths.http.post("/v1/files?name=d.bin", content=data, headers=key("alice")).json()
+    url = up["url"]
+    assert url.startswith("http")
+    path = url.split("/", 3)[3]
+    for send in (
+        lambda h: h.get("/" + path),
+        lambda h: h.head("/" + path),
+        lambda h: h.get("/" + path, headers={"range": "bytes=10-99"}),
+        lambda h: h.get("/" + path, headers={"range": "bytes=9999-"}),
+        lambda h: h.get("/" + path.replace("sig=", "sig=0")),
+        lambda h: h.get(f"/v1/files/{up['metadata']['file_id']}/content"),  # unsigned
+    ):
+        assert_same(paths.lean(send), paths.full(send))
+    assert paths.lean(lambda h: h.get("/" + path)).content == data
+
+
+def test_tus_patch_and_head_answer_the_same(paths: Paths) -> None:
+    def create(owner: str) -> str:
+        r = paths.http.post("/tus/files", headers={**TUS, **key(owner), "upload-length": "8"})
+        assert r.status_code == 201
+        return str(r.headers["location"]).rsplit("/", 1)[1]
+
+    patch = {**TUS, "content-type": "application/offset+octet-stream"}
+    first, second = create("alice"), create("alice")
+    for uid, offset in ((first, "0"), (second, "0")):
+        send = lambda h, uid=uid, offset=offset: h.patch(  # noqa: E731
+            f"/tus/files/{uid}", content=b"abcd", headers={**patch, **key("alice"), "upload-offset": offset}
+        )
+        (paths.lean if uid == first else paths.full)(send)
+    for send in (
+        lambda h: h.head(f"/tus/files/{first}", headers={**TUS, **key("alice")}),
+        lambda h: h.head(f"/tus/files/{first}", headers={**TUS, **key("bob")}),  # not its owner: 404
+        lambda h: h.head("/tus/files/nothing-here", headers={**TUS, **key("alice")}),
+        lambda h: h.patch(  # wrong offset: 409
+            f"/tus/files/{first}", content=b"ef", headers={**patch, **key("alice"), "upload-offset": "1"}
+        ),
+        lambda h: h.patch(f"/tus/files/{first}", content=b"ef", headers={**patch, **key("bob"), "upload-offset": "4"}),
+        lambda h: h.patch(f"/tus/files/{first}", content=b"ef", headers={**TUS, **key("alice"), "upload-offset": "4"}),
+    ):
+        assert_same(paths.lean(send), paths.full(send))
+    last = {**patch, **key("alice"), "upload-offset": "4"}
+    done = paths.lean(lambda h: h.patch(f"/tus/files/{first}", content=b"efgh", headers=last))
+    assert done.status_code == 204 and done.headers["upload-offset"] == "8" and done.headers["upload-file-id"]
+    assert done.headers["tus-resumable"] == "1.0.0"
+
+
+def test_chunk_puts_answer_the_same(paths: Paths) -> None:
+    chunk = b"c" * (64 << 10)
+    r = paths.http.post("/v1/sessions", json={"size": 3 * len(chunk), "chunk_size": len(chunk)}, headers=key("alice"))
+    assert r.status_code == 201, r.text
+    sid = r.json()["streaming_session_id"]
+    checksum = {"chunk-checksum": "xxh3-128:" + xxhash.xxh3_128_hexdigest(chunk)}
+    alice = {**key("alice"), **checksum}
+    lean = paths.lean(lambda h: h.put(f"/v1/sessions/{sid}/chunks/0", content=chunk, headers=alice))
+    full = paths.full(lambda h: h.put(f"/v1/sessions/{sid}/chunks/1", content=chunk, headers=alice))
+    assert lean.status_code == full.status_code == 201
+    assert lean.json() | {"index": 0} == full.json() | {"index": 0}
+    for send in (
+        lambda h: h.put(f"/v1/sessions/{sid}/chunks/0", content=chunk, headers={**key("alice"), **checksum}),  # again
+        lambda h: h.put(f"/v1/sessions/{sid}/chunks/2", content=chunk, headers=key("alice")),  # no checksum
+        lambda h: h.put(f"/v1/sessions/{sid}/chunks/2", content=chunk, headers={**key("bob"), **checksum}),  # 404
+        lambda h: h.put(f"/v1/sessions/{sid}/chunks/9", content=chunk, headers={**key("alice"), **checksum}),
+        lambda h: h.put(f"/v1/sessions/{sid}/chunks/2", content=b"short", headers={**key("alice"), **checksum}),
+    ):
+        assert_same(paths.lean(send), paths.full(send))
+
+
+def test_what_the_lean_path_leaves_to_the_stack(paths: Paths) -> None:
+    data = b"y" * 100
+    alice = key("alice")
+    for send, status in (
+        (lambda h: h.post("/v1/files?name=a&role=attachment", content=data, headers=alice), 201),  # query options
+        (lambda h: h.post("/v1/files?size=x", content=data, headers=alice), 400),  # the framework's validation
+        (lambda h: h.post("/v1/files?inline=maybe", content=data, headers=alice), 400),
+        (lambda h: h.post("/v1/files?name=a&name=b", content=data, headers=alice), 201),
+        (lambda h: h.post("/v1/files", content=data, headers={**alice, "host": "evil.example"}), 400),
+        (lambda h: h.post("/v1/files", content=data, headers={**alice, "origin": "https://evil.example"}), 403),
+        (lambda h: h.post("/v1/files", content=data, headers={**alice, "x-big": "z" * 70_000}), 431),
+        (lambda h: h.patch("/tus/files/x", content=data, headers=alice), 412),  # no Tus-Resumable
+        (lambda h: h.put("/v1/sessions/s/chunks/-1", content=data, headers=alice), 400),  # not a decimal index
+    ):
+        response = paths.fallback(send)
+        assert response.status_code == status, (status, response.text)
+    # a browser's request from an allowed site: CORS is the stack's, and its answer carries the CORS fields
+    site = {**alice, "origin": "https://app.example"}
+    allowed = paths.fallback(lambda h: h.post("/v1/files", content=data, headers=site))
+    assert allowed.status_code == 201 and allowed.headers["access-control-allow-origin"] == "https://app.example"

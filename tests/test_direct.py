@@ -102,8 +102,13 @@ def http_for(live: Any, who: str = "alice") -> httpx.Client:
 
 
 def part_puts(proxy: FaultProxy) -> list[int]:
-    """Part numbers of the UploadPart requests the bucket received through the proxy, in order."""
-    return [int(parse_qs(urlsplit(t).query)["partNumber"][0]) for op, t in proxy.targets if op == "UploadPart"]
+    """Part numbers of the UploadPart requests the bucket received through the proxy for uploads, in order (the
+    backend's start-up probes of its engine, under ``<prefix>probe/``, are not uploads)."""
+    return [
+        int(parse_qs(urlsplit(t).query)["partNumber"][0])
+        for op, t in proxy.targets
+        if op == "UploadPart" and "/probe/" not in urlsplit(t).path
+    ]
 
 
 def put_part(http: httpx.Client, pid: str, number: int, data: bytes) -> httpx.Response:

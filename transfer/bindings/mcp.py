@@ -434,9 +434,14 @@ class McpBinding:
         max_size: Annotated[JsonInt | None, Field(gt=0, description="largest size to accept, bytes")] = None,
         start_ttl: Annotated[JsonInt | None, Field(gt=0, description="seconds to start the PUT (default 900)")] = None,
         expires_in: ExpiresIn = None,
+        size: Annotated[
+            JsonInt | None,
+            Field(ge=0, description="the file's exact size, bytes: the PUT must send this Content-Length (signed)"),
+        ] = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
-        """An expiring signed URL to PUT a file to, outside MCP (SEP-2631 ``files/authorizeUpload``)."""
+        """An expiring signed URL to PUT a file to, outside MCP (SEP-2631 ``files/authorizeUpload``). Give ``size``
+        when it is known: the URL then takes exactly that many bytes (the storage refuses any other length)."""
         grant = self.grant(ctx)
         grant(KeyScope.UPLOAD)
         return await self._authorizations.authorize_upload(
@@ -445,6 +450,7 @@ class McpBinding:
             name=name,
             content_type=content_type,
             max_size=max_size,
+            size=size,
             start_ttl=start_ttl,
             expires_in=expires_in,
         )

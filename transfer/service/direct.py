@@ -313,8 +313,9 @@ class DirectService:
         backend = self._backend()
         # A client asks for a URL per part: reading the plan record each time would cost three backend requests per
         # part. A copy loaded before serves as long as the record is still the version it was read at: one stat
-        # (a HEAD on S3) tells, so a plan completed or aborted through any replica is seen at once on every one
-        # (410 for an aborted plan's parts), and only a changed record is read again.
+        # tells (on S3 a HEAD and the small metadata GET, not the record's body), so a plan completed or aborted
+        # through any replica is seen at once on every one (410 for an aborted plan's parts), and only a changed
+        # record is read again.
         cached = self._plans.get(pid) if is_plan_id(pid) else None
         if cached is not None:
             try:

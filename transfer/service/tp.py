@@ -429,23 +429,30 @@ class TPService:
             want = limit - len(out)
             with storage_errors_translated():
                 keys = [info.key async for info in self.storage.list(prefix, start_after=after, limit=want)]
-            for key in keys:
-                try:
-                    async with await self.storage.open(key) as reader:
-                        metadata = dict(reader.info.metadata)
-                        expired = float(metadata.get("expires", "0")) < now
-                        raw = b"" if expired else b"".join([piece async for piece in reader.read()])
-                except ObjectNotFound:
-                    continue  # another poller took it
-                except StorageError as exc:
-                    raise TransferError(f"mailbox read failed: {exc}") from exc
-                # delivered only by the one poller whose take removed it (and refunded its sender)
-                if await self._take(key, metadata) and not expired:
-                    out.append(validate_envelope(json.loads(raw), raw).doc)
+            # the page's messages are taken together: their refunds share the usage record's group-commit writes
+            taken = await asyncio.gather(*(self._poll_one(key, now) for key in keys))
+            out.extend(doc for doc in taken if doc is not None)
             if len(keys) < want:
                 break
             after = keys[-1]
         return out
+
+    async def _poll_one(self, key: str, now: float) -> dict[str, Any] | None:
+        """The message at ``key`` if this poll delivers it: read, then taken (:meth:`_take`); None when another
+        poller took it, or it was past its lifetime (removed all the same)."""
+        try:
+            async with await self.storage.open(key) as reader:
+                metadata = dict(reader.info.metadata)
+                expired = float(metadata.get("expires", "0")) < now
+                raw = b"" if expired else b"".join([piece async for piece in reader.read()])
+        except ObjectNotFound:
+            return None  # another poller took it
+        except StorageError as exc:
+            raise TransferError(f"mailbox read failed: {exc}") from exc
+        # delivered only by the one poller whose take removed it (and refunded its sender)
+        if await self._take(key, metadata) and not expired:
+            return validate_envelope(json.loads(raw), raw).doc
+        return None
 
     async def sweep_mailboxes(self) -> int:
         """Delete every TP message kept past its lifetime, polled or not, and refund its sender; returns how many

@@ -484,7 +484,7 @@ async def test_relay_failure_is_tp_tra002(tp_server: LiveServer, monkeypatch: py
     """A mailbox that cannot be written (a storage outage we cannot cause for real here): the bridge says so."""
     from transfer.errors import StorageUnavailable
 
-    async def broken(receiver: Any, raw: bytes) -> None:
+    async def broken(receiver: Any, raw: bytes, *, payer: str | None) -> None:
         raise StorageUnavailable("storage backend failed: injected")
 
     monkeypatch.setattr(tp_server.app.state.services.tp, "deliver", broken)

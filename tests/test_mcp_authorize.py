@@ -9,6 +9,7 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -169,5 +170,75 @@ async def test_a_key_may_hold_only_so_many_open_upload_authorizations(tmp_path: 
         await authorizations.authorize_upload(bob, "http://127.0.0.1")
         clock.advance(24 * 3600 + 1)  # the first two are past their life: their slots are free
         await authorizations.authorize_upload(alice, "http://127.0.0.1")
+    finally:
+        await files.close()
+
+
+def _markers(live: LiveServer, folder: str) -> list[str]:
+    return [name for name in live.objects() if name.startswith("owners/") and f"/{folder}/" in name]
+
+
+@pytest.mark.s3
+async def test_on_s3_an_exact_size_is_signed_so_the_bucket_refuses_another_length(
+    on_s3: LiveServer, s3_env: dict[str, str]
+) -> None:
+    """authorize_upload with ``size``: the presigned PUT signs Content-Length, so the bucket refuses an oversize (or
+    short) body before storing a byte, instead of confirm removing it later; the right length is published."""
+    async with Client(f"{on_s3.url}/mcp") as client:
+        plan = structured(await client.call_tool("authorize_upload", {"size": 1000, "name": "exact.bin"}))
+        assert plan["size"] == 1000 and plan["max_size"] == 1000 and plan["direct"] is True
+        url, headers = plan["upload"]["url"], plan["upload"]["headers"]
+        async with httpx.AsyncClient(timeout=60) as http:
+            for wrong in (20 << 20, 1001, 999):
+                refused = await http.put(url, headers=headers, content=os.urandom(wrong))
+                assert refused.status_code == 403, (wrong, refused.status_code, refused.text[:200])
+            aid = {"authorization_id": plan["authorization_id"]}
+            nothing = tool_error(await client.call_tool("confirm_upload", aid))
+            assert nothing["code"] == "conflict"  # the bucket kept none of them
+            body = os.urandom(1000)
+            put = await http.put(url, headers=headers, content=body)
+            assert put.status_code == 200, put.text
+        confirmed = structured(await client.call_tool("confirm_upload", {"authorization_id": plan["authorization_id"]}))
+        assert confirmed["size"] == 1000 and confirmed["checksum"] == "sha256:" + hashlib.sha256(body).hexdigest()
+        too_big = tool_error(await client.call_tool("authorize_upload", {"size": 11, "max_size": 10}))
+        assert too_big["code"] == "invalid_request"
+
+
+async def test_through_the_service_an_exact_size_refuses_another_length(live: LiveServer) -> None:
+    async with Client(f"{live.url}/mcp") as client:
+        plan = structured(await client.call_tool("authorize_upload", {"size": 5}))
+        assert plan["size"] == 5 and plan["direct"] is False
+        short = httpx.put(plan["upload"]["url"], content=b"1234")
+        assert short.status_code == 422 and short.json()["error"]["code"] == "size_mismatch", short.text
+        assert httpx.put(plan["upload"]["url"], content=b"12345").status_code == 201
+        confirmed = structured(await client.call_tool("confirm_upload", {"authorization_id": plan["authorization_id"]}))
+        assert confirmed["size"] == 5
+
+
+async def test_an_authorization_lets_go_of_its_slot_when_it_receives_its_file(tmp_path: Path, clock: Clock) -> None:
+    """The key's open-authorisation marker goes at completion (and with the sweep), not only when the key next
+    reaches its limit."""
+    keys = {"alice": {"sha256": "0" * 64, "scopes": ["upload", "read"]}}
+    settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"}, api_keys=keys)
+    files = FileService(LocalStorage(settings.data_dir), settings, clock=clock)
+    await files.start()
+
+    async def markers() -> list[str]:
+        return [i.key async for i in files.storage.list("owners/") if "/authorizations/" in i.key]
+
+    async def body(data: bytes) -> AsyncIterator[bytes]:
+        yield data
+
+    try:
+        authorizations = Authorizations(files)
+        alice = Grant(parse_keys(keys)["alice"])
+        plans = [await authorizations.authorize_upload(alice, "http://127.0.0.1") for _ in range(3)]
+        assert len(await markers()) == 3
+        query = urlsplit(plans[0]["upload"]["url"]).query
+        await authorizations.receive(plans[0]["authorization_id"], query, body(b"done"), content_length=4)
+        assert len(await markers()) == 2  # the one that received its file holds no slot
+        clock.advance(24 * 3600 + 1)
+        assert await authorizations.sweep_authorizations() == 3
+        assert await markers() == []
     finally:
         await files.close()

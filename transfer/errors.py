@@ -64,6 +64,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   └── DirectUploadUnsupported    409 direct_upload_unsupported (the backend cannot take parts: fall back)
     ├── Gone                           410 gone
     │   ├── FileExpired                410 file_expired          (past the file's expires_at, service clock)
+    │   ├── BundleExpired              410 bundle_expired        (past the bundle's expires_at, service clock)
     │   ├── SessionAborted             410 session_aborted
     │   └── SessionExpired             410 session_expired
     ├── ChunkNotReady                  503 chunk_not_ready       (live read waited long enough; retry)
@@ -427,6 +428,10 @@ class Gone(TransferError):
 
 class FileExpired(Gone):
     code = "file_expired"
+
+
+class BundleExpired(Gone):
+    code = "bundle_expired"
 
 
 class SessionAborted(Gone):

@@ -1,11 +1,12 @@
-"""REST front door for bundles: ``POST /v1/bundles`` (create), ``GET /v1/bundles/{id}`` (a fresh ContentBundle)."""
+"""REST front door for bundles: ``POST /v1/bundles`` (create), ``GET /v1/bundles/{id}`` (a fresh ContentBundle),
+``DELETE /v1/bundles/{id}`` (its bytes go back to its key; its files stay)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, Field
 
 from transfer.api.caller import caller_of
@@ -21,6 +22,9 @@ class BundleCreate(BaseModel):
         description='each {"id"?, "role", "file_id"} for a stored file or {"id"?, "role", "content": {...}} inline'
     )
     ttl: JsonInt | None = Field(default=None, gt=0, description="seconds the items' signed URLs live")
+    expires_in: JsonInt | None = Field(
+        default=None, gt=0, description="seconds the bundle lives; above the key's or service's maximum: 400"
+    )
 
 
 def add_bundle_routes(
@@ -35,7 +39,9 @@ def add_bundle_routes(
     )
     async def create_bundle(request: Request, body: BundleCreate) -> dict[str, Any]:
         caller = caller_of(request)
-        bundle_id = await bundles.create(body.items, caller, name=body.name, description=body.description)
+        bundle_id = await bundles.create(
+            body.items, caller, name=body.name, description=body.description, expires_in=body.expires_in
+        )
         return (await bundles.describe(bundle_id, base_url(request), caller, ttl=body.ttl)).to_json()
 
     @app.get(
@@ -46,3 +52,14 @@ def add_bundle_routes(
     )
     async def get_bundle(request: Request, bundle_id: str, ttl: int | None = None) -> dict[str, Any]:
         return (await bundles.describe(bundle_id, base_url(request), caller_of(request), ttl=ttl)).to_json()
+
+    @app.delete(
+        "/v1/bundles/{bundle_id}",
+        dependencies=[needs(Scope.ADMIN)],
+        status_code=204,
+        tags=["bundles"],
+        summary="Delete a bundle (its files stay)",
+    )
+    async def delete_bundle(request: Request, bundle_id: str) -> Response:
+        await bundles.delete(bundle_id, caller_of(request))
+        return Response(status_code=204)

@@ -35,7 +35,7 @@ from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import CallToolResult, InputRequiredResult, TextContent
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -169,15 +169,40 @@ class TransferMcpServer(MCPServer):
             return error_result(TransferError(f"{name} failed unexpectedly"))
 
 
+def _content_text(value: Any) -> Any:
+    """An item's content given as an object (what callers that are not strict send) becomes its JSON text."""
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, dict) else value
+
+
 class BundleItemInput(BaseModel):
     """One bundle item: a stored file (file_id) or inline text, JSON or code (content)."""
 
+    # ``content`` is the Synapse content object as JSON text (an object is taken too). Its schema says string, not
+    # object, so that the tool suits strict callers (openai-agents' strict mode wants every object closed with every
+    # property listed): the seed's JSONContent.data and every content's metadata are any JSON value, which no closed
+    # schema can state without renaming or narrowing the seed's fields. The text is parsed and checked by the same
+    # loader as every other door (parse_descriptor), with errors that name the field.
     model_config = ConfigDict(extra="forbid")
 
     role: BundleItemRole
     id: str | None = Field(default=None, max_length=256)
     file_id: str | None = Field(default=None, pattern=r"^f_[0-9a-f]{32}$")
-    content: dict[str, Any] | None = Field(default=None, description="a TextContent, JSONContent or CodeContent")
+    content: Annotated[str | None, BeforeValidator(_content_text)] = Field(
+        default=None,
+        max_length=16 << 20,
+        description='the item as a Synapse TextContent, JSONContent or CodeContent in JSON text, e.g. {"type": '
+        '"inline", "content_type": "text/plain", "charset": "utf-8", "data": "..."}',
+    )
+
+    def as_item(self, n: int) -> dict[str, Any]:
+        """The item as the bundle service takes it (content parsed from its JSON text)."""
+        doc = self.model_dump(exclude_none=True)
+        if self.content is not None:
+            try:
+                doc["content"] = json.loads(self.content)
+            except ValueError as exc:
+                raise InvalidRequest(f"item {n}: content is not JSON text: {exc}") from None
+        return doc
 
 
 # every tool that stores a file takes its lifetime the same way
@@ -434,9 +459,14 @@ class McpBinding:
         max_size: Annotated[JsonInt | None, Field(gt=0, description="largest size to accept, bytes")] = None,
         start_ttl: Annotated[JsonInt | None, Field(gt=0, description="seconds to start the PUT (default 900)")] = None,
         expires_in: ExpiresIn = None,
+        size: Annotated[
+            JsonInt | None,
+            Field(ge=0, description="the file's exact size, bytes: the PUT must send this Content-Length (signed)"),
+        ] = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
-        """An expiring signed URL to PUT a file to, outside MCP (SEP-2631 ``files/authorizeUpload``)."""
+        """An expiring signed URL to PUT a file to, outside MCP (SEP-2631 ``files/authorizeUpload``). Give ``size``
+        when it is known: the URL then takes exactly that many bytes (the storage refuses any other length)."""
         grant = self.grant(ctx)
         grant(KeyScope.UPLOAD)
         return await self._authorizations.authorize_upload(
@@ -445,6 +475,7 @@ class McpBinding:
             name=name,
             content_type=content_type,
             max_size=max_size,
+            size=size,
             start_ttl=start_ttl,
             expires_in=expires_in,
         )
@@ -531,14 +562,17 @@ class McpBinding:
         items: Annotated[list[BundleItemInput], Field(min_length=1)],
         name: str | None = None,
         description: str | None = None,
+        expires_in: Annotated[
+            JsonInt | None, Field(gt=0, description="seconds the bundle lives (default: the key's or server's)")
+        ] = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Group stored files and inline content into a ContentBundle."""
         grant = self.grant(ctx)
         grant(KeyScope.UPLOAD)
         bundles = self.services.bundles
-        docs = [item.model_dump(exclude_none=True) for item in items]
-        bundle_id = await bundles.create(docs, grant, name=name, description=description)
+        docs = [item.as_item(n) for n, item in enumerate(items)]
+        bundle_id = await bundles.create(docs, grant, name=name, description=description, expires_in=expires_in)
         return (await bundles.describe(bundle_id, self.base_url(ctx), grant)).to_json()
 
     async def tp(self, message_type: str, tp_envelope: dict[str, Any], ctx: Context | None) -> dict[str, Any]:

@@ -107,6 +107,7 @@ class UploadAuthorization(_Result):
     authorization_id: str
     upload: HttpRequestPlan
     max_size: int = Field(description="largest body the URL accepts, in bytes")
+    size: int | None = Field(default=None, description="the exact body length the URL takes, when one was given")
     expires_at: str = Field(description="RFC 3339: confirm_upload answers until then")
     direct: bool = Field(description="the URL is the storage bucket's own: confirm_upload verifies and publishes")
 
@@ -313,7 +314,8 @@ def tool_texts(*, inline: int, message: int, file_tools: bool) -> dict[str, tupl
             "Get a place to put a file without sending its bytes through MCP: an expiring signed URL, the method "
             "(PUT) and header fields to use, and the size limit. Upload with any HTTP client before upload.expires_at;"
             " then call confirm_upload for the file's descriptor (with its SHA-256). When direct is true the URL is "
-            "the storage bucket's own and confirm_upload is what verifies and publishes the file.",
+            "the storage bucket's own and confirm_upload is what verifies and publishes the file. Give size (the exact "
+            "length) when you know it: the URL then takes exactly that many bytes, sent with that Content-Length.",
             _hints(),
         ),
         "confirm_upload": (

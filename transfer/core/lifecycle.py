@@ -12,7 +12,7 @@ what its unfinished uploads have reserved must stay at or below it.
 
 Expiry index: each file that expires has an entry ``expiry/<yyyymmddhh>/<file id>`` (the UTC hour it expires
 in), so a sweep lists only the hours that have passed: its cost follows the number of expired files, not the
-number stored.
+number stored. Bundles have an index of their own, ``bundle-expiry/<yyyymmddhh>/<bundle id>``, of the same form.
 """
 
 from __future__ import annotations
@@ -92,13 +92,14 @@ def expiry_bucket(moment: datetime | float) -> str:
     return moment.astimezone(UTC).strftime("%Y%m%d%H")
 
 
-def expiry_key(expiry: datetime, file_id: str) -> str:
-    return f"{EXPIRY_PREFIX}{expiry_bucket(expiry)}/{file_id}"
+def expiry_key(expiry: datetime, file_id: str, prefix: str = EXPIRY_PREFIX) -> str:
+    """The index entry of ``file_id`` expiring at ``expiry`` (``prefix``: the index, files' by default)."""
+    return f"{prefix}{expiry_bucket(expiry)}/{file_id}"
 
 
-def parse_expiry_key(key: str) -> tuple[str, str] | None:
-    """``(bucket, file id)`` of an expiry index key; None for anything else under the prefix."""
-    rest = key[len(EXPIRY_PREFIX) :] if key.startswith(EXPIRY_PREFIX) else ""
+def parse_expiry_key(key: str, prefix: str = EXPIRY_PREFIX) -> tuple[str, str] | None:
+    """``(bucket, id)`` of an expiry index key; None for anything else under the prefix."""
+    rest = key[len(prefix) :] if key.startswith(prefix) else ""
     bucket, _, file_id = rest.partition("/")
     if len(bucket) != 10 or not bucket.isdigit() or not file_id or "/" in file_id:
         return None

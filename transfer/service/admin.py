@@ -83,7 +83,9 @@ REPAIR_ATTEMPTS = 3  # counts of a key whose ledger or files kept changing befor
 async def _count_files(services: Services) -> tuple[dict[str | None, dict[str, int]], int]:
     """Every stored file's record, read from one listing of ``files/`` with metadata: per owner, each file's
     bytes (descriptor ``size``, what a charge counts); and how many objects had no readable record (left out,
-    with a log line)."""
+    with a log line). The other bytes a key is charged for are counted beside its files, by id: its bundles'
+    records (:meth:`BundleService.charged`) and the TP messages it sent that wait in a mailbox
+    (:meth:`TPService.charged`)."""
     counted: dict[str | None, dict[str, int]] = {}
     unreadable = 0
     with storage_errors_translated():
@@ -97,14 +99,20 @@ async def _count_files(services: Services) -> tuple[dict[str | None, dict[str, i
                 unreadable += 1
                 continue
             counted.setdefault(record.owner, {})[record.id] = record.size
+    async for owner, bundle_id, nbytes in services.bundles.charged():
+        counted.setdefault(owner, {})[bundle_id] = nbytes
+    async for payer, message_id, nbytes in services.tp.charged():
+        counted.setdefault(payer, {})[message_id] = nbytes
     return counted, unreadable
 
 
 def _expected(files: dict[str, int], claims: dict[str, int]) -> tuple[int, int]:
-    """What a key's ledger should say (bytes, files): its stored files, and the files whose removal is claimed but
-    not yet refunded (still listed or already gone: counted once either way, as the claim will refund them)."""
+    """What a key's ledger should say (bytes, files): its stored files and other charged objects (bundles, waiting
+    TP messages), and
+    those whose removal is claimed but not yet refunded (still listed or already gone: counted once either way, as
+    the claim will refund them). Only files count in ``files``."""
     merged = {**files, **claims}
-    return sum(merged.values()), len(merged)
+    return sum(merged.values()), sum(1 for stored_id in merged if is_file_id(stored_id))
 
 
 def _usage_doc(used: int, files: int) -> dict[str, int]:

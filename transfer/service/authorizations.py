@@ -39,6 +39,7 @@ from transfer.errors import (
     Gone,
     InvalidRequest,
     NotFound,
+    SizeMismatch,
     TooLarge,
     TooManyAuthorizations,
     storage_errors_translated,
@@ -88,6 +89,7 @@ class UploadGrant:
     start_by: int
     keep_until: int
     file_ttl: int | None = None  # seconds the file it receives lives (None: until deleted)
+    size: int | None = None  # the exact size asked for: signed into a presigned PUT, reserved against the quota
     state: str = "open"  # an UploadState value: open, then completed (``file_id`` set)
     file_id: str | None = None
 
@@ -157,14 +159,24 @@ class Authorizations:
         name: str | None = None,
         content_type: str | None = None,
         max_size: int | None = None,
+        size: int | None = None,
         start_ttl: int | None = None,
         expires_in: int | None = None,
     ) -> dict[str, Any]:
         """A new upload authorisation for the caller's key: where to PUT, until when, how much; ``expires_in``:
-        the lifetime of the file it receives (refused now when above the key's or the service's maximum)."""
+        the lifetime of the file it receives (refused now when above the key's or the service's maximum).
+
+        ``size``: the exact length of the file to come. Then the PUT must carry exactly that ``Content-Length``:
+        a presigned PUT signs it, so the bucket itself refuses any other body (and nothing oversize is ever
+        stored), and the service's own PUT URL refuses it before reading; the size is reserved against the key's
+        quota now (413 ``quota_exceeded`` before a URL is issued) while the PUT goes to the bucket. Without it,
+        ``max_size`` bounds the body: checked as it streams through the service, or at ``confirm`` for a presigned
+        PUT (which removes an oversize object then)."""
         limit = self.files.settings.max_upload_size
         if max_size is not None and not 0 < max_size <= limit:
             raise InvalidRequest(f"max_size must be between 1 and {limit}", limit=limit)
+        if size is not None and not 0 <= size <= (max_size or limit):
+            raise InvalidRequest(f"size must be between 0 and {max_size or limit}", limit=max_size or limit)
         if content_type is not None:
             require_media_type(content_type, "content_type")
         if start_ttl is not None and not 0 < start_ttl <= MAX_START_TTL:
@@ -176,30 +188,45 @@ class Authorizations:
             owner=caller.owner,
             name=sanitize_filename(name, default="upload") if name else None,
             content_type=content_type,
-            max_size=max_size or limit,
+            max_size=size if size is not None else max_size or limit,
             start_by=now + (start_ttl or START_TTL),
             keep_until=now + KEEP_TTL,
             file_ttl=file_ttl,
+            size=size,
         )
-        await self.open_grants.acquire(caller.owner, grant.id)  # TooManyAuthorizations at the key's limit
-        await self.engine.create(_grant_key(grant.id), grant.to_json())
+        if size is not None and self.direct:  # through the service, the PUT reserves as any upload does
+            await self.files.lifecycle.admit(caller.owner, grant.id, size, grant.keep_until)
+        try:
+            await self.open_grants.acquire(caller.owner, grant.id)  # TooManyAuthorizations at the key's limit
+            await self.engine.create(_grant_key(grant.id), grant.to_json())
+        except BaseException:
+            await self.files.lifecycle.release_after_failure(caller.owner, grant.id)
+            raise
+        # Content-Length is signed but not among the fields to set: every HTTP client sends the length of what it
+        # sends (browsers may not set it), and a body of any other length does not match the signature
         headers = {"content-type": content_type or "application/octet-stream"}
         if self.direct:
             # straight to the bucket: the service never sees the bytes; confirm_upload verifies and publishes
             assert isinstance(self.storage, SupportsPresignPut)
             with storage_errors_translated():
                 url = await self.storage.presign_put(
-                    _staged(grant.id), expires_in=grant.start_by - now, content_type=headers["content-type"]
+                    _staged(grant.id),
+                    expires_in=grant.start_by - now,
+                    content_type=headers["content-type"],
+                    content_length=size,
                 )
         else:
             url, _ = self.files.signed_url_for_path(base_url, upload_path(grant.id), "PUT", grant.start_by - now)
-        return {
+        out = {
             "authorization_id": grant.id,
             "upload": {"url": url, "method": "PUT", "headers": headers, "expires_at": _iso(grant.start_by)},
             "max_size": grant.max_size,
             "expires_at": _iso(grant.keep_until),
             "direct": self.direct,
         }
+        if size is not None:
+            out["size"] = size
+        return out
 
     @property
     def direct(self) -> bool:
@@ -226,6 +253,12 @@ class Authorizations:
         grant = await self._grant(aid)
         if content_length is not None and content_length > grant.max_size:
             raise TooLarge(f"Content-Length {content_length} exceeds the authorised {grant.max_size} bytes")
+        if grant.size is not None and content_length != grant.size:
+            raise SizeMismatch(
+                f"authorization {aid} is for exactly {grant.size} bytes: send that Content-Length",
+                expected=grant.size,
+                received=content_length,
+            )
         # through FileService.upload: the key's quota and the file's lifetime apply as to any upload
         request = UploadRequest(
             name=grant.name,
@@ -245,9 +278,11 @@ class Authorizations:
     async def _completed(self, aid: str, file_id: str) -> None:
         """Record that authorisation ``aid`` received ``file_id`` (compare-and-set: one file per authorisation)."""
         now = self.files.clock()
-        await self.engine.update(
+        grant = await self.engine.update(
             _grant_key(aid), UploadGrant.from_json, lambda g: g.completed_with(file_id, now), UploadGrant.to_json
         )
+        # it holds no slot of its key any more: its marker goes now, not when the key next reaches its limit
+        await self.open_grants.release(grant.owner, aid)
 
     async def _received(self, grant: UploadGrant) -> str | None:
         """The id of the file ``grant`` received, if any."""
@@ -296,6 +331,14 @@ class Authorizations:
             with storage_errors_translated():
                 await self.storage.delete(staged)
             raise TooLarge(f"the upload is {info.size} bytes, more than the authorised {grant.max_size}")
+        if grant.size is not None and info.size != grant.size:  # a bucket that ignored the signed length
+            with storage_errors_translated():
+                await self.storage.delete(staged)
+            raise SizeMismatch(
+                f"the upload is {info.size} bytes, not the authorised {grant.size}",
+                expected=grant.size,
+                received=info.size,
+            )
         # before the read-back: over quota, nothing is published and the staged bytes stay until the authorisation
         # expires (the key may make room and confirm again)
         await self.files.publisher.require_room(
@@ -363,11 +406,13 @@ class Authorizations:
                 doc = await read_document(self.storage, _grant_key(aid))
                 expired = now >= float(doc["keep_until"])
             except NotFound:
-                expired = True  # a staged object or result without its record
+                doc, expired = {}, True  # a staged object or result without its record
             if not expired:
                 continue
             with storage_errors_translated():
                 for key in owned:
                     await self.storage.delete(key)
+            if "owner" in doc:  # its slot marker, if a completion did not drop it
+                await self.open_grants.release(doc["owner"], aid)
             removed += 1
         return removed

@@ -124,6 +124,7 @@ class Services:
             Sweep("authorizations", every, self.authorizations.sweep_authorizations),
             Sweep("direct_plans", every, self.direct.sweep_direct_plans),
             Sweep("tp_mailboxes", every, self.tp.sweep_mailboxes),
+            Sweep("expired_bundles", every, self.bundles.sweep_expired_bundles),
         ]
 
     async def start(self) -> None:

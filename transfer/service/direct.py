@@ -183,7 +183,8 @@ class DirectService:
             error=TooManyPlans,
         )
         self.open_plans.register(is_plan_id, self._is_open)
-        self._plans: dict[str, Plan] = {}  # recently loaded plans, for part URLs only (see part_urls)
+        # recently loaded plans and the record version each was read at, for part URLs only (see part_urls)
+        self._plans: dict[str, tuple[Plan, str]] = {}
 
     @property
     def supported(self) -> bool:
@@ -226,20 +227,25 @@ class DirectService:
     async def load(self, pid: str, caller: Grant, *, allow_ended: bool = False) -> Plan:
         """The plan, if the caller may see it (its own; any for admin); NotFound otherwise, whether or not it
         exists. An expired or aborted plan is Gone unless ``allow_ended``."""
+        return (await self._load(pid, caller, allow_ended=allow_ended))[0]
+
+    async def _load(self, pid: str, caller: Grant, *, allow_ended: bool = False) -> tuple[Plan, str]:
+        """:meth:`load`, and the version of the record it was read at."""
         self._backend()
         if not is_plan_id(pid):
             raise NotFound(f"no upload plan {pid!r}")
         try:
-            plan = Plan.from_json((await self.engine.read(_plan_key(pid)))[0])
+            doc, version = await self.engine.read(_plan_key(pid))
         except NotFound:
             raise NotFound(f"no upload plan {pid!r}") from None
+        plan = Plan.from_json(doc)
         if not caller.sees(plan.owner):
             raise NotFound(f"no upload plan {pid!r}")
         if not allow_ended and plan.state == "aborted":
             raise Gone(f"upload plan {pid} was aborted")
         if not allow_ended and plan.state == "open" and self.clock() >= plan.expires_at:
             raise Gone(f"upload plan {pid} has expired")
-        return plan
+        return plan, version
 
     async def create(
         self,
@@ -306,19 +312,32 @@ class DirectService:
         too (the bucket refuses a part of any other length); :meth:`complete` checks every part's size again."""
         backend = self._backend()
         # A client asks for a URL per part: reading the plan record each time would cost three backend requests per
-        # part. The fields a URL depends on (owner, key, upload id, size, part size, expiry) never change, so a copy
-        # loaded before serves; a state change it misses (completed, aborted: on any replica) is harmless, because
-        # the bucket refuses parts for an upload id that is used up or aborted.
-        plan = self._plans.get(pid) or await self.load(pid, caller)
+        # part. A copy loaded before serves as long as the record is still the version it was read at: one stat
+        # tells (on S3 a HEAD and the small metadata GET, not the record's body), so a plan completed or aborted
+        # through any replica is seen at once on every one (410 for an aborted plan's parts), and only a changed
+        # record is read again.
+        cached = self._plans.get(pid) if is_plan_id(pid) else None
+        if cached is not None:
+            try:
+                with storage_errors_translated():
+                    version: str | None = (await self.storage.stat(_plan_key(pid))).etag
+            except NotFound:
+                version = None
+            if version != cached[1]:
+                self._plans.pop(pid, None)
+                cached = None
+        plan, version = cached or await self._load(pid, caller)
         if not caller.sees(plan.owner):
             raise NotFound(f"no upload plan {pid!r}")
+        if plan.state == "aborted":
+            raise Gone(f"upload plan {pid} was aborted")
         if self.clock() >= plan.expires_at:
             raise Gone(f"upload plan {pid} has expired")
         self._require_open(plan)
         if pid not in self._plans:
             while len(self._plans) >= PLAN_CACHE_SIZE:
                 self._plans.pop(next(iter(self._plans)))
-            self._plans[pid] = plan
+            self._plans[pid] = (plan, version)
         if len(parts) > MAX_URLS_PER_REQUEST:
             raise InvalidRequest(f"at most {MAX_URLS_PER_REQUEST} part URLs per request")
         ttl = int(max(1.0, min(PART_URL_TTL, plan.expires_at - self.clock())))
@@ -368,7 +387,7 @@ class DirectService:
                 raise InvalidRequest("declare the file's checksum (sha256:<hex>) to complete")
             published = await self._published(plan)
             if published is not None:  # published, then the process stopped before the plan said so
-                return await self._change(pid, UploadEvent.COMPLETE, began, file_id=published.id), published
+                return await self._completed(pid, began, published), published
             parts = await self.stored_parts(plan)
             self._check_parts(plan, parts)
             # refused before the parts are assembled, the plan left open
@@ -396,7 +415,14 @@ class DirectService:
                 if await self._published(plan) is None:  # not placed by a completion elsewhere either
                     await self._abort(plan, upload_used=True)
                 raise
-            return await self._change(pid, UploadEvent.COMPLETE, began, file_id=record.id), record
+            return await self._completed(pid, began, record), record
+
+    async def _completed(self, pid: str, began: float, record: FileRecord) -> Plan:
+        """Record that plan ``pid`` published ``record``; its slot among its key's open plans goes now (not when
+        the key next reaches its limit)."""
+        plan = await self._change(pid, UploadEvent.COMPLETE, began, file_id=record.id)
+        await self.open_plans.release(plan.owner, pid)
+        return plan
 
     def _check_parts(self, plan: Plan, parts: list[StoredPart]) -> None:
         """Every part 1..n present, each exactly the planned length (S3 would assemble any set of parts)."""
@@ -490,8 +516,12 @@ class DirectService:
         with storage_errors_translated():
             await self._backend().discard_direct_upload(plan.key, None if upload_used else plan.upload_id)
         await self._change(plan.id, UploadEvent.ABORT, self.clock())
-        self._plans.pop(plan.id, None)  # this process hands out no more part URLs for it
+        self._plans.pop(plan.id, None)  # this process hands out no more part URLs for it (others see the record)
         await self.lifecycle.release_after_failure(plan.owner, plan.id)  # on the way out of a failure too
+        try:
+            await self.open_plans.release(plan.owner, plan.id)
+        except TransferError as exc:  # best effort: the marker is dropped when the key next reaches its limit
+            log.warning("the slot marker of plan %s stays until its key's limit is reached: %s", plan.id, exc)
 
     async def sweep_direct_plans(self) -> int:
         """Abort open plans past their expiry (their multipart uploads and any assembled bytes go) and delete the
@@ -517,6 +547,7 @@ class DirectService:
                     await self.lifecycle.release(plan.owner, plan.id)
                 with storage_errors_translated():
                     await self.storage.delete(key)
+                await self.open_plans.release(plan.owner, plan.id)
                 removed += 1
             except TransferError:
                 log.warning("sweep could not remove upload plan %s; retrying at the next interval", pid)

@@ -130,13 +130,14 @@ class Lifecycle:
             except ObjectNotFound:
                 pass
 
-    async def due(self) -> AsyncIterator[tuple[str, str, str]]:
-        """``(index key, hour, file id)`` of every index entry in an hour that has begun, oldest first. The listing
-        is in key order, so it stops at the first later hour: the entries of files that expire later are not read."""
+    async def due(self, prefix: str = EXPIRY_PREFIX) -> AsyncIterator[tuple[str, str, str]]:
+        """``(index key, hour, id)`` of every entry of the expiry index under ``prefix`` (files' by default) in an
+        hour that has begun, oldest first. The listing is in key order, so it stops at the first later hour: the
+        entries of what expires later are not read."""
         now_bucket = expiry_bucket(self.clock())
         with storage_errors_translated():
-            async for info in self.storage.list(EXPIRY_PREFIX):
-                parsed = parse_expiry_key(info.key)
+            async for info in self.storage.list(prefix):
+                parsed = parse_expiry_key(info.key, prefix)
                 if parsed is None:
                     continue
                 bucket, file_id = parsed

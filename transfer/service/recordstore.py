@@ -75,6 +75,11 @@ def _encode(doc: Any) -> bytes:
     return json.dumps(doc, ensure_ascii=True, separators=(",", ":")).encode()
 
 
+def record_size(doc: Any) -> int:
+    """The bytes :func:`write_record` stores for ``doc``."""
+    return len(_encode(doc))
+
+
 async def read_record(storage: Storage, key: str, policy: RetryPolicy = DEFAULT_POLICY) -> tuple[Any, str]:
     """A JSON record and its version (etag); NotFound when absent. A record replaced between its open and its
     read (S3 pins the ETag) is read again, within ``policy``."""

@@ -17,6 +17,14 @@ JSON-RPC, MCP, prompt embedding) hands a validated :class:`Envelope` to :meth:`T
                      sender's with only ``trace_info`` advanced -> 202 ``{"correlation_id": message_id}``
 
 Mailboxes live in the storage backend (``tp/mailbox/<receiver hash>/…``), so any replica can deliver them.
+
+A message waiting in a mailbox is bytes stored, and they are charged to the key that sent it (the receiver may have
+no key here, and a key must not be able to fill a quota that is not its own): its length is charged to the sender's
+usage before it is kept (413 ``quota_exceeded`` when it does not fit; a service announcement of an import's end is
+charged to the key that started the import), and refunded exactly once when it goes, delivered by a poll or
+removed by the sweep past its lifetime: the taker claims it in the payer's usage record by compare-and-set
+(:meth:`UsageLedger.claim_removal`), so of several pollers and sweeps on several replicas only one delivers it and
+refunds it. The payer and the charge travel in the message's object metadata.
 """
 
 from __future__ import annotations
@@ -24,10 +32,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote, unquote
 
 from storage.base import Storage
 from storage.errors import ObjectNotFound, StorageError
@@ -46,6 +56,7 @@ from transfer.errors import (
     InvalidEnvelope,
     MailboxFull,
     NotFound,
+    QuotaExceeded,
     TransferError,
     UnsupportedMessageType,
     storage_errors_translated,
@@ -57,7 +68,30 @@ from transfer.service.records import FileRecord, is_file_id
 from transfer.service.session_views import session_document
 from transfer.service.sessions import SessionService, is_session_id
 
+log = logging.getLogger("transfer.tp")
+
 MAILBOX = "tp/mailbox/"
+LEDGER_PREFIX = "tp:"  # a waiting message's id in its payer's usage record: ``tp:<receiver hash>/<name>``
+
+
+def message_ledger_id(key: str) -> str:
+    """The id under which the message stored at mailbox ``key`` is charged."""
+    return LEDGER_PREFIX + key[len(MAILBOX) :]
+
+
+def _payer_metadata(owner: str | None, nbytes: int) -> dict[str, str]:
+    """Object metadata naming who pays for a message (percent-encoded: key names are free text, S3 metadata is
+    ASCII) and what was charged."""
+    return {"charged": str(nbytes), **({"payer": quote(owner, safe="")} if owner is not None else {})}
+
+
+def _payer(metadata: Mapping[str, str]) -> tuple[bool, str | None, int]:
+    """``(charged?, payer, bytes)`` from a message's metadata (a message kept before messages were charged: not)."""
+    charged = metadata.get("charged")
+    if charged is None or not charged.isdigit():
+        return False, None, 0
+    payer = metadata.get("payer")
+    return True, None if payer is None else unquote(payer), int(charged)
 
 
 @dataclass(slots=True)
@@ -142,7 +176,7 @@ class TPService:
             return await self._unmount(envelope, binding, authorize)
         authorize(Scope.UPLOAD)
         self._require_sender(envelope, authorize)
-        return await self._notify(envelope, binding)
+        return await self._notify(envelope, binding, authorize)
 
     @staticmethod
     def _require_sender(envelope: Envelope, authorize: Grant) -> None:
@@ -265,7 +299,11 @@ class TPService:
                 in_reply_to=request.message_id,
             )
             if request.sender is not None:
-                await self.deliver(request.sender, note.raw)
+                try:
+                    await self.deliver(request.sender, note.raw, payer=job.owner)
+                except TransferError as exc:  # the mailbox is full or the key's quota used up: live listeners hear it
+                    log.warning("the end of import %s is not kept for its sender: %s", job.id, exc.message)
+                    self.publish(receiver_topic(request.sender), note.raw)
             self.publish(f"job:{job.id}", note.raw)
             return
 
@@ -281,16 +319,16 @@ class TPService:
 
     # -- notify (relay) ------------------------------------------------------------------------------------------
 
-    async def _notify(self, envelope: Envelope, binding: Binding) -> TPOutcome:
+    async def _notify(self, envelope: Envelope, binding: Binding, authorize: Grant) -> TPOutcome:
         relayed = forward(envelope, binding)  # TP-TRA001 when it would be a sixth hop
         rid = envelope.payload.get("resource_id")
         if envelope.receiver is None and not isinstance(rid, str):
             raise InvalidEnvelope("resource_notify needs a receiver or payload.resource_id to deliver to")
         if envelope.receiver is not None:
             try:
-                await self.deliver(envelope.receiver, relayed)
-            except MailboxFull:
-                raise  # not a bridge failure: the receiver has this many waiting
+                await self.deliver(envelope.receiver, relayed, payer=authorize.owner)
+            except (MailboxFull, QuotaExceeded):
+                raise  # not a bridge failure: the receiver has this many waiting, or the sender no room
             except TransferError as exc:  # §9.8: a bridge that cannot pass a message on says so with TP-TRA002
                 raise BridgeFailed(f"could not relay the message: {exc.message}", cause=exc.code) from exc
         if isinstance(rid, str):
@@ -299,10 +337,11 @@ class TPService:
 
     # -- mailboxes (storage) and live topics (this process) --------------------------------------------------------
 
-    async def deliver(self, receiver: Any, raw: bytes) -> None:
+    async def deliver(self, receiver: Any, raw: bytes, *, payer: str | None) -> None:
         """Keep ``raw`` for ``receiver`` until polled (or ``tp_mailbox_ttl``), and push it to live subscribers.
         MailboxFull when ``tp_mailbox_max_messages`` wait for the receiver already: a receiver that never polls
-        holds that many at most, each for at most its lifetime (then the sweep removes it)."""
+        holds that many at most, each for at most its lifetime (then the sweep removes it). Its bytes are charged
+        to ``payer``'s key while it waits (QuotaExceeded, and nothing kept, when they do not fit)."""
         box = identity_key(receiver)
         now = self.clock()
         key = f"{MAILBOX}{box}/{_stamp(now)}-{hashlib.sha256(raw).hexdigest()[:16]}"
@@ -318,10 +357,62 @@ class TPService:
                     limit=limit,
                     headers={"retry-after": "60"},
                 )
-            async with self.storage.create(key, size_hint=len(raw)) as writer:
-                await writer.write(raw)
-                await writer.commit({"expires": str(int(now) + self.settings.tp_mailbox_ttl)})
+        usage = self.files.lifecycle.usage
+        # a fresh key (time and digest): nothing else charges it, so no once-only entry is needed
+        await usage.charge(payer, message_ledger_id(key), len(raw), files=0)
+        try:
+            with storage_errors_translated():
+                async with self.storage.create(key, size_hint=len(raw)) as writer:
+                    await writer.write(raw)
+                    expires = {"expires": str(int(now) + self.settings.tp_mailbox_ttl)}
+                    await writer.commit({**expires, **_payer_metadata(payer, len(raw))})
+        except BaseException:
+            await usage.refund(payer, len(raw), files=0)
+            raise
         self.publish(receiver_topic(receiver), raw)
+
+    async def _take(self, key: str, metadata: Mapping[str, str]) -> bool:
+        """Remove the message at ``key`` (its ``metadata`` read before): True for the one taker, of however many
+        pollers and sweeps race on however many replicas, that removed it; its payer is refunded then, once. The
+        take is claimed in the payer's usage record first; the claimer checks the message is still there."""
+        charged, payer, nbytes = _payer(metadata)
+        if not charged:  # kept before messages were charged: nothing to refund (a race may deliver it twice)
+            with storage_errors_translated():
+                try:
+                    await self.storage.delete(key)
+                except ObjectNotFound:
+                    return False
+            return True
+        usage = self.files.lifecycle.usage
+        mid = message_ledger_id(key)
+        if not await usage.claim_removal(payer, mid, nbytes):
+            return False  # another poller or sweep is taking it right now
+        try:
+            with storage_errors_translated():
+                try:
+                    await self.storage.stat(key)
+                except ObjectNotFound:
+                    gone = True
+                else:
+                    gone = False
+                    await self.storage.delete(key)
+        except BaseException:
+            await usage.unclaim(payer, mid)
+            raise
+        if gone:
+            await usage.unclaim(payer, mid)  # taken by someone else before our claim
+            return False
+        await usage.removed(payer, mid, nbytes, files=0)
+        return True
+
+    async def charged(self) -> AsyncIterator[tuple[str | None, str, int]]:
+        """``(payer, ledger id, bytes)`` of every waiting message that was charged, for ``transfer usage repair``
+        (one listing of the mailboxes with metadata: an admin count, never a request path)."""
+        with storage_errors_translated():
+            async for info in self.storage.list(MAILBOX, metadata=True):
+                charged, payer, nbytes = _payer(info.metadata)
+                if charged:
+                    yield payer, message_ledger_id(info.key), nbytes
 
     async def poll(self, receiver: Any, grant: Grant, limit: int = 50) -> list[dict[str, Any]]:
         """Take up to ``limit`` waiting messages for ``receiver``, oldest first (each delivered once); the key must
@@ -338,36 +429,54 @@ class TPService:
             want = limit - len(out)
             with storage_errors_translated():
                 keys = [info.key async for info in self.storage.list(prefix, start_after=after, limit=want)]
-            for key in keys:
-                try:
-                    async with await self.storage.open(key) as reader:
-                        expired = float(reader.info.metadata.get("expires", "0")) < now
-                        raw = b"" if expired else b"".join([piece async for piece in reader.read()])
-                    await self.storage.delete(key)
-                except ObjectNotFound:
-                    continue  # another poller took it
-                except StorageError as exc:
-                    raise TransferError(f"mailbox read failed: {exc}") from exc
-                if not expired:
-                    out.append(validate_envelope(json.loads(raw), raw).doc)
+            # the page's messages are taken together: their refunds share the usage record's group-commit writes
+            taken = await asyncio.gather(*(self._poll_one(key, now) for key in keys))
+            out.extend(doc for doc in taken if doc is not None)
             if len(keys) < want:
                 break
             after = keys[-1]
         return out
 
+    async def _poll_one(self, key: str, now: float) -> dict[str, Any] | None:
+        """The message at ``key`` if this poll delivers it: read, then taken (:meth:`_take`); None when another
+        poller took it, or it was past its lifetime (removed all the same)."""
+        try:
+            async with await self.storage.open(key) as reader:
+                metadata = dict(reader.info.metadata)
+                expired = float(metadata.get("expires", "0")) < now
+                raw = b"" if expired else b"".join([piece async for piece in reader.read()])
+        except ObjectNotFound:
+            return None  # another poller took it
+        except StorageError as exc:
+            raise TransferError(f"mailbox read failed: {exc}") from exc
+        # delivered only by the one poller whose take removed it (and refunded its sender)
+        if await self._take(key, metadata) and not expired:
+            return validate_envelope(json.loads(raw), raw).doc
+        return None
+
     async def sweep_mailboxes(self) -> int:
-        """Delete every TP message kept past its lifetime, polled or not; returns how many. Lists the mailboxes
-        (a sweep, not a request path); the delivery time is in each key, so no message is read."""
+        """Delete every TP message kept past its lifetime, polled or not, and refund its sender; returns how many
+        this sweep removed. Lists the mailboxes (a sweep, not a request path); the delivery time is in each key, so
+        only the expired messages' metadata is read (who paid)."""
         now = self.clock()
         removed = 0
         with storage_errors_translated():
-            async for info in self.storage.list(MAILBOX):
-                if _delivered_at(info.key) + self.settings.tp_mailbox_ttl < now:
+            expired = [
+                info.key
+                async for info in self.storage.list(MAILBOX)
+                if _delivered_at(info.key) + self.settings.tp_mailbox_ttl < now
+            ]
+        for key in expired:
+            try:
+                with storage_errors_translated():
                     try:
-                        await self.storage.delete(info.key)
+                        metadata = (await self.storage.stat(key)).metadata
                     except ObjectNotFound:
                         continue  # polled meanwhile
+                if await self._take(key, metadata):
                     removed += 1
+            except TransferError as exc:
+                log.warning("mailbox sweep could not remove %s; retrying at the next interval: %s", key, exc.message)
         return removed
 
     async def resource_topics(self, rid: str, caller: Grant) -> list[str]:

@@ -265,11 +265,14 @@ class UsageLedger:
 
         await self._update(owner, change)
 
-    async def charge(self, owner: str | None, rid: str, nbytes: int, *, until: float | None = None) -> bool:
+    async def charge(
+        self, owner: str | None, rid: str, nbytes: int, *, until: float | None = None, files: int = 1
+    ) -> bool:
         """Count a file of ``nbytes`` about to be published by upload ``rid`` (its reservation goes); QuotaExceeded
         if it does not fit, and then nothing changes. With ``until`` (a time past which no completion of ``rid``
         can come) the charge is made at most once per upload id: False when ``rid`` was counted already (by another
-        replica or a concurrent completion), and then nothing changes either."""
+        replica or a concurrent completion), and then nothing changes either. ``files=0``: bytes stored that are
+        not a file (a bundle's record, a TP message waiting in a mailbox), counted in ``used`` only."""
         quota = self.quota_of(owner)
 
         def change(doc: _Doc) -> bool:
@@ -278,7 +281,7 @@ class UsageLedger:
             doc.usage(quota, excluding=rid).require_room(nbytes)
             doc.reservations.pop(rid, None)
             doc.used += nbytes
-            doc.files += 1
+            doc.files += files
             if until is not None:
                 doc.charged[rid] = (nbytes, until)
             return True
@@ -320,13 +323,14 @@ class UsageLedger:
         # or gone, as always); what must survive a crash is the refund, and that write is durable
         return await self._update(owner, change, durable=False)
 
-    async def removed(self, owner: str | None, file_id: str, nbytes: int) -> None:
-        """The claimer of ``file_id`` removed it: the claim goes and its bytes leave the count, in one write."""
+    async def removed(self, owner: str | None, file_id: str, nbytes: int, *, files: int = 1) -> None:
+        """The claimer of ``file_id`` removed it: the claim goes and its bytes leave the count, in one write
+        (``files=0``: it was charged with ``files=0``)."""
 
         def change(doc: _Doc) -> None:
             doc.removals.pop(file_id, None)
             doc.used = max(0, doc.used - nbytes)
-            doc.files = max(0, doc.files - 1)
+            doc.files = max(0, doc.files - files)
 
         await self._update(owner, change)
 

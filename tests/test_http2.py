@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import socket
 import ssl
@@ -199,6 +200,50 @@ def test_certificate_reload_keeps_open_connections(tmp_path: Path, certs: Certs)
             # a broken pair is refused and the renewed certificate stays
             key.write_bytes(issue(certs.ca, tmp_path, "other")[1].read_bytes())
             assert not tls.reload()
+            assert served_serial(url, certs) == second
+
+
+def replace_atomically(path: Path, content: bytes) -> None:
+    """What certbot and cert-manager do: write a new file beside it, rename it over the old one (a new inode)."""
+    staged = path.with_name(f".{path.name}.new")
+    staged.write_bytes(content)
+    os.replace(staged, path)
+
+
+def wait_for(what: str, done: Any, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.1)
+
+
+def test_certificate_files_replaced_on_disk_are_served_without_a_signal(
+    tmp_path: Path, certs: Certs, caplog: pytest.LogCaptureFixture
+) -> None:
+    cert, key = issue(certs.ca, tmp_path, "live")
+    settings = service_settings(tmp_path)
+    with serve(create_app(settings), settings, ListenerTLS(cert, key)) as (url, _):
+        first = served_serial(url, certs)
+        with httpx.Client(http2=True, verify=certs.client_context()) as client:
+            assert client.get(f"{url}/healthz").http_version == "HTTP/2"
+            # the certificate is renamed into place first, its key a moment later: the half-replaced pair in
+            # between is refused, the old certificate stays until the key follows
+            renewed_cert, renewed_key = issue(certs.ca, tmp_path, "renewed")
+            with caplog.at_level(logging.ERROR, logger="transfer.ops"):
+                replace_atomically(cert, renewed_cert.read_bytes())
+                wait_for("the half-replaced pair refused", lambda: "not reloaded" in caplog.text)
+            assert served_serial(url, certs) == first
+            replace_atomically(key, renewed_key.read_bytes())
+            wait_for("the renewed certificate served", lambda: served_serial(url, certs) != first)
+            second = served_serial(url, certs)
+            # the connection opened before goes on with its certificate
+            response = client.get(f"{url}/healthz")
+            assert response.status_code == 200 and response.http_version == "HTTP/2"
+            # a key of another certificate is refused; the renewed one stays
+            caplog.clear()
+            with caplog.at_level(logging.ERROR, logger="transfer.ops"):
+                replace_atomically(key, issue(certs.ca, tmp_path, "other")[1].read_bytes())
+                wait_for("the mismatched key refused", lambda: "not reloaded" in caplog.text)
             assert served_serial(url, certs) == second
 
 

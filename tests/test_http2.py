@@ -167,6 +167,13 @@ def test_tls12_gets_h2_with_an_ephemeral_aead_cipher(tls_url: str, certs: Certs)
         old.wrap_socket(raw, server_hostname="127.0.0.1")
 
 
+def test_tls_without_http2_offers_only_http11_by_alpn(tmp_path: Path, certs: Certs) -> None:
+    settings = service_settings(tmp_path, http2=False)
+    with serve(create_app(settings), settings, ListenerTLS(certs.cert, certs.key)) as (url, _):
+        version, status, body = curl_status("--http2", f"{url}/healthz", ca=certs.ca_file)
+        assert (version, status) == ("1.1", 200), body
+
+
 def served_serial(url: str, certs: Certs) -> int:
     context = certs.client_context()
     with (

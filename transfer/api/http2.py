@@ -625,6 +625,8 @@ def serve_config(
     config.load()
     if tls is not None:
         config.ssl = tls.context  # after load(): uvicorn would otherwise build its own from file names
+        if not settings.http2:  # ALPN must not offer what the listener will not speak (RFC 7301 §3.2)
+            tls.context.set_alpn_protocols(["http/1.1"])
         # uvicorn's periodic hook on the server's loop (every ``timeout_notify`` seconds, measured on its 1 s tick):
         # a renewed certificate on disk is served without a signal
         config.callback_notify = tls.check_files

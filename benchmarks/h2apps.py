@@ -1,6 +1,7 @@
 """Null ASGI applications for the HTTP/2 server comparison of :mod:`benchmarks.http2`: ``sink`` reads a request
-body and answers its length, ``source`` answers 256 MiB of zeros in 1 MiB pieces. ``python -m benchmarks.h2apps
-APP PORT`` serves one on the listener of ``transfer serve`` (uvicorn + transfer.api.http2), cleartext."""
+body and answers its length, ``source`` answers 256 MiB (``?mib=N``: N MiB) of zeros in 1 MiB pieces.
+``python -m benchmarks.h2apps APP PORT`` serves one on the listener of ``transfer serve`` (uvicorn +
+transfer.api.http2), cleartext."""
 
 from __future__ import annotations
 
@@ -27,9 +28,13 @@ async def sink(scope: dict[str, Any], receive: Any, send: Any) -> None:
 async def source(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] != "http":
         return
-    headers = [(b"content-type", b"application/octet-stream"), (b"content-length", str(SOURCE_SIZE).encode())]
+    size = SOURCE_SIZE  # or ?mib=N
+    query = scope.get("query_string", b"").decode()
+    if query.startswith("mib=") and query[4:].isdigit():
+        size = int(query[4:]) << 20
+    headers = [(b"content-type", b"application/octet-stream"), (b"content-length", str(size).encode())]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
-    pieces = SOURCE_SIZE // len(_PIECE)
+    pieces = size // len(_PIECE)
     for n in range(pieces):
         await send({"type": "http.response.body", "body": _PIECE, "more_body": n < pieces - 1})
 

@@ -8,8 +8,12 @@
 3. The HTTP/2 server chosen: Hypercorn's h2 protocol on our listener (transfer.api.http2) vs Granian (Rust), each
    serving the same null ASGI application in cleartext (h2c): a 64 MiB upload, a 256 MiB download, and 4 KiB
    POSTs on 64 streams. This is the measurement behind the choice (README "TLS and HTTP/2").
+4. The page in Chromium (Debian's, driven by Playwright, trusting our certificate with
+   ``--ignore-certificate-errors``): 8 files of 2 MiB dropped at once, each a tus upload, over HTTP/2 (one
+   connection) vs HTTP/1.1 (the server with ``--no-http2``; Chromium opens at most 6 connections to one host, so
+   two uploads wait), on loopback and through a link emulator with a 40 ms round trip.
 
-Server on CPU 0, clients on CPU 1 (``taskset``), medians of ``reps`` runs.
+Server on CPU 0, clients on CPU 1 (``taskset``; Chromium, many processes, is not pinned), medians of ``reps`` runs.
 """
 
 from __future__ import annotations
@@ -67,12 +71,15 @@ def make_certs(workdir: Path) -> tuple[Path, Path, Path]:
 
 
 @contextmanager
-def tls_service(workdir: Path, cert: Path, key: Path, ca: Path) -> Iterator[tuple[str, int]]:
-    """``transfer serve`` with TLS on a free port, pinned to CPU 0; yields (https URL, pid)."""
+def tls_service(
+    workdir: Path, cert: Path, key: Path, ca: Path, extra: tuple[str, ...] = ()
+) -> Iterator[tuple[str, int]]:
+    """``transfer serve`` with TLS on a free port, pinned to CPU 0 (``extra``: more of its arguments); yields
+    (https URL, pid)."""
     port = free_port()
-    log = open(workdir / "serve-tls.log", "wb")  # noqa: SIM115
+    log = open(workdir / f"serve-tls-{port}.log", "wb")  # noqa: SIM115
     command = [sys.executable, "-m", "transfer", "serve", "--port", str(port), "--log-level", "warning"]
-    command += ["--data-dir", str(workdir / "data"), "--tls-cert", str(cert), "--tls-key", str(key)]
+    command += ["--data-dir", str(workdir / "data"), "--tls-cert", str(cert), "--tls-key", str(key), *extra]
     proc = subprocess.Popen([*pin(0), *command], stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
     url = f"https://127.0.0.1:{port}"
     try:
@@ -202,6 +209,110 @@ def run_small_uploads(requests: int, reps: int, workdir: Path) -> dict[str, Any]
     for name, values in rows.items():
         out[name] = {key: statistics.median(v[key] for v in values) for key in values[0]}
     out["ratio"] = round(out["h2 1x64 streams"]["rps"] / out["http/1.1 64 connections"]["rps"], 2)
+    return out
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [  # as tests/test_web_page.py starts it, trusting the benchmark's own certificate
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--ignore-certificate-errors",
+]
+BROWSER_RTTS = (0, 40)  # ms of round trip: loopback, and a wide-area path (benchmarks.network.LinkEmulator)
+
+
+def page_uploads(browser: Any, url: str, files: list[Path]) -> dict[str, Any]:
+    """The page at ``url`` uploading ``files`` at once (tus-js-client, one upload per file, as a user dropping
+    them): seconds until every row says done, and the connections and protocol Chromium used for them."""
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.set_default_timeout(300_000)
+        page.goto(url + "/")
+        page.wait_for_function("() => window.tus && window.tus.isSupported")
+        cdp = context.new_cdp_session(page)
+        seen: dict[Any, str] = {}
+
+        def on_response(params: dict[str, Any]) -> None:
+            response = params["response"]
+            if response["url"].startswith(url):
+                seen[response.get("connectionId")] = response.get("protocol", "?")
+
+        cdp.on("Network.responseReceived", on_response)
+        cdp.send("Network.enable")
+        start = time.perf_counter()
+        page.set_input_files("#pick", [str(f) for f in files])
+        page.wait_for_function(
+            f"() => [...document.querySelectorAll('#uploads li')].filter(li => li.dataset.state === 'done').length"
+            f" === {len(files)}"
+        )
+        seconds = time.perf_counter() - start
+        failed = page.evaluate("() => [...document.querySelectorAll('#uploads li.failed')].length")
+        if failed:
+            raise RuntimeError(f"{failed} uploads failed in the page")
+        return {"seconds": seconds, "connections": len(seen), "protocols": sorted(set(seen.values()))}
+    finally:
+        context.close()
+
+
+def run_browser_uploads(files: int, size: int, reps: int, workdir: Path) -> dict[str, Any] | None:
+    """The page uploading ``files`` files of ``size`` bytes at once in Chromium over TLS: HTTP/2 (one connection)
+    vs HTTP/1.1 (``--no-http2``: Chromium opens at most 6 connections to one host), at each round trip of
+    ``BROWSER_RTTS`` (through the link emulator of :mod:`benchmarks.network`, its rate cap set out of the way:
+    a cap per connection would hand HTTP/1.1's six connections six times the bandwidth), interleaved; medians
+    of ``reps``. None without Chromium (``make install``)."""
+    if not Path(CHROMIUM).is_file():
+        return None
+    from playwright.sync_api import sync_playwright
+
+    from benchmarks.network import LinkEmulator
+
+    ca, cert, key = make_certs(workdir)
+    paths = []
+    for n in range(files):
+        path = workdir / f"page-{n}.bin"
+        path.write_bytes(os.urandom(size))
+        paths.append(path)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    (workdir / "h1").mkdir(exist_ok=True)
+    with (
+        tls_service(workdir, cert, key, ca) as (h2_url, _),
+        tls_service(workdir / "h1", cert, key, ca, ("--no-http2",)) as (h1_url, _),
+        sync_playwright() as pw,
+    ):
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page_uploads(browser, h2_url, paths[:2])  # warm-up: both servers, the page's assets
+            page_uploads(browser, h1_url, paths[:2])
+            for _ in range(reps):
+                for rtt in BROWSER_RTTS:
+                    for name, url in (("h2", h2_url), ("http/1.1", h1_url)):
+                        port = int(url.rsplit(":", 1)[1])
+                        if rtt == 0:
+                            runs.setdefault(f"{name} {rtt}ms", []).append(page_uploads(browser, url, paths))
+                            continue
+                        with LinkEmulator(port, rate=10e9, latency=rtt / 2000) as link:
+                            via = f"https://127.0.0.1:{link.port}"
+                            runs.setdefault(f"{name} {rtt}ms", []).append(page_uploads(browser, via, paths))
+        finally:
+            browser.close()
+    out: dict[str, Any] = {"files": files, "size": size, "reps": reps}
+    for name, values in runs.items():
+        out[name] = {
+            "seconds": round(statistics.median(v["seconds"] for v in values), 3),
+            "runs": [round(v["seconds"], 3) for v in values],
+            "connections": max(v["connections"] for v in values),
+            "protocols": sorted({p for v in values for p in v["protocols"]}),
+        }
+    for rtt in BROWSER_RTTS:
+        h2, h1 = out[f"h2 {rtt}ms"]["seconds"], out[f"http/1.1 {rtt}ms"]["seconds"]
+        out[f"speedup {rtt}ms"] = round(h1 / h2, 2)
     return out
 
 
@@ -339,18 +450,43 @@ def http2_table(report: dict[str, Any]) -> str:
                     f"| {row['service_small_rps']:.0f} | {row['service_cpu_ms']} | {row['service_upload_MBps']} |"
                 )
         lines.append("")
+    browser = report.get("browser")
+    if browser:
+        lines += [
+            f"The page (tus-js-client) uploading {browser['files']} files of {browser['size'] >> 20} MiB at once in "
+            f"Chromium over TLS, until every row says done; medians of {browser['reps']}:",
+            "",
+            "| round trip | HTTP/2 s | connections | HTTP/1.1 s | connections | HTTP/1.1 / HTTP/2 |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for rtt in BROWSER_RTTS:
+            h2, h1 = browser[f"h2 {rtt}ms"], browser[f"http/1.1 {rtt}ms"]
+            lines.append(
+                f"| {rtt} ms | {h2['seconds']} | {h2['connections']} | {h1['seconds']} | {h1['connections']} "
+                f"| **{browser[f'speedup {rtt}ms']}x** |"
+            )
+        lines.append("")
     return "\n".join(lines)
 
 
-def run_http2(size: int, reps: int, workdir: Path, *, quick: bool = False) -> dict[str, Any]:
-    """Every row of this module (see the docstring)."""
+SECTIONS = ("small", "download", "choice", "browser")
+
+
+def run_http2(
+    size: int, reps: int, workdir: Path, *, quick: bool = False, only: tuple[str, ...] = SECTIONS
+) -> dict[str, Any]:
+    """Every row of this module (see the docstring), or the sections named in ``only``."""
     report: dict[str, Any] = {"cpu": host_cpu()}
-    (workdir / "h2-small").mkdir(exist_ok=True)
-    (workdir / "h2-download").mkdir(exist_ok=True)
-    (workdir / "h2-choice").mkdir(exist_ok=True)
-    report["small"] = run_small_uploads(2000 if quick else 6400, reps, workdir / "h2-small")
-    report["download"] = run_tls_download(size, reps, workdir / "h2-download")
-    report["choice"] = run_server_choice(reps, workdir / "h2-choice")
+    for section in only:
+        (workdir / f"h2-{section}").mkdir(exist_ok=True)
+    if "small" in only:
+        report["small"] = run_small_uploads(2000 if quick else 6400, reps, workdir / "h2-small")
+    if "download" in only:
+        report["download"] = run_tls_download(size, reps, workdir / "h2-download")
+    if "choice" in only:
+        report["choice"] = run_server_choice(reps, workdir / "h2-choice")
+    if "browser" in only:
+        report["browser"] = run_browser_uploads(8, 2 << 20, reps, workdir / "h2-browser")
     return report
 
 
@@ -359,9 +495,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=1024, help="download size in MiB (default 1024)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="these sections only")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="transfer-h2-") as tmp:
-        report = run_http2(args.size << 20, args.reps, Path(tmp), quick=args.quick)
+        report = run_http2(args.size << 20, args.reps, Path(tmp), quick=args.quick, only=tuple(args.only))
         print(f"Machine: {report['cpu']}\n", flush=True)  # before the clean-up of tens of thousands of objects
         print(http2_table(report), flush=True)
         print(json.dumps(report), file=sys.stderr, flush=True)

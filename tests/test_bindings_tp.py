@@ -44,6 +44,11 @@ def envelope(message_type: str, payload: dict[str, Any], **extra: Any) -> dict[s
     return doc
 
 
+def native_headers(doc: dict[str, Any]) -> dict[str, str]:
+    """What TP's native HTTP/2 mode (§9.2.3) sends with an envelope to POST /tp/v1."""
+    return {**TP_JSON, "tp-contract-ref": doc["protocol_contract_ref"], "tp-message-id": doc["message_id"]}
+
+
 @pytest.fixture
 def tp_server(tmp_path: Path) -> Iterator[LiveServer]:
     settings = Settings(
@@ -120,17 +125,15 @@ async def test_mount_inline_resource_and_upload_session(tp_server: LiveServer) -
         "checksum": "sha256:" + hashlib.sha256(data).hexdigest(),
     }
     async with httpx.AsyncClient() as http:
-        response = await http.post(
-            f"{live.url}/tp/v1", json=envelope("resource_mount", {"resource": resource}), headers=TP_JSON
-        )
+        doc = envelope("resource_mount", {"resource": resource})
+        response = await http.post(f"{live.url}/tp/v1", json=doc, headers=native_headers(doc))
         assert response.status_code == 200, response.text
         mounted = response.json()["payload"]
         assert mounted["resource_id"].startswith("f_") and base64.b64decode(mounted["resource"]["data"]) == data
 
         bad = {**resource, "checksum": "sha256:" + "0" * 64}
-        response = await http.post(
-            f"{live.url}/tp/v1", json=envelope("resource_mount", {"resource": bad}), headers=TP_JSON
-        )
+        doc = envelope("resource_mount", {"resource": bad})
+        response = await http.post(f"{live.url}/tp/v1", json=doc, headers=native_headers(doc))
         assert response.status_code == 422 and response.json()["code"] == "checksum_mismatch"
 
         spec = {"name": "big.bin", "size": 300_000, "chunk_size": 100_000}

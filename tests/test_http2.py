@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import socket
 import ssl
@@ -166,6 +167,13 @@ def test_tls12_gets_h2_with_an_ephemeral_aead_cipher(tls_url: str, certs: Certs)
         old.wrap_socket(raw, server_hostname="127.0.0.1")
 
 
+def test_tls_without_http2_offers_only_http11_by_alpn(tmp_path: Path, certs: Certs) -> None:
+    settings = service_settings(tmp_path, http2=False)
+    with serve(create_app(settings), settings, ListenerTLS(certs.cert, certs.key)) as (url, _):
+        version, status, body = curl_status("--http2", f"{url}/healthz", ca=certs.ca_file)
+        assert (version, status) == ("1.1", 200), body
+
+
 def served_serial(url: str, certs: Certs) -> int:
     context = certs.client_context()
     with (
@@ -199,6 +207,50 @@ def test_certificate_reload_keeps_open_connections(tmp_path: Path, certs: Certs)
             # a broken pair is refused and the renewed certificate stays
             key.write_bytes(issue(certs.ca, tmp_path, "other")[1].read_bytes())
             assert not tls.reload()
+            assert served_serial(url, certs) == second
+
+
+def replace_atomically(path: Path, content: bytes) -> None:
+    """What certbot and cert-manager do: write a new file beside it, rename it over the old one (a new inode)."""
+    staged = path.with_name(f".{path.name}.new")
+    staged.write_bytes(content)
+    os.replace(staged, path)
+
+
+def wait_for(what: str, done: Any, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.1)
+
+
+def test_certificate_files_replaced_on_disk_are_served_without_a_signal(
+    tmp_path: Path, certs: Certs, caplog: pytest.LogCaptureFixture
+) -> None:
+    cert, key = issue(certs.ca, tmp_path, "live")
+    settings = service_settings(tmp_path)
+    with serve(create_app(settings), settings, ListenerTLS(cert, key)) as (url, _):
+        first = served_serial(url, certs)
+        with httpx.Client(http2=True, verify=certs.client_context()) as client:
+            assert client.get(f"{url}/healthz").http_version == "HTTP/2"
+            # the certificate is renamed into place first, its key a moment later: the half-replaced pair in
+            # between is refused, the old certificate stays until the key follows
+            renewed_cert, renewed_key = issue(certs.ca, tmp_path, "renewed")
+            with caplog.at_level(logging.ERROR, logger="transfer.ops"):
+                replace_atomically(cert, renewed_cert.read_bytes())
+                wait_for("the half-replaced pair refused", lambda: "not reloaded" in caplog.text)
+            assert served_serial(url, certs) == first
+            replace_atomically(key, renewed_key.read_bytes())
+            wait_for("the renewed certificate served", lambda: served_serial(url, certs) != first)
+            second = served_serial(url, certs)
+            # the connection opened before goes on with its certificate
+            response = client.get(f"{url}/healthz")
+            assert response.status_code == 200 and response.http_version == "HTTP/2"
+            # a key of another certificate is refused; the renewed one stays
+            caplog.clear()
+            with caplog.at_level(logging.ERROR, logger="transfer.ops"):
+                replace_atomically(key, issue(certs.ca, tmp_path, "other")[1].read_bytes())
+                wait_for("the mismatched key refused", lambda: "not reloaded" in caplog.text)
             assert served_serial(url, certs) == second
 
 
@@ -328,6 +380,132 @@ def test_tp_http2_mode_and_long_poll(tls_url: str, certs: Certs) -> None:
         assert wrong_ref.status_code == 400 and "TP-Contract-Ref" in wrong_ref.json()["message"]
         polled = http.get("/tp/v1/messages", params={"receiver": "fay:agent-a", "wait": 0})
         assert polled.http_version == "HTTP/2" and polled.status_code == 200 and "messages" in polled.json()
+
+
+def tp_envelope(message_type: str, payload: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    doc = {
+        "tp_version": "1.0.0",
+        "message_id": str(uuid.uuid4()),
+        "message_type": message_type,
+        "sender": "fay:agent-a",
+        "receiver": "fay:agent-b",
+        "protocol_contract_ref": "contract-7",
+        "payload": payload,
+    }
+    doc.update(extra)
+    return doc
+
+
+def tp_headers(doc: dict[str, Any]) -> dict[str, str]:
+    """The request headers of TP's HTTP/2 mode (§9.2.3) for ``doc``."""
+    return {
+        "content-type": "application/tp+json",
+        "tp-contract-ref": doc.get("protocol_contract_ref", ""),
+        "tp-message-id": doc["message_id"],
+    }
+
+
+def test_tp_http2_mode_takes_exactly_what_9_2_3_says(tls_url: str, certs: Certs) -> None:
+    """``application/tp+json`` only, both headers required and equal to the envelope's fields; each violation
+    its own TPError code, nothing handled."""
+    with httpx.Client(http2=True, verify=certs.client_context(), base_url=tls_url, timeout=60) as http:
+        fid = http.post("/v1/files", params={"name": "k.bin"}, content=b"kept").json()["metadata"]["file_id"]
+
+        def unmount(drop: str = "", doc: dict[str, Any] | None = None, **headers: str) -> httpx.Response:
+            doc = doc or tp_envelope("resource_unmount", {"resource_id": fid})
+            sent = {k: v for k, v in {**tp_headers(doc), **headers}.items() if k != drop}
+            return http.post("/tp/v1", content=json.dumps(doc), headers=sent)
+
+        no_ref = tp_envelope("resource_unmount", {"resource_id": fid})
+        del no_ref["protocol_contract_ref"]
+        cases: list[tuple[httpx.Response, int, str]] = [
+            (unmount(**{"content-type": "application/json"}), 415, "unsupported_media_type"),
+            (unmount(drop="content-type"), 415, "unsupported_media_type"),
+            (unmount(drop="tp-contract-ref"), 400, "tp_contract_ref_missing"),
+            (unmount(drop="tp-message-id"), 400, "tp_message_id_missing"),
+            (unmount(**{"tp-contract-ref": "contract-8"}), 400, "tp_contract_ref_mismatch"),
+            (unmount(**{"tp-message-id": "another"}), 400, "tp_message_id_mismatch"),
+            (unmount(doc=no_ref, **{"tp-contract-ref": "contract-7"}), 400, "tp_contract_ref_mismatch"),
+        ]
+        for response, status, code in cases:
+            assert response.http_version == "HTTP/2"
+            assert (response.status_code, response.json()["code"]) == (status, code), response.text
+        assert cases[0][0].json()["detail"]["supported"] == ["application/tp+json"]
+        assert "related_message_id" in cases[4][0].json()  # a mismatch is told about the envelope it read
+        assert http.get(f"/v1/files/{fid}").status_code == 200  # none of them was handled
+        assert unmount().status_code == 200  # the exact form is
+        assert http.get(f"/v1/files/{fid}").status_code == 404
+
+
+def same_connection(*responses: httpx.Response) -> bool:
+    """Whether the responses came as distinct HTTP/2 streams of one connection (httpcore's response extensions)."""
+    streams = {id(r.extensions["network_stream"]) for r in responses}
+    ids = {r.extensions["stream_id"] for r in responses}
+    return all(r.http_version == "HTTP/2" for r in responses) and len(streams) == 1 and len(ids) == len(responses)
+
+
+@pytest.mark.anyio
+async def test_tp_asynchronous_handling_answers_202_over_h2_and_the_long_poll_delivers(
+    tls_url: str, certs: Certs
+) -> None:
+    """§9.2.3 "202 Accepted (asynchronous handling; later by callback or the next poll)": a resource_notify relayed
+    to its receiver answers 202 on its own stream while the receiver's long poll waits on another stream of the
+    same connection, and the poll returns the message."""
+    async with httpx.AsyncClient(http2=True, verify=certs.client_context(), base_url=tls_url, timeout=60) as http:
+        await http.get("/healthz")  # one connection, open before the two streams
+        poll = asyncio.create_task(http.get("/tp/v1/messages", params={"receiver": "fay:agent-b", "wait": 30}))
+        doc = tp_envelope("resource_notify", {"event": "ready", "note": "over h2"})
+        sent = await http.post("/tp/v1", content=json.dumps(doc), headers=tp_headers(doc))
+        assert (sent.status_code, sent.json()) == (202, {"correlation_id": doc["message_id"]}), sent.text
+        polled = await asyncio.wait_for(poll, 60)
+        assert polled.status_code == 200 and same_connection(sent, polled)
+        (message,) = polled.json()["messages"]
+        assert message["message_id"] == doc["message_id"] and message["payload"] == doc["payload"]
+
+
+@pytest.mark.anyio
+async def test_sse_progress_over_h2_arrives_while_the_upload_streams_on_the_same_connection(
+    tls_url: str, certs: Certs
+) -> None:
+    """The job's AIFlowy SSE stream and the upload it reports on share one HTTP/2 connection: the upload's body
+    waits until a progress event for its first part has arrived, so it can only finish if events are delivered
+    on one stream while the other is still sending."""
+    from httpx_sse import aconnect_sse
+
+    data = os.urandom(4 * MiB)
+    job = "h2-upload-0001"
+    midway = asyncio.Event()
+    events: list[tuple[str, dict[str, Any]]] = []
+    async with httpx.AsyncClient(http2=True, verify=certs.client_context(), base_url=tls_url, timeout=60) as http:
+        await http.get("/healthz")
+        opened: asyncio.Future[httpx.Response] = asyncio.get_running_loop().create_future()
+
+        async def follow() -> None:
+            async with aconnect_sse(http, "GET", f"/v1/jobs/{job}/events") as source:
+                opened.set_result(source.response)
+                async for sse in source.aiter_sse():
+                    doc = json.loads(sse.data)
+                    events.append((sse.event, doc))
+                    if doc["type"] == "progress" and 0 < doc["payload"]["bytes"] < len(data):
+                        midway.set()
+
+        async def body() -> Any:
+            yield data[:MiB]
+            await asyncio.wait_for(midway.wait(), 60)  # the SSE stream delivers while this one is open
+            for start in range(MiB, len(data), MiB):
+                yield data[start : start + MiB]
+
+        reader = asyncio.create_task(follow())
+        sse_response = await asyncio.wait_for(opened, 60)  # the job exists once its stream has answered
+        uploaded = await http.post(
+            "/v1/files", params={"name": "p.bin", "job_id": job, "size": len(data)}, content=body()
+        )
+        assert uploaded.status_code == 201 and uploaded.json()["checksum"] == sha(data), uploaded.text
+        await asyncio.wait_for(reader, 60)
+    assert same_connection(sse_response, uploaded)
+    assert events[-1][0] == "done" and "error" not in [name for name, _ in events]
+    result = next(doc for _, doc in events if doc["type"] == "tool_result")
+    assert result["payload"]["result"]["descriptor"]["checksum"] == sha(data)
 
 
 @pytest.mark.anyio

@@ -718,7 +718,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="this is the only process on its storage (TRANSFER_SINGLE_REPLICA): needed on an engine without "
         "atomic compare-and-set, e.g. Swift's s3api",
     )
-    p.add_argument("--tls-cert", help="PEM certificate chain: serve HTTPS (TRANSFER_TLS_CERT; reloaded on SIGHUP)")
+    p.add_argument(
+        "--tls-cert", help="PEM certificate chain: serve HTTPS (TRANSFER_TLS_CERT; reloaded on SIGHUP or file change)"
+    )
     p.add_argument("--tls-key", help="PEM private key of --tls-cert (TRANSFER_TLS_KEY)")
     p.add_argument(
         "--http2",

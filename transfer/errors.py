@@ -7,6 +7,10 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── InvalidRequest                 400 invalid_request
     │   ├── InvalidDescriptor          422 invalid_descriptor
     │   ├── InvalidEnvelope            400 invalid_envelope      (TP MessageEnvelope / aiflowy / JSON-RPC params)
+    │   │   ├── TPContractRefMissing   400 tp_contract_ref_missing  (TP native HTTP/2 mode, §9.2.3: header absent)
+    │   │   ├── TPContractRefMismatch  400 tp_contract_ref_mismatch (header ≠ the envelope's protocol_contract_ref)
+    │   │   ├── TPMessageIdMissing     400 tp_message_id_missing    (§9.2.3: header absent)
+    │   │   └── TPMessageIdMismatch    400 tp_message_id_mismatch   (header ≠ the envelope's message_id)
     │   ├── HopLimitExceeded           400 TP-TRA001             (trace_info.hop_count above 5)
     │   ├── TPVersionUnsupported       400 TP-TRA020
     │   ├── NoEnvelopeInPrompt         422 TP-TRA030             (no ```tp-envelope block in the text)
@@ -192,6 +196,22 @@ class LifetimeTooLong(InvalidRequest):
 
 class InvalidEnvelope(InvalidRequest):
     code = "invalid_envelope"
+
+
+class TPContractRefMissing(InvalidEnvelope):
+    code = "tp_contract_ref_missing"
+
+
+class TPContractRefMismatch(InvalidEnvelope):
+    code = "tp_contract_ref_mismatch"
+
+
+class TPMessageIdMissing(InvalidEnvelope):
+    code = "tp_message_id_missing"
+
+
+class TPMessageIdMismatch(InvalidEnvelope):
+    code = "tp_message_id_mismatch"
 
 
 class HopLimitExceeded(InvalidRequest):

@@ -77,7 +77,7 @@ class Settings(BaseSettings):
     # TLS and HTTP/2 (transfer.api.http2): one listener speaks HTTP/1.1 and HTTP/2 (ALPN h2 over TLS, prior knowledge
     # in cleartext)
     tls_cert: Path | None = Field(
-        default=None, description="PEM certificate chain: the listener speaks TLS (reloaded on SIGHUP)"
+        default=None, description="PEM certificate chain: the listener speaks TLS (reloaded on SIGHUP or file change)"
     )
     tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert")
     http2: bool = Field(

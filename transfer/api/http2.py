@@ -612,7 +612,8 @@ def serve_config(
     app: Any, settings: Settings, *, host: str, port: int, tls: ListenerTLS | None = None, **kwargs: Any
 ) -> uvicorn.Config:
     """The uvicorn configuration of ``transfer serve``: :func:`transfer.api.server.uvicorn_config`, plus HTTP/2 on
-    the same listener (unless ``settings.http2`` is off) and TLS when ``tls`` is given. Loaded already."""
+    the same listener (unless ``settings.http2`` is off) and TLS when ``tls`` is given (its files watched for a
+    renewed certificate). Loaded already."""
     from transfer.api.server import uvicorn_config
 
     config = uvicorn_config(app, settings, host=host, port=port, **kwargs)
@@ -624,4 +625,10 @@ def serve_config(
     config.load()
     if tls is not None:
         config.ssl = tls.context  # after load(): uvicorn would otherwise build its own from file names
+        if not settings.http2:  # ALPN must not offer what the listener will not speak (RFC 7301 §3.2)
+            tls.context.set_alpn_protocols(["http/1.1"])
+        # uvicorn's periodic hook on the server's loop (every ``timeout_notify`` seconds, measured on its 1 s tick):
+        # a renewed certificate on disk is served without a signal
+        config.callback_notify = tls.check_files
+        config.timeout_notify = 0
     return config

@@ -5,7 +5,11 @@ POST /tp/v1/resource/{mount|unmount|notify}   REST (§9.5): ``application/tp+jso
                                               ``TP-Contract-Ref`` checked when sent; 200 + envelope,
                                               202 + {"correlation_id"}, 4xx/5xx + TPError
 POST /tp/v1/{other area}/…                    valid TP paths this service does not serve: 501 TPError
-POST /tp/v1                                   native HTTP (§9.2.3): dispatched by ``message_type``
+POST /tp/v1                                   native HTTP/2 mode (§9.2.3): dispatched by ``message_type``;
+                                              exactly ``application/tp+json`` (415 otherwise), ``TP-Contract-Ref``
+                                              and ``TP-Message-Id`` required and equal to the envelope's
+                                              ``protocol_contract_ref`` / ``message_id`` (400
+                                              ``tp_{contract_ref,message_id}_{missing,mismatch}``)
 WS   /tp/v1                                   native WebSocket (§9.2.2): subprotocol ``tp.v1``, one envelope per
                                               text frame; replies, errors (``message_type: "error"``) and pushed
                                               ``resource_notify`` messages as frames
@@ -61,6 +65,10 @@ from transfer.errors import (
     NotFound,
     TooLarge,
     TooManySubscriptions,
+    TPContractRefMismatch,
+    TPContractRefMissing,
+    TPMessageIdMismatch,
+    TPMessageIdMissing,
     TPVersionUnsupported,
     TransferError,
     UnsupportedMediaType,
@@ -119,9 +127,17 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
 
     async def run_http(request: Request, expected_type: str | None) -> Response:
         related: str | None = None
+        # the native mode (§9.2.3) fixes the media type and requires both headers; REST (§9.5.2) checks them when sent
+        native = expected_type is None
         try:
             authorize = auth.authorizer(request.headers.get("authorization"))
-            check_media_type(request, JSON_TYPES)
+            check_media_type(request, (MEDIA_TYPE,) if native else JSON_TYPES)
+            ref = request.headers.get("tp-contract-ref")
+            mid = request.headers.get("tp-message-id")
+            if native and ref is None:
+                raise TPContractRefMissing("POST /tp/v1 needs TP-Contract-Ref: <contract_id> (TP §9.2.3)")
+            if native and mid is None:
+                raise TPMessageIdMissing("POST /tp/v1 needs TP-Message-Id: <message_id> (TP §9.2.3)")
             version = request.headers.get("tp-version")
             if version is not None and version.split(".")[0] != TP_VERSION.split(".")[0]:
                 raise TPVersionUnsupported(f"TP-Version {version!r} is not supported; this is {TP_VERSION}")
@@ -132,12 +148,15 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
                     f"this endpoint takes {expected_type}; the envelope is {envelope.message_type}",
                     expected=expected_type,
                 )
-            ref = request.headers.get("tp-contract-ref")
-            if ref is not None and envelope.contract_ref is not None and ref != envelope.contract_ref:
-                raise InvalidEnvelope("TP-Contract-Ref differs from the envelope's protocol_contract_ref")
-            mid = request.headers.get("tp-message-id")
+            if ref is not None and (envelope.contract_ref is not None or native) and ref != envelope.contract_ref:
+                raise TPContractRefMismatch(
+                    f"TP-Contract-Ref {ref!r} differs from the envelope's protocol_contract_ref "
+                    f"({envelope.contract_ref!r})"
+                    if envelope.contract_ref is not None
+                    else f"TP-Contract-Ref {ref!r} names a contract; the envelope has no protocol_contract_ref"
+                )
             if mid is not None and mid != envelope.message_id:
-                raise InvalidEnvelope("TP-Message-Id differs from the envelope's message_id")
+                raise TPMessageIdMismatch("TP-Message-Id differs from the envelope's message_id")
             binding = Binding.REST_API if expected_type is not None else Binding.NATIVE_TP
             outcome = await tp.handle(envelope, binding, authorize, base_url(request))
         except TransferError as exc:

@@ -10,6 +10,7 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -349,3 +350,13 @@ async def test_a_crash_between_any_two_steps_leaves_an_orphan_the_sweep_removes(
             assert [info.key async for info in service.storage.list(prefix)] == []
     finally:
         await service.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("curl"), reason="curl is needed by the benchmark")
+def test_the_benchmark_row_sends_no_body_the_second_time(tmp_path: Path) -> None:
+    from benchmarks.dedup_whole import dedup_whole_table, run_dedup_whole
+
+    result = run_dedup_whole(9 << 20, 1, tmp_path)  # above the default dedup_min_size (8 MiB)
+    assert result["full_bytes_sent"] == 9 << 20 and result["shared_bytes_sent"] == 0
+    assert "again, shared" in dedup_whole_table(result)

@@ -360,3 +360,23 @@ def test_the_benchmark_row_sends_no_body_the_second_time(tmp_path: Path) -> None
     result = run_dedup_whole(9 << 20, 1, tmp_path)  # above the default dedup_min_size (8 MiB)
     assert result["full_bytes_sent"] == 9 << 20 and result["shared_bytes_sent"] == 0
     assert "again, shared" in dedup_whole_table(result)
+
+
+@pytest.mark.anyio
+async def test_mcp_authorize_upload_of_stored_content_is_complete_without_a_put(stored: Stored) -> None:
+    from mcp import Client
+
+    from tests.test_mcp import _bearer, structured
+
+    data = os.urandom(MIN + 11)
+    assert (await asyncio.to_thread(upload, stored.url, "alice", data)).status_code == 201
+    declared = {"name": "mcp.bin", "checksum": checksum(data), "size": len(data)}
+    async with Client(_bearer(f"{stored.url}/mcp", TOKENS["alice"])) as client:
+        plan = structured(await client.call_tool("authorize_upload", declared))
+        assert plan["complete"] is True  # no PUT: the file is there
+        confirmed = structured(await client.call_tool("confirm_upload", {"authorization_id": plan["authorization_id"]}))
+    assert confirmed["checksum"] == checksum(data) and confirmed["name"] == "mcp.bin"
+    assert await asyncio.to_thread(download, stored.url, "alice", file_id(confirmed)) == data
+    async with Client(_bearer(f"{stored.url}/mcp", TOKENS["bob"])) as client:
+        bob = structured(await client.call_tool("authorize_upload", declared))
+    assert bob["complete"] is False and sorted(bob) == sorted(plan)  # bob must PUT, and learns nothing

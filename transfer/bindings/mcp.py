@@ -434,6 +434,10 @@ class McpBinding:
         max_size: Annotated[JsonInt | None, Field(gt=0, description="largest size to accept, bytes")] = None,
         start_ttl: Annotated[JsonInt | None, Field(gt=0, description="seconds to start the PUT (default 900)")] = None,
         expires_in: ExpiresIn = None,
+        checksum: Annotated[
+            str | None, Field(description="sha256:<hex> of the file, with size: content this key stores needs no PUT")
+        ] = None,
+        size: Annotated[JsonInt | None, Field(ge=0, description="the file's size in bytes, with checksum")] = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """An expiring signed URL to PUT a file to, outside MCP (SEP-2631 ``files/authorizeUpload``)."""
@@ -447,6 +451,8 @@ class McpBinding:
             max_size=max_size,
             start_ttl=start_ttl,
             expires_in=expires_in,
+            checksum=checksum,
+            size=size,
         )
 
     async def confirm_upload(

@@ -109,6 +109,11 @@ class UploadAuthorization(_Result):
     max_size: int = Field(description="largest body the URL accepts, in bytes")
     expires_at: str = Field(description="RFC 3339: confirm_upload answers until then")
     direct: bool = Field(description="the URL is the storage bucket's own: confirm_upload verifies and publishes")
+    complete: bool = Field(
+        default=False,
+        description="this key stores the declared content already: the file is published, no PUT is needed "
+        "(confirm_upload answers its descriptor)",
+    )
 
 
 class DownloadAuthorization(_Result):

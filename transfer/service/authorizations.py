@@ -30,6 +30,7 @@ from typing import Any
 
 from storage.base import Capability, SupportsPresignPut
 from transfer.core.auth import TRUSTED, Grant
+from transfer.core.content import checksum_hex
 from transfer.core.ids import is_id, new_id
 from transfer.core.mime import require_media_type
 from transfer.core.naming import sanitize_filename
@@ -159,10 +160,25 @@ class Authorizations:
         max_size: int | None = None,
         start_ttl: int | None = None,
         expires_in: int | None = None,
+        checksum: str | None = None,
+        size: int | None = None,
     ) -> dict[str, Any]:
         """A new upload authorisation for the caller's key: where to PUT, until when, how much; ``expires_in``:
-        the lifetime of the file it receives (refused now when above the key's or the service's maximum)."""
+        the lifetime of the file it receives (refused now when above the key's or the service's maximum).
+        ``checksum`` and ``size``: content the key already stores is published at once, sharing its bytes
+        (``complete``: no PUT is needed, ``confirm_upload`` answers its descriptor); other content, or another
+        key's, gets the same answer with ``complete`` false."""
         limit = self.files.settings.max_upload_size
+        declared = None
+        if checksum is not None or size is not None:
+            if checksum is None or size is None:
+                raise InvalidRequest("declare both checksum and size, or neither", field="checksum")
+            try:
+                declared = checksum_hex(checksum)
+            except ValueError as exc:
+                raise InvalidRequest(f"checksum: {exc}", field="checksum") from exc
+            if max_size is not None and size > max_size:
+                raise InvalidRequest("size is larger than max_size", field="size")
         if max_size is not None and not 0 < max_size <= limit:
             raise InvalidRequest(f"max_size must be between 1 and {limit}", limit=limit)
         if content_type is not None:
@@ -183,6 +199,24 @@ class Authorizations:
         )
         await self.open_grants.acquire(caller.owner, grant.id)  # TooManyAuthorizations at the key's limit
         await self.engine.create(_grant_key(grant.id), grant.to_json())
+        complete = False
+        if declared is not None and size is not None:
+            shared = await self.files.publisher.publish_known(
+                Candidate(
+                    owner=grant.owner,
+                    upload_id=grant.id,
+                    size=size,
+                    sha256=declared,
+                    head=b"",
+                    source="authorization (shared)",
+                    name=grant.name,
+                    content_type=content_type,
+                    lifetime=file_ttl,
+                )
+            )
+            if shared is not None:
+                await self._completed(grant.id, shared.id)
+                complete = True
         headers = {"content-type": content_type or "application/octet-stream"}
         if self.direct:
             # straight to the bucket: the service never sees the bytes; confirm_upload verifies and publishes
@@ -199,6 +233,7 @@ class Authorizations:
             "max_size": grant.max_size,
             "expires_at": _iso(grant.keep_until),
             "direct": self.direct,
+            "complete": complete,
         }
 
     @property

@@ -380,3 +380,22 @@ async def test_mcp_authorize_upload_of_stored_content_is_complete_without_a_put(
     async with Client(_bearer(f"{stored.url}/mcp", TOKENS["bob"])) as client:
         bob = structured(await client.call_tool("authorize_upload", declared))
     assert bob["complete"] is False and sorted(bob) == sorted(plan)  # bob must PUT, and learns nothing
+
+
+@pytest.mark.s3
+def test_direct_plan_declaring_stored_content_is_completed_at_once(
+    s3_env: dict[str, str], tmp_path: Path, clock: Clock
+) -> None:
+    data = os.urandom(MIN + 21)
+    plan_body = {"size": len(data), "checksum": checksum(data), "name": "direct.bin"}
+    with running(tenant_settings(tmp_path, storage="s3"), clock) as live:
+        assert upload(live.url, "alice", data).status_code == 201
+        plan = httpx.post(f"{live.url}/v1/direct", json=plan_body, headers=key("alice"))
+        assert plan.status_code == 201, plan.text
+        assert plan.json()["state"] == "completed" and plan.json()["file_id"]  # no part to send
+        done = httpx.post(f"{live.url}/v1/direct/{plan.json()['id']}/complete", json={}, headers=key("alice"))
+        assert done.status_code == 200 and file_id(done.json()) == plan.json()["file_id"]
+        assert download(live.url, "alice", plan.json()["file_id"]) == data
+        bob = httpx.post(f"{live.url}/v1/direct", json=plan_body, headers=key("bob"))
+        assert bob.status_code == 201 and bob.json()["state"] == "open" and bob.json()["file_id"] is None
+        assert sorted(bob.json()) == sorted(plan.json())

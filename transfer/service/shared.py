@@ -49,6 +49,7 @@ BLOB_PREFIX = "blobs/"
 # a reference younger than this may belong to a publication still in flight; a dead record or a blob this young
 # may be a removal or a move still in flight: the sweep leaves them alone
 SWEEP_GRACE = 3600.0
+S3_MAX_PART_COPY = 5 << 30  # the largest part UploadPartCopy takes (AWS)
 
 
 def scope_of(owner: str | None) -> str:
@@ -114,10 +115,13 @@ class SharedContent:
         self.composer = capable(storage, Capability.COMPOSE, SupportsCompose)
         # the origin's bytes move by a server-side compose when it goes first: without one, nothing is shared
         self.enabled = enabled and self.composer is not None
+        # S3's compose copies each source as one part (UploadPartCopy): at most 5 GiB, so larger files are not
+        # shared there (their origin could not move)
+        self.max_size = S3_MAX_PART_COPY if Capability.MULTIPART in storage.capabilities else None
 
     def tracks(self, size: int) -> bool:
         """Whether files of ``size`` bytes are shared at all (small ones cost more in records than they save)."""
-        return self.enabled and size >= self.min_size
+        return self.enabled and size >= self.min_size and (self.max_size is None or size <= self.max_size)
 
     async def _read(self, key: str) -> Content | None:
         try:

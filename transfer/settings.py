@@ -128,6 +128,14 @@ class Settings(BaseSettings):
     inline_threshold: int = Field(default=INLINE_THRESHOLD, ge=0, le=16 * INLINE_THRESHOLD)
     max_upload_size: int = Field(default=64 << 30, gt=0, description="largest original (decoded) size accepted")
     max_decode_ratio: float = Field(default=10_000.0, gt=1)
+    dedup: bool = Field(
+        default=True,
+        description="an upload declaring content (SHA-256 and size) its key already stores shares those bytes "
+        "and completes without its body (never across keys)",
+    )
+    dedup_min_size: int = Field(
+        default=8 << 20, ge=1, description="smallest file whose bytes are shared (smaller: always stored whole)"
+    )
     max_ranges: int = Field(default=64, ge=1, description="ranges per request after coalescing; more: 200 whole")
     buffer_size: int = Field(default=1 << 20, ge=16 << 10, le=64 << 20, description="bytes per read/write call")
     gzip_level: int = Field(default=1, ge=0, le=3, description="python-isal level for gzip/deflate")

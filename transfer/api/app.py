@@ -416,7 +416,12 @@ def rest_app(
             job.start(req.name, options.size if options.size is not None else req.declared_length)
             stream = counted(stream, job)
         try:
-            record = await service.upload(stream, req, with_body=None if form is None else form.apply)
+            # Expect: 100-continue (RFC 9110 §10.1.1): no byte is asked for until the service reads the body, so
+            # content the key already stores (declared by checksum + size) is answered 201 before the body
+            waits = request.headers.get("expect", "").lower() == "100-continue"
+            record = await service.upload(
+                stream, req, with_body=None if form is None else form.apply, body_pending=waits and form is None
+            )
             response.headers["location"] = f"/v1/files/{record.id}"
             descriptor = await service.describe(
                 record,

@@ -247,7 +247,11 @@ def add_resumable_routes(
         sha256 = sha256_from_digest_field(digest) if digest else None
         if sha256 is not None:
             metadata[DECLARED_SHA256] = normalize_checksum(sha256.hex()).removeprefix("sha256:")
-        upload = await tus.create(length=length, metadata=metadata, caller=caller)
+        # no byte is read yet when the request has no body or waits for 100 Continue: content the key already
+        # stores (Repr-Digest and a known length) completes the upload at once, its offset its length
+        sent = request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers
+        pending = not sent or request.headers.get("expect", "").lower() == "100-continue"
+        upload = await tus.create(length=length, metadata=metadata, caller=caller, body_pending=pending)
         location = f"{base_url(request)}{PREFIX}/{upload.id}"
         if interop_version(request.headers.get(INTEROP_HEADER)) == INTEROP_VERSION:
             # draft appendix "Draft Version Identification": only to a client of the same interop version
@@ -255,6 +259,8 @@ def add_resumable_routes(
                 request,
                 {"location": location, "upload-limit": limits(upload).header(), INTEROP_HEADER: str(INTEROP_VERSION)},
             )
+        if upload.file_id is not None:
+            return await answer(request, upload, upload.offset, status=201, location=location)
         upload, offset = await receive(upload.id, 0, complete, request, caller)
         return await answer(request, upload, offset, status=201, location=location)
 

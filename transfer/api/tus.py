@@ -135,6 +135,7 @@ def add_tus_routes(
             caller=caller_of(request),
             body=request_body(request) if with_upload else None,
             checksum=_parse_checksum(upload_checksum) if with_upload else None,
+            body_pending=request.headers.get("expect", "").lower() == "100-continue",
         )
         headers = {
             "location": f"{base_url(request)}{PREFIX}/{upload.id}",

@@ -461,7 +461,14 @@ class McpBinding:
         expires_in: ExpiresIn = None,
         size: Annotated[
             JsonInt | None,
-            Field(ge=0, description="the file's exact size, bytes: the PUT must send this Content-Length (signed)"),
+            Field(
+                ge=0,
+                description="the file's exact size, bytes: the PUT must send this Content-Length (signed); with "
+                "checksum, content this key stores needs no PUT",
+            ),
+        ] = None,
+        checksum: Annotated[
+            str | None, Field(description="sha256:<hex> of the file, with size: content this key stores needs no PUT")
         ] = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
@@ -478,6 +485,7 @@ class McpBinding:
             size=size,
             start_ttl=start_ttl,
             expires_in=expires_in,
+            checksum=checksum,
         )
 
     async def confirm_upload(

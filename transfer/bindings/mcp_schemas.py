@@ -110,6 +110,11 @@ class UploadAuthorization(_Result):
     size: int | None = Field(default=None, description="the exact body length the URL takes, when one was given")
     expires_at: str = Field(description="RFC 3339: confirm_upload answers until then")
     direct: bool = Field(description="the URL is the storage bucket's own: confirm_upload verifies and publishes")
+    complete: bool = Field(
+        default=False,
+        description="this key stores the declared content already: the file is published, no PUT is needed "
+        "(confirm_upload answers its descriptor)",
+    )
 
 
 class DownloadAuthorization(_Result):

@@ -30,6 +30,7 @@ from typing import Any
 
 from storage.base import Capability, SupportsPresignPut
 from transfer.core.auth import TRUSTED, Grant
+from transfer.core.content import checksum_hex
 from transfer.core.ids import is_id, new_id
 from transfer.core.mime import require_media_type
 from transfer.core.naming import sanitize_filename
@@ -162,6 +163,7 @@ class Authorizations:
         size: int | None = None,
         start_ttl: int | None = None,
         expires_in: int | None = None,
+        checksum: str | None = None,
     ) -> dict[str, Any]:
         """A new upload authorisation for the caller's key: where to PUT, until when, how much; ``expires_in``:
         the lifetime of the file it receives (refused now when above the key's or the service's maximum).
@@ -171,8 +173,22 @@ class Authorizations:
         stored), and the service's own PUT URL refuses it before reading; the size is reserved against the key's
         quota now (413 ``quota_exceeded`` before a URL is issued) while the PUT goes to the bucket. Without it,
         ``max_size`` bounds the body: checked as it streams through the service, or at ``confirm`` for a presigned
-        PUT (which removes an oversize object then)."""
+        PUT (which removes an oversize object then).
+
+        ``checksum`` and ``size``: content the key already stores is published at once, sharing its bytes
+        (``complete``: no PUT is needed, ``confirm_upload`` answers its descriptor); other content, or another
+        key's, gets the same answer with ``complete`` false."""
         limit = self.files.settings.max_upload_size
+        declared = None
+        if checksum is not None:
+            if size is None:
+                raise InvalidRequest("a checksum needs the file's exact size", field="size")
+            try:
+                declared = checksum_hex(checksum)
+            except ValueError as exc:
+                raise InvalidRequest(f"checksum: {exc}", field="checksum") from exc
+            if max_size is not None and size > max_size:
+                raise InvalidRequest("size is larger than max_size", field="size")
         if max_size is not None and not 0 < max_size <= limit:
             raise InvalidRequest(f"max_size must be between 1 and {limit}", limit=limit)
         if size is not None and not 0 <= size <= (max_size or limit):
@@ -202,6 +218,24 @@ class Authorizations:
         except BaseException:
             await self.files.lifecycle.release_after_failure(caller.owner, grant.id)
             raise
+        complete = False
+        if declared is not None and size is not None:
+            shared = await self.files.publisher.publish_known(
+                Candidate(
+                    owner=grant.owner,
+                    upload_id=grant.id,
+                    size=size,
+                    sha256=declared,
+                    head=b"",
+                    source="authorization (shared)",
+                    name=grant.name,
+                    content_type=content_type,
+                    lifetime=file_ttl,
+                )
+            )
+            if shared is not None:
+                await self._completed(grant.id, shared.id)
+                complete = True
         # Content-Length is signed but not among the fields to set: every HTTP client sends the length of what it
         # sends (browsers may not set it), and a body of any other length does not match the signature
         headers = {"content-type": content_type or "application/octet-stream"}
@@ -223,6 +257,7 @@ class Authorizations:
             "max_size": grant.max_size,
             "expires_at": _iso(grant.keep_until),
             "direct": self.direct,
+            "complete": complete,
         }
         if size is not None:
             out["size"] = size

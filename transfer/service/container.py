@@ -120,6 +120,7 @@ class Services:
             Sweep("tus", every, self.tus.sweep_expired),
             Sweep("abandoned_uploads", every, self.files.sweep_abandoned_uploads),
             Sweep("expired_files", every, self.files.sweep_expired_files),
+            Sweep("shared_content", every, self.files.sweep_shared_content),
             Sweep("jobs", every, self.journal.sweep_jobs),
             Sweep("authorizations", every, self.authorizations.sweep_authorizations),
             Sweep("direct_plans", every, self.direct.sweep_direct_plans),

@@ -289,6 +289,14 @@ class DirectService:
             description=description,
             file_ttl=file_ttl,
         )
+        if plan.checksum is not None:
+            # content the key already stores: published now, sharing those bytes; the plan is born completed (no
+            # part to send, ``complete`` answers the file) and holds no slot, reservation or multipart upload
+            shared = await self.publisher.publish_known(self._candidate(plan, checksum_hex(plan.checksum), b""))
+            if shared is not None:
+                plan = replace(plan, state=UploadState.COMPLETED.value, file_id=shared.id)
+                await self.engine.create(_plan_key(plan.id), plan.to_json())
+                return plan
         await self.open_plans.acquire(caller.owner, pid)  # TooManyPlans at the key's limit
         await self.lifecycle.admit(caller.owner, pid, size, plan.expires_at)
         try:

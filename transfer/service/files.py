@@ -45,7 +45,7 @@ from transfer.service.backends import load_signing_keys
 from transfer.service.documents import unindex_file
 from transfer.service.ingest import UploadRequest, ingest
 from transfer.service.lifecycle import Lifecycle
-from transfer.service.publisher import Publisher
+from transfer.service.publisher import Candidate, Publisher
 from transfer.service.records import FileRecord, is_file_id, new_file_id, object_key, owner_files_prefix
 from transfer.settings import MAX_URL_TTL, Settings
 
@@ -164,10 +164,14 @@ class FileService:
         *,
         source: str = "upload",
         with_body: Callable[[UploadRequest], UploadRequest] | None = None,
+        body_pending: bool = False,
     ) -> FileRecord:
         """Store a streamed body; published only once every declared digest and size has been verified (through
         the one publisher: its fields checked there, whichever door it came by). ``request`` is only read;
-        ``with_body``: how the fields that come with the body (a multipart form's) complete it, once it ended."""
+        ``with_body``: how the fields that come with the body (a multipart form's) complete it, once it ended.
+        ``body_pending``: no byte of the body has been asked for yet (``Expect: 100-continue``): if the request
+        declares ``checksum`` and ``size`` of content its key already stores, the file is published sharing those
+        bytes and the body is never read."""
         s = self.settings
         lifecycle = self.lifecycle
         self.publisher.check_fields(
@@ -175,6 +179,26 @@ class FileService:
         )
         lifetime = lifecycle.lifetime(request.owner, request.expires_in)  # refused before a byte is read
         file_id = new_file_id()
+        if body_pending and with_body is None and request.checksum and request.expected_size is not None:
+            known = await self.publisher.publish_known(
+                Candidate(
+                    owner=request.owner,
+                    upload_id=file_id,
+                    size=request.expected_size,
+                    sha256=request.checksum.removeprefix("sha256:"),
+                    head=b"",
+                    source=source + " (shared)",
+                    name=request.name,
+                    content_type=request.content_type,
+                    hinted_type=request.hinted_type,
+                    role=request.role,
+                    description=request.description,
+                    lifetime=lifetime,
+                    encoding=request.store_encoding,
+                )
+            )
+            if known is not None:
+                return known
         # the original size, if known before reading: declared, or the body's length when it comes uncoded
         declared = request.expected_size
         if declared is None and request.body_encoding is ContentEncoding.NONE:
@@ -260,6 +284,8 @@ class FileService:
         if not await self.lifecycle.removing(record):
             return False  # another delete or sweep is removing it right now
         key = object_key(record.id)
+        shared = self.publisher.shared
+        content: str | None = None
         try:
             with storage_errors_translated():
                 try:
@@ -268,6 +294,8 @@ class FileService:
                     gone = True
                 else:
                     gone = False
+                    # bytes other files share move out of its object first; a pointer's reference goes after
+                    content = await shared.before_removal(record)
                     await self.storage.delete(key)
         except BaseException:
             await self.lifecycle.not_removed(record)
@@ -275,9 +303,18 @@ class FileService:
         if gone:
             await self.lifecycle.not_removed(record)  # removed by someone else before our claim
             return False
+        if content is not None:
+            try:
+                await shared.after_removal(content, record)
+            except TransferError as exc:  # the file is gone: a reference left behind is the sweep's to drop
+                log.warning("%s is removed; its reference in %s stays until the sweep: %s", record.id, content, exc)
         await self.lifecycle.deleted(record)
         await unindex_file(self.storage, record)  # after: a crash in between leaves an entry the listing skips
         return True
+
+    async def sweep_shared_content(self) -> int:
+        """Reconcile the records of shared bytes with the files that exist (see :meth:`SharedContent.sweep`)."""
+        return await self.publisher.shared.sweep()
 
     async def sweep_expired_files(self) -> int:
         """Delete every file whose expiry has passed (service clock); returns how many. Reads the expiry index
@@ -446,7 +483,7 @@ class FileService:
         disposition = "attachment" if active else "inline"
         with storage_errors_translated():
             url = await storage.presign_get(
-                object_key(record.id),
+                await self.publisher.shared.location(record),
                 expires_in=ttl,
                 content_type=record.content_type,
                 content_encoding=http_coding(record.encoding),
@@ -460,7 +497,7 @@ class FileService:
         ``encoded_size`` stored bytes are read and no more than its ``size`` decoded, in a worker thread."""
         raw = bytearray()
         with storage_errors_translated():
-            async with await self.storage.open(object_key(record.id)) as reader:
+            async with await self.publisher.shared.open(record) as reader:
                 async for chunk in reader.read(0, min(record.encoded_size, reader.info.size)):
                     raw += chunk
         if record.encoding is ContentEncoding.NONE:
@@ -525,6 +562,9 @@ class FileService:
             if not caller.sees(record.owner):
                 raise NotFound(f"no file {file_id!r}")
             self._require_live(record)  # signed URLs too: they stop working at the file's expiry, as on delete
+            if record.content is not None:  # a file sharing bytes: they are where its content record says
+                await reader.close()
+                reader = await self.publisher.shared.open(record)
             rep = Representation(
                 length=reader.info.size,
                 content_type=record.content_type,

@@ -12,9 +12,15 @@
               charge            the owner's usage, at most once per upload id (a compare-and-set on the usage
                                 record decides; see ``UsageLedger.charge``)
               place             the door's own way of making the bytes the file (commit, rename, compose, copy)
-              index             the owner's file index
+              track             a file of ``dedup_min_size`` or more: its content record, so that a later upload of
+                                the same content by the same key can share its bytes (``transfer.service.shared``)
+            index             the owner's file index
             on failure          the charge this call made is taken back, unless the file is published anyway
                                 (another completion of the same upload placed it)
+
+        --> Publisher.publish_known(candidate)   a door that knows the SHA-256 and size before any byte came:
+              the key's content record takes a reference to the new file, then the file is published as above, a
+              pointer to those bytes (no body read); None when the key stores no such content (the door goes on)
 
 A door keeps what only it knows (how its bytes are gathered and placed, its upload record's state); it writes no
 FileRecord, sniffs nothing and charges nothing itself.
@@ -25,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 
@@ -45,6 +51,7 @@ from transfer.errors import (
 from transfer.service.documents import index_file
 from transfer.service.lifecycle import Lifecycle
 from transfer.service.records import FileRecord, object_key
+from transfer.service.shared import SharedContent
 from transfer.settings import Settings
 
 log = logging.getLogger("transfer.publisher")
@@ -85,6 +92,7 @@ class Candidate:
     encoded_sha256: str | None = None  # hex, of the stored bytes (None: the original's)
     republishable_until: float | None = None  # the upload may be completed twice (replicas) until then: charge once
     file_id: str | None = None  # None: derived from ``upload_id``
+    content: str | None = None  # the content record whose bytes it shares (set by ``publish_known`` only)
 
 
 class Publisher:
@@ -97,6 +105,7 @@ class Publisher:
         self.settings = settings
         self.lifecycle = lifecycle
         self.clock = clock
+        self.shared = SharedContent(storage, min_size=settings.dedup_min_size, enabled=settings.dedup, clock=clock)
 
     def check_fields(
         self,
@@ -160,6 +169,7 @@ class Publisher:
             description=c.description,
             owner=c.owner,
             expires_at=self.lifecycle.expiry(created, c.lifetime),
+            content=c.content,
         )
 
     async def publish(self, candidate: Candidate, place: Callable[[FileRecord], Awaitable[object]]) -> FileRecord:
@@ -191,8 +201,48 @@ class Publisher:
                         exc,
                     )
             raise
+        await self.shared.track(record)
         await index_file(self.storage, record)
         return record
+
+    async def publish_known(self, candidate: Candidate) -> FileRecord | None:
+        """Publish ``candidate`` without its bytes if its owner's scope already stores that content (SHA-256, size
+        and stored encoding): a new file of its own (id, name, lifetime, charge) sharing those bytes. None when the
+        scope stores no such content (or the size is below ``dedup_min_size``): the door reads the body as usual.
+        Only the owner's own scope is looked at, so the answer tells a key nothing about another key's files."""
+        c = candidate
+        file_id = c.file_id or file_id_for(c.upload_id)
+        found = await self.shared.reference(c.owner, c.sha256, c.size, c.encoding, file_id)
+        if found is None:
+            return None
+        key, content = found
+        shared = replace(
+            c,
+            file_id=file_id,
+            head=b"",
+            content_type=c.content_type or content.content_type,  # sniffed from these very bytes at first
+            encoding=content.encoding,
+            encoded_size=content.encoded_size,
+            encoded_sha256=content.encoded_sha256,
+            content=key,
+        )
+
+        async def place(record: FileRecord) -> None:
+            with storage_errors_translated():
+                async with self.storage.create(object_key(record.id), size_hint=0, if_absent=True) as writer:
+                    await writer.commit(record.to_metadata())
+
+        try:
+            return await self.publish(shared, place)
+        except BaseException:
+            try:
+                with storage_errors_translated():
+                    await self.storage.stat(object_key(file_id))
+            except NotFound:  # not published: its reference goes (only then: a file must never lose its bytes)
+                await self.shared.unreference(key, file_id)
+            except TransferError:
+                pass  # unknown: the reference stays, and the sweep drops it once the file is known to be missing
+            raise
 
     async def _placed(self, record: FileRecord) -> bool:
         """Whether the file of ``record`` (these bytes) is published, whoever placed it; False when unknown."""

@@ -58,6 +58,9 @@ class FileRecord:
     description: str | None = None
     owner: str | None = None  # the API key that stored it (None: stored in open mode); other keys get 404
     expires_at: datetime | None = None  # when it goes (service clock); None: kept until deleted
+    # a file sharing bytes another file of its key stored: the content record saying where they are (its own
+    # object has no body); None: its bytes are its object's (see transfer.service.shared)
+    content: str | None = None
 
     def to_metadata(self) -> dict[str, str]:
         """ASCII-only string metadata (fits S3 user metadata)."""
@@ -67,6 +70,8 @@ class FileRecord:
         doc["role"] = self.role.value if self.role else None
         doc["created_at"] = self.created_at.isoformat()
         doc["expires_at"] = None if self.expires_at is None else self.expires_at.isoformat()
+        if self.content is None:
+            del doc["content"]  # the records of files with bytes of their own stay as they were
         doc["v"] = RECORD_VERSION
         return {RECORD_KEY: json.dumps(doc, ensure_ascii=True, separators=(",", ":"))}
 

@@ -255,9 +255,12 @@ class TusService:
         concat: str = "",
         parts: list[str] | None = None,
         caller: Grant,
+        body_pending: bool = False,
     ) -> Upload:
         """A new upload owned by the caller's key; a final upload (concatenation) may only name the caller's own
-        partial uploads."""
+        partial uploads. ``body_pending``: no byte has come yet; if the metadata declares the SHA-256 (and the
+        length is known) of content the key already stores, the upload is finished at once, sharing those bytes
+        (its offset is its length: nothing is to be sent)."""
         owner = caller.owner
         if length is not None and length > self.settings.max_upload_size:
             raise TooLarge(f"Upload-Length exceeds Tus-Max-Size {self.settings.max_upload_size}")
@@ -303,7 +306,46 @@ class TusService:
             raise
         if concat == "final":
             upload = await self._finish(upload)
+        elif body_pending and not concat and length is not None and metadata.get(DECLARED_SHA256):
+            upload = await self._finish_known(upload)
         return upload
+
+    async def _finish_known(self, upload: Upload) -> Upload:
+        """Publish a just-created upload whose declared content its key already stores, without its bytes; the
+        upload as it was when the key stores no such content."""
+        declared = upload.metadata[DECLARED_SHA256].lower().removeprefix("sha256:")
+        if len(declared) != 64 or any(c not in "0123456789abcdef" for c in declared):
+            return upload  # not a SHA-256: the upload goes on, and its end reports the mismatch
+        content_type, hinted = upload.metadata.get("content_type"), upload.metadata.get("filetype")
+        async with self.engine.locks.hold(upload.id):
+            record = await self.publisher.publish_known(
+                Candidate(
+                    owner=upload.owner,
+                    upload_id=upload.id,
+                    size=upload.length or 0,
+                    sha256=declared,
+                    head=b"",
+                    source="tus (shared)",
+                    name=upload.metadata.get("filename") or upload.metadata.get("name"),
+                    content_type=content_type if content_type and is_media_type(content_type) else None,
+                    hinted_type=hinted if hinted and is_media_type(hinted) else None,
+                    lifetime=upload.file_ttl,
+                    republishable_until=upload.expires_at,
+                )
+            )
+            if record is None:
+                return upload
+            file_id = record.id
+
+            def finished(current: Upload) -> Upload | None:
+                if current.file_id == file_id:
+                    return None
+                return current.after(UploadEvent.COMPLETE, self.clock(), file_id=file_id)
+
+            done = await self._update(upload.id, finished)
+            await self.quota.release(upload.owner, upload.id)
+            self.engine.forget(upload.id)
+            return done
 
     async def create_from_request(
         self,
@@ -315,6 +357,7 @@ class TusService:
         caller: Grant,
         body: AsyncIterator[bytes] | None = None,
         checksum: tuple[str, bytes] | None = None,
+        body_pending: bool = False,
     ) -> tuple[Upload, int | None]:
         """tus creation as the headers ask (tus 1.0.0 §creation, §creation-defer-length, §concatenation,
         §creation-with-upload): exactly one of ``Upload-Length`` and ``Upload-Defer-Length: 1`` (neither for a
@@ -339,8 +382,15 @@ class TusService:
             if (length is None) == (not deferred):
                 raise InvalidRequest("send exactly one of Upload-Length and Upload-Defer-Length: 1")
         upload = await self.create(
-            length=length, metadata=parse_metadata(metadata), concat=kind, parts=parts, caller=caller
+            length=length,
+            metadata=parse_metadata(metadata),
+            concat=kind,
+            parts=parts,
+            caller=caller,
+            body_pending=body is None or body_pending,
         )
+        if upload.file_id is not None and not kind:
+            return upload, upload.offset  # content the key stores: finished without a byte (its offset is its length)
         if body is None or kind == "final":
             return upload, None
         upload, offset = await self.append(upload.id, 0, body, caller, checksum=checksum)

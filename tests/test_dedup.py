@@ -1,0 +1,401 @@
+"""Whole-file deduplication within one key: an upload that declares content (SHA-256 and size) its key already
+stores completes without its body (plain upload with ``Expect: 100-continue``, tus creation, IETF creation), as a
+file of its own sharing the bytes; deleting or expiring one file never takes bytes another still uses; another key
+learns nothing (it is asked for its body and answered the same way). Real servers on loopback, local and S3."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from devtools.s3server import s3_client
+from tests.conftest import Clock, LiveServer, running
+from transfer.core.auth import TRUSTED, new_token, token_hash
+from transfer.service.files import FileService
+from transfer.service.ingest import UploadRequest
+from transfer.service.records import object_key
+from transfer.service.shared import SWEEP_GRACE, content_key
+from transfer.settings import Settings
+
+TOKENS = {name: new_token() for name in ("alice", "bob", "root")}
+MIN = 64 << 10  # dedup_min_size of these tests: files this large share bytes
+TUS = {"tus-resumable": "1.0.0"}
+
+
+def key(name: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {TOKENS[name]}"}
+
+
+def tenant_settings(tmp_path: Path, **extra: Any) -> Settings:
+    keys = {
+        name: {"sha256": token_hash(t), "scopes": ["admin"] if name == "root" else ["upload", "read"]}
+        for name, t in TOKENS.items()
+    }
+    return Settings(
+        data_dir=tmp_path / "data",
+        signing_keys={"t": "0123456789abcdef0123"},
+        api_keys=keys,
+        dedup_min_size=MIN,
+        inline_threshold=1024,
+        **extra,
+    )
+
+
+class Stored:
+    """The server and a way to list what its backend holds (local directory or S3 bucket)."""
+
+    def __init__(self, live: LiveServer, bucket: tuple[Any, str] | None) -> None:
+        self.live = live
+        self.url = live.url
+        self.bucket = bucket
+
+    def keys(self) -> list[str]:
+        if self.bucket is None:
+            return [k for k in self.live.objects()]
+        endpoint, name = self.bucket
+        client = s3_client(endpoint)
+        return sorted(  # the service's objects are under data/ (their metadata under meta/)
+            item["Key"].removeprefix("data/")
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=name, Prefix="data/")
+            for item in page.get("Contents", [])
+        )
+
+    def under(self, prefix: str) -> list[str]:
+        return [k for k in self.keys() if k.startswith(prefix)]
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def stored(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Iterator[Stored]:
+    extra: dict[str, Any] = {}
+    bucket = None
+    if request.param == "s3":
+        request.getfixturevalue("s3_env")
+        extra = {"storage": "s3"}
+        bucket = (request.getfixturevalue("s3_endpoint"), request.getfixturevalue("s3_bucket"))
+    with running(tenant_settings(tmp_path, **extra), clock) as live:
+        yield Stored(live, bucket)
+
+
+def checksum(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def upload(url: str, who: str, data: bytes, **params: Any) -> httpx.Response:
+    """A plain upload that sends its body (no Expect)."""
+    query = {"checksum": checksum(data), "size": len(data), **params}
+    return httpx.post(f"{url}/v1/files", params=query, content=data, headers=key(who), timeout=60)
+
+
+def upload_expecting(url: str, who: str, data: bytes, query: str = "") -> tuple[int, dict[str, Any], bool]:
+    """A plain upload with ``Expect: 100-continue``, as curl sends large bodies: the body goes only after a
+    ``100 Continue``. Returns the final status, its JSON body and whether the body was sent."""
+    host, port = url.removeprefix("http://").split(":")
+    q = f"checksum={checksum(data)}&size={len(data)}&name=again.bin{query}"
+    head = (
+        f"POST /v1/files?{q} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {TOKENS[who]}\r\n"
+        f"Content-Type: application/octet-stream\r\nContent-Length: {len(data)}\r\nExpect: 100-continue\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=60) as s:
+        s.sendall(head.encode())
+        answer = _read_head(s)
+        sent = False
+        if answer.startswith(b"HTTP/1.1 100"):
+            s.sendall(data)
+            sent = True
+            answer = answer.partition(b"\r\n\r\n")[2] + b""
+            while b"\r\n\r\n" not in answer:
+                answer += s.recv(65536)
+        status_line, _, rest = answer.partition(b"\r\n")
+        fields, _, body = rest.partition(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":", 1)[1]) for line in fields.split(b"\r\n") if line.lower().startswith(b"content-length:")
+        )
+        while len(body) < length:
+            body += s.recv(65536)
+    return int(status_line.split()[1]), json.loads(body[:length]), sent
+
+
+def _read_head(s: socket.socket) -> bytes:
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = s.recv(65536)
+        assert chunk, "the server closed the connection without an answer"
+        answer += chunk
+    return answer
+
+
+def download(url: str, who: str, file_id: str) -> bytes:
+    """The file's bytes by its descriptor's signed URL (url mode: the files here are above the inline threshold)."""
+    described = descriptor_of(url, who, file_id)
+    assert described.status_code == 200, described.text
+    response = httpx.get(described.json()["url"], timeout=60)
+    assert response.status_code == 200, response.text
+    return response.content
+
+
+def descriptor_of(url: str, who: str, file_id: str) -> httpx.Response:
+    return httpx.get(f"{url}/v1/files/{file_id}", headers=key(who), timeout=60)
+
+
+def file_id(descriptor: dict[str, Any]) -> str:
+    return str(descriptor["metadata"]["file_id"])
+
+
+def used(url: str, who: str) -> int:
+    return int(httpx.get(f"{url}/v1/usage", headers=key(who), timeout=30).json()["bytes_used"])
+
+
+def test_plain_upload_of_stored_content_completes_before_its_body(stored: Stored) -> None:
+    data = os.urandom(MIN + 12_345)
+    first = upload(stored.url, "alice", data, name="first.bin")
+    assert first.status_code == 201, first.text
+    status, again, sent = upload_expecting(stored.url, "alice", data)
+    assert status == 201 and not sent  # answered before the 100 Continue: not one byte of the body was sent
+    assert file_id(again) != file_id(first.json())  # a file of its own
+    assert again["name"] == "again.bin" and again["checksum"] == checksum(data) and again["size"] == len(data)
+    assert download(stored.url, "alice", file_id(again)) == data
+    # one copy of the bytes: the new file is a record, its bytes the first file's
+    assert len(stored.under("content/")) == 1 and stored.under("blobs/") == []
+    # quota: each file counts its size (what the key sees), once
+    assert used(stored.url, "alice") == 2 * len(data)
+
+
+def test_another_key_learns_nothing_and_must_send_its_body(stored: Stored) -> None:
+    data = os.urandom(MIN + 999)
+    assert upload(stored.url, "alice", data).status_code == 201
+    status_alice, alice, sent_alice = upload_expecting(stored.url, "alice", data)
+    status_bob, bob, sent_bob = upload_expecting(stored.url, "bob", data)
+    assert not sent_alice and sent_bob  # bob is asked for his body, as for any content
+    assert status_alice == status_bob == 201
+    assert sorted(alice) == sorted(bob)  # the same descriptor fields, the same values but for id and URL
+
+    def same(d: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in d.items() if k not in ("url", "url_expires_at", "metadata")}
+
+    assert same(alice) == same(bob)
+    assert download(stored.url, "bob", file_id(bob)) == data
+    # bob's bytes are his own: neither file of alice's shares them, nor does a 404 tell him hers exist
+    assert descriptor_of(stored.url, "bob", file_id(alice)).status_code == 404
+    assert len(stored.under("content/")) == 2  # one record per key
+    # tus and the IETF door: bob's creation is an ordinary upload at offset 0
+    meta = f"sha256 {base64.b64encode(hashlib.sha256(data).hexdigest().encode()).decode()}"
+    created = httpx.post(
+        f"{stored.url}/tus/files",
+        headers={**TUS, **key("bob"), "upload-length": str(len(data) + 1), "upload-metadata": meta},
+    )
+    assert created.status_code == 201 and "upload-file-id" not in created.headers
+    head = httpx.head(created.headers["location"], headers={**TUS, **key("bob")})
+    assert head.headers["upload-offset"] == "0"
+
+
+def test_tus_creation_declaring_stored_content_is_complete_at_once(stored: Stored) -> None:
+    data = os.urandom(MIN * 2)
+    first = upload(stored.url, "alice", data)
+    assert first.status_code == 201
+    digest = hashlib.sha256(data).hexdigest()
+    meta = f"filename {base64.b64encode(b'tus.bin').decode()},sha256 {base64.b64encode(digest.encode()).decode()}"
+    created = httpx.post(
+        f"{stored.url}/tus/files",
+        headers={**TUS, **key("alice"), "upload-length": str(len(data)), "upload-metadata": meta},
+    )
+    assert created.status_code == 201, created.text
+    assert created.headers["upload-offset"] == str(len(data))  # Upload-Offset = Upload-Length: nothing to send
+    new_id = created.headers["upload-file-id"]
+    head = httpx.head(created.headers["location"], headers={**TUS, **key("alice")})
+    assert head.headers["upload-offset"] == str(len(data))
+    assert download(stored.url, "alice", new_id) == data
+    assert descriptor_of(stored.url, "alice", new_id).json()["name"] == "tus.bin"
+    # bob, declaring the same, is answered as for any content: offset 0, send the bytes
+    created_bob = httpx.post(
+        f"{stored.url}/tus/files",
+        headers={**TUS, **key("bob"), "upload-length": str(len(data)), "upload-metadata": meta},
+    )
+    assert created_bob.status_code == 201 and "upload-offset" not in created_bob.headers
+    assert "upload-file-id" not in created_bob.headers
+
+
+def test_ietf_creation_with_repr_digest_of_stored_content_is_complete_at_once(stored: Stored) -> None:
+    data = os.urandom(MIN + 7)
+    assert upload(stored.url, "alice", data).status_code == 201
+    digest = base64.b64encode(hashlib.sha256(data).digest()).decode()
+    headers = {"upload-length": str(len(data)), "upload-complete": "?0", "repr-digest": f"sha-256=:{digest}:"}
+    created = httpx.post(f"{stored.url}/v1/uploads", headers={**key("alice"), **headers})
+    assert created.status_code == 201, created.text
+    assert created.headers["upload-complete"] == "?1" and created.headers["upload-offset"] == str(len(data))
+    assert download(stored.url, "alice", file_id(created.json())) == data
+    bob = httpx.post(f"{stored.url}/v1/uploads", headers={**key("bob"), **headers})
+    assert bob.status_code == 201 and bob.headers["upload-complete"] == "?0"
+    assert bob.headers["upload-offset"] == "0"
+
+
+def test_deleting_or_expiring_one_file_keeps_the_bytes_the_others_use(stored: Stored, clock: Clock) -> None:
+    data = os.urandom(MIN + 1)
+    origin = file_id(upload(stored.url, "alice", data).json())
+    _, second, _ = upload_expecting(stored.url, "alice", data)
+    _, third, _ = upload_expecting(stored.url, "alice", data, "&expires_in=60")
+    # the first file goes first: its bytes move to a blob the others use
+    assert httpx.delete(f"{stored.url}/v1/files/{origin}", headers=key("root")).status_code == 204
+    assert descriptor_of(stored.url, "alice", origin).status_code == 404
+    assert len(stored.under("blobs/")) == 1 and stored.under(object_key(origin)) == []
+    assert download(stored.url, "alice", file_id(second)) == data
+    # the third expires and is swept (by a second service on the same backend, as a replica's sweep would)
+    clock.advance(3600 * 3)
+    assert asyncio.run(_sweep_files(stored.live.settings, clock)) == 1
+    assert descriptor_of(stored.url, "alice", file_id(third)).status_code in (404, 410)
+    assert download(stored.url, "alice", file_id(second)) == data
+    # the last one goes: its bytes, its content record and the blob with it
+    assert httpx.delete(f"{stored.url}/v1/files/{file_id(second)}", headers=key("root")).status_code == 204
+    assert stored.under("blobs/") == [] and stored.under("content/") == []
+    assert [k for k in stored.keys() if k.startswith("files/")] == []
+    assert used(stored.url, "alice") == 0
+
+
+async def _sweep_files(settings: Settings, clock: Clock) -> int:
+    service = FileService(_storage(settings), settings, clock=clock)
+    await service.start()
+    try:
+        return await service.sweep_expired_files()
+    finally:
+        await service.close()
+
+
+def _storage(settings: Settings) -> Any:
+    from transfer.service.backends import make_storage
+
+    return make_storage(settings)
+
+
+def test_a_body_that_does_not_match_its_declared_stored_content_is_refused(stored: Stored) -> None:
+    data = os.urandom(MIN + 3)
+    assert upload(stored.url, "alice", data).status_code == 201
+    other = os.urandom(len(data))
+    # the body is sent (no Expect): it must be the declared content, shared or not
+    refused = httpx.post(
+        f"{stored.url}/v1/files",
+        params={"checksum": checksum(data), "size": len(data)},
+        content=other,
+        headers=key("alice"),
+    )
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "checksum_mismatch"
+    # nothing was published: the content record still names the one file, and used is one file's size
+    assert used(stored.url, "alice") == len(data)
+    status, again, sent = upload_expecting(stored.url, "alice", data)
+    assert status == 201 and not sent and download(stored.url, "alice", file_id(again)) == data
+
+
+# --- the reference count under crashes: the steps called one at a time, then the sweep -----------------------
+
+
+async def _body(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def crash_settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
+    extra: dict[str, Any] = {}
+    if request.param == "s3":
+        request.getfixturevalue("s3_env")
+        extra = {"storage": "s3"}
+    return tenant_settings(tmp_path, **extra)
+
+
+@pytest.mark.anyio
+async def test_a_crash_between_any_two_steps_leaves_an_orphan_the_sweep_removes(
+    crash_settings: Settings, clock: Clock
+) -> None:
+    service = FileService(_storage(crash_settings), crash_settings, clock=clock)
+    await service.start()
+    try:
+        shared = service.publisher.shared
+        data = os.urandom(MIN + 5)
+        sha = hashlib.sha256(data).hexdigest()
+        request = UploadRequest(checksum="sha256:" + sha, expected_size=len(data), owner="alice")
+        origin = await service.upload(_body(data), request)
+        record_key = content_key("alice", sha, len(data), origin.encoding)
+        # crash 1: a reference taken for a file whose publication never happened
+        found = await shared.reference("alice", sha, len(data), origin.encoding, "f_" + "0" * 32)
+        assert found is not None
+        # crash 2: an origin's move composed its blob, then died before the compare-and-set
+        assert shared.composer is not None
+        await shared.composer.compose(
+            "blobs/" + record_key.removeprefix("content/") + "/dead", [object_key(origin.id)], {}
+        )
+        # a pointer file, published properly
+        pointer = await service.upload(_body(b""), request, body_pending=True)
+        assert pointer.content == record_key
+        # crash 3: the pointer's object deleted, its reference never released
+        await service.storage.delete(object_key(pointer.id))
+        # nothing is removed while it may still be in flight
+        assert await service.sweep_shared_content() == 0
+        # (a blob's age is the backend's modification time: the test's clock must be past it too)
+        clock.now = max(clock.now, time.time()) + SWEEP_GRACE + 1
+        assert await service.sweep_shared_content() == 3  # two references and the orphan blob
+        doc, _ = await shared.records.read(record_key)
+        assert list(doc["refs"]) == [origin.id]  # only the file that exists is left, its bytes where they were
+        # then the origin goes, the last one: bytes and record with it, nothing dangling or leaked
+        await service.delete(origin.id, TRUSTED)
+        for prefix in ("files/", "blobs/", "content/"):
+            assert [info.key async for info in service.storage.list(prefix)] == []
+    finally:
+        await service.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("curl"), reason="curl is needed by the benchmark")
+def test_the_benchmark_row_sends_no_body_the_second_time(tmp_path: Path) -> None:
+    from benchmarks.dedup_whole import dedup_whole_table, run_dedup_whole
+
+    result = run_dedup_whole(9 << 20, 1, tmp_path)  # above the default dedup_min_size (8 MiB)
+    assert result["full_bytes_sent"] == 9 << 20 and result["shared_bytes_sent"] == 0
+    assert "again, shared" in dedup_whole_table(result)
+
+
+@pytest.mark.anyio
+async def test_mcp_authorize_upload_of_stored_content_is_complete_without_a_put(stored: Stored) -> None:
+    from mcp import Client
+
+    from tests.test_mcp import _bearer, structured
+
+    data = os.urandom(MIN + 11)
+    assert (await asyncio.to_thread(upload, stored.url, "alice", data)).status_code == 201
+    declared = {"name": "mcp.bin", "checksum": checksum(data), "size": len(data)}
+    async with Client(_bearer(f"{stored.url}/mcp", TOKENS["alice"])) as client:
+        plan = structured(await client.call_tool("authorize_upload", declared))
+        assert plan["complete"] is True  # no PUT: the file is there
+        confirmed = structured(await client.call_tool("confirm_upload", {"authorization_id": plan["authorization_id"]}))
+    assert confirmed["checksum"] == checksum(data) and confirmed["name"] == "mcp.bin"
+    assert await asyncio.to_thread(download, stored.url, "alice", file_id(confirmed)) == data
+    async with Client(_bearer(f"{stored.url}/mcp", TOKENS["bob"])) as client:
+        bob = structured(await client.call_tool("authorize_upload", declared))
+    assert bob["complete"] is False and sorted(bob) == sorted(plan)  # bob must PUT, and learns nothing
+
+
+@pytest.mark.s3
+def test_direct_plan_declaring_stored_content_is_completed_at_once(
+    s3_env: dict[str, str], tmp_path: Path, clock: Clock
+) -> None:
+    data = os.urandom(MIN + 21)
+    plan_body = {"size": len(data), "checksum": checksum(data), "name": "direct.bin"}
+    with running(tenant_settings(tmp_path, storage="s3"), clock) as live:
+        assert upload(live.url, "alice", data).status_code == 201
+        plan = httpx.post(f"{live.url}/v1/direct", json=plan_body, headers=key("alice"))
+        assert plan.status_code == 201, plan.text
+        assert plan.json()["state"] == "completed" and plan.json()["file_id"]  # no part to send
+        done = httpx.post(f"{live.url}/v1/direct/{plan.json()['id']}/complete", json={}, headers=key("alice"))
+        assert done.status_code == 200 and file_id(done.json()) == plan.json()["file_id"]
+        assert download(live.url, "alice", plan.json()["file_id"]) == data
+        bob = httpx.post(f"{live.url}/v1/direct", json=plan_body, headers=key("bob"))
+        assert bob.status_code == 201 and bob.json()["state"] == "open" and bob.json()["file_id"] is None
+        assert sorted(bob.json()) == sorted(plan.json())

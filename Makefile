@@ -3,7 +3,8 @@
 #             package-lock.json; never copied into the repository) and, for the browser test, Debian's chromium; for the
 #             S3 tests on Ceph (devtools/ceph.py) Debian's Ceph monitor, OSD and RADOS Gateway, and HAProxy for the
 #             replica tests (tests/test_replicas_ceph.py): each only if missing, without recommends
-# test        lint + every test (the README's command)
+# test        lint + every test (the README's command), the test files spread over 3 worker processes (most tests
+#             wait on servers and sockets, so 3 beat 2 on two cores; a file stays on one worker, for its fixtures)
 # test-quick  lint + the tests not marked slow or s3: the inner loop while editing; run `make test` before pushing
 PYTHON ?= python3
 VENV := .venv
@@ -47,7 +48,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint install
-	$(BIN)/pytest
+	$(BIN)/pytest -n 3 --dist loadfile
 
 test-quick: lint install
 	$(BIN)/pytest -q -m "not slow and not s3"

@@ -194,7 +194,7 @@ def test_active_types_inline_only_when_configured(tmp_path: Path) -> None:
     settings = Settings(
         data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"}, serve_active_types_inline=True
     )
-    with running(settings) as live, httpx.Client(base_url=live.url) as client:
+    with running(settings) as live, httpx.Client(base_url=live.url, timeout=60) as client:
         d = client.post(
             "/v1/files",
             params={"inline": "false", "name": "x.svg"},

@@ -161,7 +161,7 @@ def small_limit_server(tmp_path: Any, clock: Any) -> Iterator[LiveServer]:
 
 
 def test_oversized_body_is_refused_early_and_leaves_nothing(small_limit_server: LiveServer) -> None:
-    with httpx.Client(base_url=small_limit_server.url) as http:
+    with httpx.Client(base_url=small_limit_server.url, timeout=60) as http:
         r = http.post("/v1/files", content=b"x" * (3 * MiB))
         assert_error(r, 413, "payload_too_large")
 
@@ -177,7 +177,7 @@ def test_oversized_body_is_refused_early_and_leaves_nothing(small_limit_server: 
 
 def test_decompression_bomb_gets_its_own_code(small_limit_server: LiveServer) -> None:
     bomb = gzip.compress(b"\0" * (64 * MiB))
-    with httpx.Client(base_url=small_limit_server.url) as http:
+    with httpx.Client(base_url=small_limit_server.url, timeout=60) as http:
         r = http.post("/v1/files", content=bomb, headers={"content-encoding": "gzip"})
     assert_error(r, 413, "decoded_size_limit")
     assert_nothing_stored(small_limit_server)

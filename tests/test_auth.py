@@ -38,7 +38,7 @@ def secured(tmp_path: Path, clock: Clock) -> Iterator[LiveServer]:
 
 def test_401_403_and_signed_urls(secured: LiveServer) -> None:
     data = os.urandom((1 << 20) + 1)
-    with httpx.Client(base_url=secured.url) as http:
+    with httpx.Client(base_url=secured.url, timeout=60) as http:
         assert_error(http.post("/v1/files", content=data), 401, "unauthenticated")
         assert "Bearer" in http.post("/v1/files", content=b"x").headers["www-authenticate"]
         assert_error(

@@ -83,7 +83,7 @@ async def test_a_bad_item_leaves_nothing_in_the_directory(server: LiveServer, tm
 
 
 def test_bundle_errors(server: LiveServer) -> None:
-    with httpx.Client(base_url=server.url) as http:
+    with httpx.Client(base_url=server.url, timeout=60) as http:
         assert_error(http.post("/v1/bundles", json={"items": []}), 400, "invalid_request")
         assert_error(
             http.post("/v1/bundles", json={"items": [{"role": "boss", "file_id": "f_x"}]}), 400, "invalid_request"

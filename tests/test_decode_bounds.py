@@ -245,7 +245,7 @@ def test_content_length_over_the_limit_is_refused_before_the_body(limited: LiveS
 
 
 def test_unknown_size_session_is_capped_by_the_size_limit(limited: LiveServer) -> None:
-    with httpx.Client(base_url=limited.url) as http:
+    with httpx.Client(base_url=limited.url, timeout=60) as http:
         sid = http.post("/v1/sessions", json={"chunk_size": 256 << 10}).json()["streaming_session_id"]
         chunk = os.urandom(256 << 10)
         headers = {"chunk-checksum": "xxh3-128:" + xxhash.xxh3_128_hexdigest(chunk)}
@@ -258,7 +258,7 @@ def test_unknown_size_session_is_capped_by_the_size_limit(limited: LiveServer) -
 def test_deferred_length_tus_upload_is_capped_by_the_size_limit(limited: LiveServer) -> None:
     """tus creation-defer-length: no length yet, but never past Tus-Max-Size, in one PATCH or in several."""
     tus = {"tus-resumable": "1.0.0", "content-type": "application/offset+octet-stream"}
-    with httpx.Client(base_url=limited.url) as http:
+    with httpx.Client(base_url=limited.url, timeout=60) as http:
         url = http.post("/tus/files", headers={**tus, "upload-defer-length": "1"}).headers["location"]
         r = http.patch(url, content=bytes(3 * MiB), headers={**tus, "upload-offset": "0"})
         assert_error(r, 413, "payload_too_large")

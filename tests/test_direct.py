@@ -341,7 +341,7 @@ async def test_expired_plans_are_swept(
 def test_local_storage_answers_unsupported(live_server: Any, tmp_path: Path) -> None:
     """Local storage cannot take parts directly: 409 direct_upload_unsupported, and the CLI's automatic choice
     falls back to the ordinary upload."""
-    with httpx.Client(base_url=live_server.url) as http:
+    with httpx.Client(base_url=live_server.url, timeout=60) as http:
         r = http.post("/v1/direct", json={"size": 100})
         assert r.status_code == 409 and r.json()["error"]["code"] == "direct_upload_unsupported"
         assert http.get("/v1/direct/d_" + "0" * 32).status_code == 409

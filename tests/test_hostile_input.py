@@ -82,7 +82,7 @@ def test_conditional_dates_with_huge_numerals_are_ignored(http: httpx.Client, st
 
 @pytest.mark.parametrize("value", [HUGE.encode(), SUPERSCRIPT_TWO, b"-1", b"1e3", b"0x10", b"1 2", b"1_000"])
 def test_tus_upload_length_and_offset_are_bounded(live_server: LiveServer, value: bytes) -> None:
-    with httpx.Client(base_url=live_server.url) as http:
+    with httpx.Client(base_url=live_server.url, timeout=60) as http:
         assert_error(http.post("/tus/files", headers={**V, "upload-length": value}), 400, "invalid_request")
         created = http.post("/tus/files", headers={**V, "upload-length": "10"})
         assert created.status_code == 201
@@ -145,7 +145,7 @@ BAD_TYPES = ["text/plain\r\nx-evil: 1", "text/html\n", "text/plain; charset=\x00
 
 @pytest.mark.parametrize("bad", BAD_TYPES)
 def test_tus_filetype_with_control_characters_is_refused_at_creation(live_server: LiveServer, bad: str) -> None:
-    with httpx.Client(base_url=live_server.url) as http:
+    with httpx.Client(base_url=live_server.url, timeout=60) as http:
         r = http.post(
             "/tus/files",
             headers={**V, "upload-length": "5", "upload-metadata": f"filename {b64('a.txt')},filetype {b64(bad)}"},
@@ -158,7 +158,7 @@ def test_tus_filetype_with_control_characters_is_refused_at_creation(live_server
 
 @pytest.mark.parametrize("bad", BAD_TYPES)
 def test_multipart_and_query_content_types_are_validated(live_server: LiveServer, bad: str) -> None:
-    with httpx.Client(base_url=live_server.url) as http:
+    with httpx.Client(base_url=live_server.url, timeout=60) as http:
         form = http.post("/v1/files", files={"file": ("a.txt", b"hello")}, data={"content_type": bad})
         assert_error(form, 400, "invalid_request")
         query = http.post("/v1/files", params={"content_type": bad}, content=b"hello")
@@ -226,7 +226,7 @@ async def test_listing_skips_a_bad_record_and_says_so(
 
 def test_tus_upload_length_below_the_offset_is_400(live_server: LiveServer) -> None:
     octets = {**V, "content-type": "application/offset+octet-stream"}
-    with httpx.Client(base_url=live_server.url) as http:
+    with httpx.Client(base_url=live_server.url, timeout=60) as http:
         url = http.post("/tus/files", headers={**V, "upload-defer-length": "1"}).headers["location"]
         assert http.patch(url, content=b"0123456789", headers={**octets, "upload-offset": "0"}).status_code == 204
         short = http.patch(url, content=b"ab", headers={**octets, "upload-offset": "10", "upload-length": "5"})

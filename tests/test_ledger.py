@@ -158,7 +158,7 @@ def test_usage_repair_reports_a_wrong_ledger_and_fixes_it_on_request(
     assert (
         "bob: recorded 5,700 bytes in 2 files, counted 5,000 bytes in 1 files: +700 bytes, +1 files (differs)" in lines
     )
-    with httpx.Client(base_url=life.url) as http:
+    with httpx.Client(base_url=life.url, timeout=60) as http:
         assert usage(http, "alice")["bytes_used"] == 3500  # a report changes nothing
 
     assert cli_main(["usage", "repair", "--fix", "--json", *admin]) == 0
@@ -172,7 +172,7 @@ def test_usage_repair_reports_a_wrong_ledger_and_fixes_it_on_request(
         "busy": False,
     }
     assert not result["keys"][""]["differs"] and not result["keys"]["admin"]["differs"]
-    with httpx.Client(base_url=life.url) as http:
+    with httpx.Client(base_url=life.url, timeout=60) as http:
         assert usage(http, "alice")["bytes_used"] == 6000 and usage(http, "alice")["files"] == 3
         assert usage(http, "bob")["bytes_used"] == 5000 and usage(http, "bob")["files"] == 1
         side_ledger(life, lambda ledger: ledger.unclaim("alice", ids[0]))

@@ -148,7 +148,7 @@ def test_file_expires_on_the_service_clock_and_the_sweep_removes_it(life: LiveSe
 
 def test_files_that_expire_later_stay_and_the_sweeper_runs_on_its_own(tmp_path: Path, clock: Clock) -> None:
     settings = life_settings(tmp_path).model_copy(update={"session_gc_interval": 0.05, "max_file_ttl": None})
-    with running(settings, clock) as live, httpx.Client(base_url=live.url) as http:
+    with running(settings, clock) as live, httpx.Client(base_url=live.url, timeout=60) as http:
         soon = http.post("/v1/files", params={"expires_in": 60}, content=b"s" * 2000, headers=key("bob")).json()
         later = http.post("/v1/files", params={"expires_in": 2 * 3600}, content=b"l" * 2000, headers=key("bob"))
         forever = http.post("/v1/files", content=b"f" * 2000, headers=key("bob")).json()
@@ -220,7 +220,7 @@ def test_lifetimes_are_asked_for_at_every_front_door_and_refused_above_the_maxim
 def test_defaults_apply_when_no_lifetime_is_asked(tmp_path: Path, clock: Clock) -> None:
     """The key's default, else the service's; a default is cut to the maximum, an explicit ask never is."""
     settings = life_settings(tmp_path).model_copy(update={"default_file_ttl": 40 * DAY, "max_file_ttl": 30 * DAY})
-    with running(settings, clock) as live, httpx.Client(base_url=live.url) as http:
+    with running(settings, clock) as live, httpx.Client(base_url=live.url, timeout=60) as http:
         a = http.post("/v1/files", content=b"a" * 2000, headers=key("alice")).json()
         assert a["metadata"]["expires_at"] == rfc3339(clock() + DAY)  # alice's default_file_ttl
         b = http.post("/v1/files", content=b"b" * 2000, headers=key("bob")).json()
@@ -373,7 +373,7 @@ def test_concurrent_uploads_cannot_overshoot_the_quota(local_life: LiveServer) -
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         codes = sorted(pool.map(upload, range(8)))
     assert codes == [201, 201, 201] + [413] * 5
-    with httpx.Client(base_url=local_life.url) as http:
+    with httpx.Client(base_url=local_life.url, timeout=60) as http:
         assert usage(http, "alice")["bytes_used"] == 3 * MiB
     assert len(stored_files(local_life)) == 3
 
@@ -395,7 +395,7 @@ def test_two_replicas_keep_one_exact_count(tmp_path: Path, clock: Clock) -> None
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             codes = sorted(pool.map(upload, range(10)))
         assert codes == [201] * 6 + [413] * 4
-        with httpx.Client(base_url=two.url) as http:
+        with httpx.Client(base_url=two.url, timeout=60) as http:
             assert usage(http, "alice")["bytes_used"] == 6 * 512 * KiB
             assert usage(http, "alice")["files"] == 6
 
@@ -404,7 +404,7 @@ def test_two_replicas_keep_one_exact_count(tmp_path: Path, clock: Clock) -> None
 
 
 def test_admin_endpoints_need_the_admin_scope(local_life: LiveServer) -> None:
-    with httpx.Client(base_url=local_life.url) as http:
+    with httpx.Client(base_url=local_life.url, timeout=60) as http:
         for method, path in (("GET", "/v1/admin/files"), ("GET", "/v1/admin/usage"), ("POST", "/v1/admin/gc")):
             assert_error(http.request(method, path, headers=key("alice")), 403, "insufficient_scope")
             assert_error(http.request(method, path), 401, "unauthenticated")
@@ -412,7 +412,7 @@ def test_admin_endpoints_need_the_admin_scope(local_life: LiveServer) -> None:
 
 
 def test_cli_files_usage_and_gc(local_life: LiveServer, clock: Clock, capsys: pytest.CaptureFixture[str]) -> None:
-    with httpx.Client(base_url=local_life.url) as http:
+    with httpx.Client(base_url=local_life.url, timeout=60) as http:
         ids = [
             http.post(
                 "/v1/files",

@@ -130,7 +130,7 @@ def test_deleting_while_paging_is_safe(tenants: LiveServer) -> None:
     ],
 )
 def test_malformed_paging_parameters_are_400s(tenants: LiveServer, params: dict[str, str], code: str) -> None:
-    with httpx.Client(base_url=tenants.url) as http:
+    with httpx.Client(base_url=tenants.url, timeout=60) as http:
         assert_error(http.get("/v1/files", params=params, headers=key("alice")), 400, code)
 
 

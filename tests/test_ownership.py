@@ -63,7 +63,7 @@ def assert_not_found(response: httpx.Response) -> None:
 
 def test_tus_uploads_belong_to_their_key(tenants: LiveServer) -> None:
     data = os.urandom(200_000)
-    with httpx.Client(base_url=tenants.url) as http:
+    with httpx.Client(base_url=tenants.url, timeout=60) as http:
         created = http.post("/tus/files", headers={**TUS, **key("alice"), "upload-length": str(len(data))})
         assert created.status_code == 201
         url = created.headers["location"]
@@ -88,7 +88,7 @@ def test_tus_uploads_belong_to_their_key(tenants: LiveServer) -> None:
 
 
 def test_tus_concatenation_takes_only_the_callers_partials(tenants: LiveServer) -> None:
-    with httpx.Client(base_url=tenants.url) as http:
+    with httpx.Client(base_url=tenants.url, timeout=60) as http:
         partial = http.post(
             "/tus/files",
             headers={**TUS, **key("alice"), "upload-length": "3", "upload-concat": "partial"},
@@ -114,7 +114,7 @@ def test_sessions_belong_to_their_key(tenants: LiveServer) -> None:
     chunk = 64 << 10
     data = os.urandom(chunk * 2)
     checksum = "sha256:" + hashlib.sha256(data).hexdigest()
-    with httpx.Client(base_url=tenants.url) as http:
+    with httpx.Client(base_url=tenants.url, timeout=60) as http:
         doc = http.post(
             "/v1/sessions",
             json={"name": "a.bin", "size": len(data), "chunk_size": chunk, "checksum": checksum},
@@ -138,7 +138,7 @@ def test_sessions_belong_to_their_key(tenants: LiveServer) -> None:
 
 
 def test_files_listing_and_bundles_are_per_key(tenants: LiveServer) -> None:
-    with httpx.Client(base_url=tenants.url) as http:
+    with httpx.Client(base_url=tenants.url, timeout=60) as http:
         a = http.post("/v1/files?name=a.txt", content=b"alice's", headers=key("alice")).json()
         b = http.post("/v1/files?name=b.txt", content=b"bob's", headers=key("bob")).json()
         a_id, b_id = a["metadata"]["file_id"], b["metadata"]["file_id"]
@@ -167,7 +167,7 @@ def test_files_listing_and_bundles_are_per_key(tenants: LiveServer) -> None:
 
 
 def test_tp_mount_needs_ownership_and_senders_are_the_keys_identities(tenants: LiveServer) -> None:
-    with httpx.Client(base_url=tenants.url) as http:
+    with httpx.Client(base_url=tenants.url, timeout=60) as http:
         a = http.post("/v1/files?name=a.bin", content=os.urandom(4096), headers=key("alice")).json()
         a_id = a["metadata"]["file_id"]
         as_bob = envelope("resource_mount", {"resource_id": a_id}, sender="fay:bob")

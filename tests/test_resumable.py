@@ -5,11 +5,13 @@ sent; an upload created by one protocol (IETF or tus) is finished by the other."
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import os
 import socket
 import time
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,11 @@ from transfer.api.informational import interim_head
 from transfer.core.auth import new_token, token_hash
 from transfer.core.resumable import boolean_item, integer_item, wants_sha256
 from transfer.settings import Settings
+
+# One-shot requests with a timeout that an S3 completion fits in on a loaded machine (httpx's default is 5 s).
+web = types.SimpleNamespace(
+    **{m: functools.partial(getattr(httpx, m), timeout=60) for m in ("get", "post", "patch", "put", "head", "delete")}
+)
 
 TOKENS = {name: new_token() for name in ("alice", "bob")}
 V8 = {"upload-draft-interop-version": "8"}
@@ -119,7 +126,7 @@ def offset_after_cut(live: LiveServer, location: str, who: str = "alice") -> int
     bound is a deadline for a broken server, not a timing assertion)."""
     deadline = time.monotonic() + 30
     while True:
-        head = httpx.head(location, headers=key(who))
+        head = web.head(location, headers=key(who))
         assert head.status_code == 204, head.text
         offset = int(head.headers["upload-offset"])
         if offset > 0 or time.monotonic() > deadline:
@@ -155,7 +162,7 @@ def test_creation_sends_104_then_resume_after_a_cut_keeps_what_arrived(live: Liv
 
     offset = offset_after_cut(live, location)
     assert 0 < offset <= half
-    head = httpx.head(location, headers=key("alice"))
+    head = web.head(location, headers=key("alice"))
     assert boolean_item(head.headers["upload-complete"]) is False
     assert integer_item(head.headers["upload-length"]) == len(data)
     assert head.headers["cache-control"] == "no-store"
@@ -181,7 +188,7 @@ def test_creation_sends_104_then_resume_after_a_cut_keeps_what_arrived(live: Liv
     descriptor = json.loads(final.body)
     assert descriptor["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
     assert descriptor["name"] == "cut.bin"
-    fetched = httpx.get(descriptor["url"])
+    fetched = web.get(descriptor["url"])
     assert hashlib.sha256(fetched.content).digest() == hashlib.sha256(data).digest()
 
 
@@ -198,34 +205,34 @@ def test_no_104_without_the_interop_version(live: LiveServer) -> None:
 
 def test_created_by_ietf_finished_by_tus(live: LiveServer) -> None:
     data = os.urandom(1 << 20)
-    created = httpx.post(
+    created = web.post(
         live.url + "/v1/uploads",
         headers={**key("alice"), "upload-complete": "?0", "upload-length": str(len(data))},
         content=data[:1000],
     )
     assert created.status_code == 201, created.text
     uid = created.headers["location"].rsplit("/", 1)[1]
-    head = httpx.head(f"{live.url}/tus/files/{uid}", headers={**key("alice"), **TUS})
+    head = web.head(f"{live.url}/tus/files/{uid}", headers={**key("alice"), **TUS})
     assert head.headers["upload-offset"] == "1000" and head.headers["upload-length"] == str(len(data))
-    patched = httpx.patch(
+    patched = web.patch(
         f"{live.url}/tus/files/{uid}",
         headers={**key("alice"), **TUS, "upload-offset": "1000", "content-type": "application/offset+octet-stream"},
         content=data[1000:],
     )
     assert patched.status_code == 204, patched.text
-    offset = httpx.head(created.headers["location"], headers=key("alice"))
+    offset = web.head(created.headers["location"], headers=key("alice"))
     assert boolean_item(offset.headers["upload-complete"]) is True
     assert offset.headers["repr-digest"] == sha256_field(data)
-    assert httpx.get(f"{live.url}/tus/files/{uid}", headers=key("alice")).content == data
+    assert web.get(f"{live.url}/tus/files/{uid}", headers=key("alice")).content == data
 
 
 def test_created_by_tus_finished_by_ietf(live: LiveServer) -> None:
     data = os.urandom(300_000)
-    created = httpx.post(
+    created = web.post(
         live.url + "/tus/files", headers={**key("alice"), **TUS, "upload-defer-length": "1"}, content=b""
     )
     uid = created.headers["location"].rsplit("/", 1)[1]
-    first = httpx.patch(
+    first = web.patch(
         f"{live.url}/v1/uploads/{uid}",
         headers={
             **key("alice"),
@@ -237,7 +244,7 @@ def test_created_by_tus_finished_by_ietf(live: LiveServer) -> None:
     )
     assert first.status_code == 204 and first.headers["upload-offset"] == "100000"
     # Upload-Complete: ?1 on a chunked body (no Content-Length): the length is what arrived
-    last = httpx.patch(
+    last = web.patch(
         f"{live.url}/v1/uploads/{uid}",
         headers={
             **key("alice"),
@@ -249,15 +256,15 @@ def test_created_by_tus_finished_by_ietf(live: LiveServer) -> None:
     )
     assert last.status_code == 201, last.text
     assert last.json()["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
-    tus_head = httpx.head(f"{live.url}/tus/files/{uid}", headers={**key("alice"), **TUS})
+    tus_head = web.head(f"{live.url}/tus/files/{uid}", headers={**key("alice"), **TUS})
     assert tus_head.headers["upload-offset"] == tus_head.headers["upload-length"] == str(len(data))
 
 
 def test_mismatching_offset_is_a_problem_with_both_offsets(live: LiveServer) -> None:
-    created = httpx.post(
+    created = web.post(
         live.url + "/v1/uploads", headers={**key("alice"), "upload-complete": "?0"}, content=b"0123456789"
     )
-    response = httpx.patch(
+    response = web.patch(
         created.headers["location"],
         headers={
             **key("alice"),
@@ -278,15 +285,15 @@ def test_mismatching_offset_is_a_problem_with_both_offsets(live: LiveServer) -> 
 
 
 def test_inconsistent_length_and_wrong_media_type(live: LiveServer) -> None:
-    response = httpx.post(
+    response = web.post(
         live.url + "/v1/uploads",
         headers={**key("alice"), "upload-complete": "?1", "upload-length": "99"},
         content=b"short",
     )
     assert response.status_code == 400
     assert response.json()["type"].endswith("#inconsistent-upload-length")
-    created = httpx.post(live.url + "/v1/uploads", headers={**key("alice"), "upload-complete": "?0"}, content=b"")
-    wrong = httpx.patch(
+    created = web.post(live.url + "/v1/uploads", headers={**key("alice"), "upload-complete": "?0"}, content=b"")
+    wrong = web.patch(
         created.headers["location"],
         headers={**key("alice"), "upload-offset": "0", "upload-complete": "?1", "content-type": "text/plain"},
         content=b"x",
@@ -294,12 +301,12 @@ def test_inconsistent_length_and_wrong_media_type(live: LiveServer) -> None:
     assert wrong.status_code == 415
     assert wrong.headers["content-type"] == "application/problem+json"
     # Upload-Complete that is not a Boolean is ignored (draft §4.1.2): this is then no resumable upload request
-    bad = httpx.post(live.url + "/v1/uploads", headers={**key("alice"), "upload-complete": "1"}, content=b"")
+    bad = web.post(live.url + "/v1/uploads", headers={**key("alice"), "upload-complete": "1"}, content=b"")
     assert bad.status_code == 400 and bad.json()["code"] == "invalid_request"
 
 
 def test_repr_digest_mismatch_publishes_nothing(live: LiveServer) -> None:
-    response = httpx.post(
+    response = web.post(
         live.url + "/v1/uploads",
         headers={**key("alice"), "upload-complete": "?1", "repr-digest": sha256_field(b"something else")},
         content=b"the real bytes",
@@ -307,18 +314,18 @@ def test_repr_digest_mismatch_publishes_nothing(live: LiveServer) -> None:
     assert response.status_code == 422, response.text
     assert response.json()["code"] == "checksum_mismatch"
     assert boolean_item(response.headers["upload-complete"]) is True  # processing failed: do not resume
-    assert httpx.get(live.url + "/v1/files", headers=key("alice")).json()["files"] == []
+    assert web.get(live.url + "/v1/files", headers=key("alice")).json()["files"] == []
 
 
 def test_want_repr_digest_and_cancel_and_owner(live: LiveServer) -> None:
     data = b"hello resumable"
-    done = httpx.post(
+    done = web.post(
         live.url + "/v1/uploads",
         headers={**key("alice"), "upload-complete": "?1", "want-repr-digest": "sha-256=10"},
         content=data,
     )
     assert done.status_code == 201 and done.headers["repr-digest"] == sha256_field(data)
-    created = httpx.post(live.url + "/v1/uploads", headers={**key("alice"), "upload-complete": "?0"}, content=b"ab")
+    created = web.post(live.url + "/v1/uploads", headers={**key("alice"), "upload-complete": "?0"}, content=b"ab")
     location = created.headers["location"]
     for method in ("HEAD", "DELETE", "PATCH"):  # another key learns nothing, changes nothing
         other = httpx.request(
@@ -332,9 +339,9 @@ def test_want_repr_digest_and_cancel_and_owner(live: LiveServer) -> None:
             },
         )
         assert other.status_code == 404, (method, other.text)
-    assert httpx.head(location).status_code == 401
-    assert httpx.delete(location, headers=key("alice")).status_code == 204
-    gone = httpx.head(location, headers=key("alice"))
+    assert web.head(location).status_code == 401
+    assert web.delete(location, headers=key("alice")).status_code == 204
+    gone = web.head(location, headers=key("alice"))
     assert gone.status_code == 410
 
 
@@ -377,11 +384,11 @@ def test_upload_complete_is_a_structured_field_boolean_with_parameters(live: Liv
     regression test), in creation and in append."""
     assert boolean_item(complete) is True
     data = os.urandom(3000)
-    created = httpx.post(
+    created = web.post(
         live.url + "/v1/uploads", headers={**key("alice"), "upload-complete": "?0;a=b"}, content=data[:1000]
     )
     assert created.status_code == 201, created.text
-    appended = httpx.patch(
+    appended = web.patch(
         created.headers["location"],
         headers={
             **key("alice"),

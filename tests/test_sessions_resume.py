@@ -175,7 +175,7 @@ def start_server(url: str, data_dir: Path) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120  # generous: a loaded 2-core machine takes seconds to import and start
     while time.monotonic() < deadline:
         try:
             if httpx.get(url + "/healthz").status_code == 200:

@@ -32,7 +32,7 @@ KEY = {"t": "0123456789abcdef0123"}
 
 
 def test_a_forged_host_is_refused_before_any_url_is_built(live_server: LiveServer) -> None:
-    with httpx.Client(base_url=live_server.url) as http:
+    with httpx.Client(base_url=live_server.url, timeout=60) as http:
         for host in ("evil.example", "evil.example:80", "127.0.0.1.evil.example", "[::1", "a:b:c", "x" * 400):
             r = http.post("/v1/files", content=b"hello", headers={"host": host, "content-type": "text/plain"})
             assert_error(r, 400, "host_not_allowed")
@@ -47,13 +47,13 @@ def test_a_forged_host_is_refused_before_any_url_is_built(live_server: LiveServe
 
 def test_allowed_hosts_and_public_url(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "d", signing_keys=KEY, allowed_hosts=["files.example", "[2001:db8::1]:80"])
-    with running(settings) as live, httpx.Client(base_url=live.url) as http:
+    with running(settings) as live, httpx.Client(base_url=live.url, timeout=60) as http:
         r = http.post("/v1/files", content=b"x", params={"inline": "false"}, headers={"host": "files.example:8443"})
         assert r.status_code == 201 and r.json()["url"].startswith("http://files.example:8443/v1/files/")
         assert_error(http.get("/healthz", headers={"host": "other.example"}), 400, "host_not_allowed")
         assert http.get("/healthz", headers={"host": "[2001:db8:0::1]:8080"}).status_code == 200
     public = Settings(data_dir=tmp_path / "p", signing_keys=KEY, public_url="https://transfer.example/")
-    with running(public) as live, httpx.Client(base_url=live.url) as http:
+    with running(public) as live, httpx.Client(base_url=live.url, timeout=60) as http:
         r = http.post("/v1/files", content=b"x", params={"inline": "false"}, headers={"host": "transfer.example"})
         assert r.status_code == 201 and r.json()["url"].startswith("https://transfer.example/v1/files/")
         assert_error(http.get("/healthz", headers={"host": "evil.example"}), 400, "host_not_allowed")
@@ -86,7 +86,7 @@ CROSS_SITE = [
 
 @pytest.mark.parametrize("browser", CROSS_SITE)
 def test_an_open_service_refuses_cross_site_browser_requests(live_server: LiveServer, browser: dict[str, str]) -> None:
-    with httpx.Client(base_url=live_server.url) as http:
+    with httpx.Client(base_url=live_server.url, timeout=60) as http:
         # what a page on another site can make a browser send without a CORS preflight
         r = http.post("/v1/files", content=b"<script>", headers={**browser, "content-type": "text/plain"})
         assert_error(r, 403, "cross_site_refused")
@@ -99,7 +99,7 @@ def test_an_open_service_refuses_cross_site_browser_requests(live_server: LiveSe
 
 
 def test_same_origin_and_non_browser_requests_pass(live_server: LiveServer) -> None:
-    with httpx.Client(base_url=live_server.url) as http:
+    with httpx.Client(base_url=live_server.url, timeout=60) as http:
         port = urlsplit(live_server.url).port
         for headers in (
             {},
@@ -113,7 +113,7 @@ def test_same_origin_and_non_browser_requests_pass(live_server: LiveServer) -> N
 
 def test_signed_reads_stay_cross_site_readable_and_cors_origins_are_allowed(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "d", signing_keys=KEY, cors_allow_origins=["https://app.example"])
-    with running(settings) as live, httpx.Client(base_url=live.url) as http:
+    with running(settings) as live, httpx.Client(base_url=live.url, timeout=60) as http:
         allowed = http.post("/v1/files", content=b"hi there", headers={"origin": "https://app.example"})
         assert allowed.status_code == 201 and allowed.headers["access-control-allow-origin"] == "https://app.example"
         d = http.post("/v1/files", content=b"hi there", params={"inline": "false"}).json()
@@ -204,7 +204,7 @@ def test_percent_encoded_variants_of_a_signed_path_are_refused(http: httpx.Clien
     query = url.query.decode()
     for variant in _variants(raw_path):
         assert variant != raw_path
-        with httpx.Client(base_url=live_server.url) as raw:
+        with httpx.Client(base_url=live_server.url, timeout=60) as raw:
             r = raw.get(httpx.URL(live_server.url + variant + "?" + query))
         assert r.status_code in (403, 404), (variant, r.status_code, r.text)
         assert r.content != b"secret"

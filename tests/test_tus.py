@@ -103,7 +103,7 @@ def test_interrupted_upload_is_resumed_by_a_new_client_process(server: LiveServe
 
 
 def test_protocol_core(server: LiveServer) -> None:
-    with httpx.Client(base_url=server.url) as http:
+    with httpx.Client(base_url=server.url, timeout=60) as http:
         opts = http.options("/tus/files")
         assert opts.status_code == 204 and opts.headers["tus-version"] == "1.0.0"
         assert set(opts.headers["tus-extension"].split(",")) >= {
@@ -155,7 +155,7 @@ def test_protocol_core(server: LiveServer) -> None:
 
 
 def test_creation_with_upload_defer_length_and_override(server: LiveServer) -> None:
-    with httpx.Client(base_url=server.url) as http:
+    with httpx.Client(base_url=server.url, timeout=60) as http:
         r = http.post(
             "/tus/files",
             content=b"first-",
@@ -184,7 +184,7 @@ def test_creation_with_upload_defer_length_and_override(server: LiveServer) -> N
 
 
 def test_termination_and_expiration(server: LiveServer, clock: Clock) -> None:
-    with httpx.Client(base_url=server.url) as http:
+    with httpx.Client(base_url=server.url, timeout=60) as http:
         url = http.post("/tus/files", headers={**V, "upload-length": "100"}).headers["location"]
         assert http.delete(url, headers=V).status_code == 204
         assert http.head(url, headers=V).status_code == 410

@@ -92,7 +92,7 @@ def tenants(tmp_path: Path) -> Iterator[LiveServer]:
 
 def test_upload_bytes_and_descriptor_belong_to_the_uploads_key(tenants: LiveServer) -> None:
     data = os.urandom(4096)
-    with httpx.Client(base_url=tenants.url) as http:
+    with httpx.Client(base_url=tenants.url, timeout=60) as http:
         url = tus_upload(http, data, **key("alice")).headers["location"]
         assert http.get(url, headers=key("alice")).content == data
         assert http.get(url, headers=key("admin")).content == data

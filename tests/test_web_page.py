@@ -48,7 +48,7 @@ def site(tmp_path: Path) -> Iterator[LiveServer]:
 
 
 def test_page_docs_and_redoc_load_nothing_from_elsewhere(site: LiveServer) -> None:
-    with httpx.Client(base_url=site.url) as http:
+    with httpx.Client(base_url=site.url, timeout=60) as http:
         page = http.get("/")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         assert "default-src 'none'" in page.headers["content-security-policy"]
@@ -73,7 +73,7 @@ def test_missing_libraries_are_named_not_blank(tmp_path: Path) -> None:
     settings = Settings(
         data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"}, web_assets_dir=tmp_path / "empty"
     )
-    with running(settings) as live, httpx.Client(base_url=live.url) as http:
+    with running(settings) as live, httpx.Client(base_url=live.url, timeout=60) as http:
         page = http.get("/")
         assert page.status_code == 200 and 'id="missing"' in page.text and "make install" in page.text
         for path in ("/docs", "/redoc", "/web/vendor/tus.min.js"):

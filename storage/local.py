@@ -65,6 +65,7 @@ and delete of that key takes too: the compare and the renames are one step for e
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import ctypes
 import ctypes.util
@@ -119,6 +120,10 @@ MAX_KNOWN_FOLDERS = 16384  # folders remembered as existing (others cost a faili
 SHARD_MARK = "@"  # starts a shard directory's name; no key segment can start with it
 SHARD_WIDTH = 4  # a name's first characters that choose its shard: ``f_`` + two hex digits for file ids
 LAYOUT_VERSION = "2"  # what the ``layout`` file of a data directory in this layout holds
+
+
+def _first(pair: tuple[str, Any]) -> str:
+    return pair[0]
 
 
 def shard_of(name: str) -> str:
@@ -321,6 +326,14 @@ class LocalWriter(WriterContext):
     @property
     def bytes_written(self) -> int:
         return self._written
+
+    @property
+    def flushes_earlier_writes(self) -> bool:
+        """True while a commit would be a ``syncfs`` group commit (the whole object in memory, durable): its first
+        ``syncfs`` starts after the commit does, and flushes every write finished before (see
+        :func:`storage.base.flushes_earlier_writes`)."""
+        s = self._storage
+        return self._file is None and self._durable and s.group_sync == "syncfs" and not self._done
 
     async def _open(self) -> AsyncFileIO:
         if self._file is None:
@@ -1217,14 +1230,22 @@ class LocalStorage(StagedFiles):
             elif kind == _SHARD:
                 try:
                     with os.scandir(item) as it:
-                        for e in it:
-                            name = e.name
-                            if name.startswith(first) and (after is None or name > after):
-                                heapq.heappush(heap, (name, _NAME, next(order), e))
+                        names = [(e.name, e) for e in it if e.name.startswith(first)]
                 except (FileNotFoundError, NotADirectoryError):
                     continue  # removed meanwhile
+                names.sort(key=_first)
+                if after is not None:
+                    names = names[bisect.bisect_right(names, after, key=_first) :]
+                if names:  # the shard's names, in order, enter the heap one at a time
+                    rest = iter(names)
+                    name, entry = next(rest)
+                    heapq.heappush(heap, (name, _NAME, next(order), (entry, rest)))
             else:
-                yield above + start, item
+                entry, rest = item
+                yield above + start, entry
+                following = next(rest, None)
+                if following is not None:
+                    heapq.heappush(heap, (following[0], _NAME, next(order), (following[1], rest)))
 
     async def list(
         self, prefix: str = "", *, start_after: str | None = None, limit: int | None = None, metadata: bool = False

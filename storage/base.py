@@ -139,6 +139,14 @@ class WriterContext:
             await self.abort()
 
 
+def flushes_earlier_writes(writer: object) -> bool:
+    """Whether ``writer``'s commit, once it has returned, has also made durable every write its storage finished
+    before the commit began (a flush of the whole filesystem: local storage's ``syncfs`` group commit of a small
+    object). A record written just before without a flush of its own is then as durable as the object, with no
+    second wait on the disk. False for a writer that does not say so (the safe answer)."""
+    return bool(getattr(writer, "flushes_earlier_writes", False))
+
+
 class ReaderContext:
     """``async with`` for readers: leaving the block closes."""
 

@@ -2,10 +2,19 @@
 
 Layout under ``root``::
 
-    objects/<key>        the bytes of a published object
+    objects/<folder>/@<shard>/<name>   the bytes of the published object ``<folder>/<name>``
     meta/<key>.json      its metadata (written and renamed into place before the bytes are)
     tmp/                 objects being written: ``<random>.part`` and ``<random>.meta``
     locks/<n>.lock       lock stripes: every publish and delete of a key holds its stripe's ``flock``
+    layout               the version of this layout (absent: every object lies at ``objects/<key>``)
+
+Objects are sharded by the first characters of their name (``files/f_3a9c…`` lies in ``files/@f_3a/``), so one
+folder of keys is a few hundred shard directories, none holding more than a slice of the keys, and a page of a
+listing reads the shard names and the shards it passes through, not every key of the folder: shards sort in the
+order of the keys they hold. ``@`` never starts a key segment, so a shard cannot be mistaken for a folder of keys.
+Data directories of the earlier flat layout are migrated at start-up (:meth:`LocalStorage.migrate_layout`), one
+hard link and one unlink per object, so an interrupted migration leaves each object under its old name, its new
+name or both (the same inode), and the next start finishes it.
 
 Publishing is temp file + fsync + rename (+ fsync of the directory), so a reader sees either nothing or the whole
 object with its metadata; a crash leaves only files under ``tmp/``, which :meth:`LocalStorage.start` sweeps.
@@ -63,6 +72,8 @@ import ctypes.util
 import errno
 import fcntl
 import hashlib
+import heapq
+import itertools
 import json
 import os
 import platform
@@ -98,11 +109,26 @@ T = TypeVar("T")
 _cleanups: set[asyncio.Future[None]] = set()  # clean-ups of opens that finished after their caller was cancelled
 
 _LIST_BATCH = 256  # keys stat-ed per thread hop while listing
+_FOLDER, _SHARD, _NAME = 0, 1, 2  # what a listing walk's heap holds: a sub-folder, a shard, a key
 _SEGMENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*")  # folders keys can be in
 
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 LOCK_STRIPES = 256  # lock files under locks/: keys share them by hash (a publish holds one for microseconds)
 MAX_SHARED_DIRECTORIES = 1024  # directories with a group-commit fsync; any others are fsynced alone
+MAX_KNOWN_FOLDERS = 16384  # folders remembered as existing (others cost a failing mkdir per publish)
+
+SHARD_MARK = "@"  # starts a shard directory's name; no key segment can start with it
+SHARD_WIDTH = 4  # a name's first characters that choose its shard: ``f_`` + two hex digits for file ids
+LAYOUT_VERSION = "2"  # what the ``layout`` file of a data directory in this layout holds
+
+
+def _first(pair: tuple[str, Any]) -> str:
+    return pair[0]
+
+
+def shard_of(name: str) -> str:
+    """The shard directory that holds the object named ``name`` (the last segment of its key)."""
+    return SHARD_MARK + name[:SHARD_WIDTH]
 
 
 def _translate(exc: OSError, what: str) -> StorageError:
@@ -300,6 +326,14 @@ class LocalWriter(WriterContext):
     @property
     def bytes_written(self) -> int:
         return self._written
+
+    @property
+    def flushes_earlier_writes(self) -> bool:
+        """True while a commit would be a ``syncfs`` group commit (the whole object in memory, durable): its first
+        ``syncfs`` starts after the commit does, and flushes every write finished before (see
+        :func:`storage.base.flushes_earlier_writes`)."""
+        s = self._storage
+        return self._file is None and self._durable and s.group_sync == "syncfs" and not self._done
 
     async def _open(self) -> AsyncFileIO:
         if self._file is None:
@@ -532,6 +566,26 @@ class LocalReader(ReaderContext):
             os.close(fd)  # closing a regular file's descriptor does not block
 
 
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        return None
+
+
+def _move_once(old: Path, new: Path) -> None:
+    """Give the file ``old`` the name ``new`` and drop ``old``, so that a crash at any point leaves it under at
+    least one of them (call holding the key's lock stripe). Found under both names, the later publish wins."""
+    try:
+        os.link(old, new)
+    except FileExistsError:
+        st_old, st_new = os.stat(old), os.stat(new)
+        if not os.path.samestat(st_old, st_new) and st_old.st_mtime_ns > st_new.st_mtime_ns:
+            os.replace(old, new)  # the flat name holds the later publish
+            return
+    os.remove(old)
+
+
 class _MetadataUnreadable(Exception):
     pass
 
@@ -738,7 +792,16 @@ class LocalStorage(StagedFiles):
         return frozenset(caps | ({Capability.WRITE_AT_OFFSET} if OFD_LOCKS else set()))
 
     def object_path(self, key: str) -> Path:
-        return self.objects_dir / validate_key(key)
+        """Where the bytes of ``key`` lie: in the shard of its name, inside its folder."""
+        folder, _, name = validate_key(key).rpartition("/")
+        return (self.objects_dir / folder if folder else self.objects_dir) / shard_of(name) / name
+
+    def key_of_path(self, path: Path) -> str:
+        """The key whose bytes lie at ``path`` (one of :meth:`object_path`'s answers)."""
+        *folders, shard, name = path.relative_to(self.objects_dir).parts
+        if shard != shard_of(name):
+            raise ValueError(f"{path} is not where an object's bytes lie")
+        return "/".join([*folders, name])
 
     def meta_path(self, key: str) -> Path:
         return self.meta_dir / f"{validate_key(key)}.json"
@@ -747,6 +810,7 @@ class LocalStorage(StagedFiles):
         def prepare() -> None:
             for d in (self.objects_dir, self.meta_dir, self.tmp_dir, self.locks_dir):
                 d.mkdir(parents=True, exist_ok=True)
+            self.migrate_layout()
             self.sweep_tmp()
             if not os.access(self.tmp_dir, os.W_OK):
                 raise BackendUnavailable(f"data directory {self.root} is not writable")
@@ -755,6 +819,52 @@ class LocalStorage(StagedFiles):
             await asyncio.to_thread(prepare)
         except OSError as exc:
             raise BackendUnavailable(f"cannot use data directory {self.root}: {exc.strerror or exc}") from exc
+
+    def migrate_layout(self) -> int:
+        """Move every object of the earlier flat layout (``objects/<key>``) into its shard, once per data
+        directory; returns how many were moved. Blocking: :meth:`start` runs it before anything is served.
+
+        Safe to interrupt anywhere (an error, kill -9, a power cut) and to run from several processes at once:
+        each object is hard-linked under its new name and then unlinked under its old one, holding its key's lock
+        stripe, so it always has at least one of them, and a run that finds both (the same inode) only unlinks the
+        old. The ``layout`` file is written, durably, only after every move is durable; until then every start
+        runs the migration again, which goes on from where the last one stopped. Processes sharing the directory
+        wait for the one migrating (an exclusive ``flock`` of ``locks/layout.lock``)."""
+        marker = self.root / "layout"
+        if _read_text(marker) == LAYOUT_VERSION:
+            return 0
+        fd = os.open(self.locks_dir / "layout.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _read_text(marker) == LAYOUT_VERSION:
+                return 0  # another process migrated while we waited
+            moved, touched = 0, set[Path]()
+            for folder, dirs, files in os.walk(self.objects_dir):
+                dirs[:] = [d for d in dirs if not d.startswith(SHARD_MARK)]  # shards hold migrated objects
+                for name in files:
+                    old = Path(folder) / name
+                    key = old.relative_to(self.objects_dir).as_posix()
+                    try:
+                        new = self.object_path(key)
+                    except StorageError:
+                        continue  # not an object's name: left where it is
+                    new.parent.mkdir(exist_ok=True)
+                    with self._key_locked(key):
+                        _move_once(old, new)
+                    touched.update((old.parent, new.parent, new.parent.parent))
+                    moved += 1
+            for changed in touched:  # every link and unlink durable before the marker says they are done
+                _fsync_dir(changed)
+            tmp = self.tmp_dir / f"layout.{secrets.token_hex(6)}"  # swept if a crash leaves it
+            with open(tmp, "w", encoding="ascii") as out:
+                out.write(LAYOUT_VERSION)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, marker)
+            _fsync_dir(self.root)
+            return moved
+        finally:
+            os.close(fd)
 
     def sweep_tmp(self) -> list[str]:
         """Remove the temp files no live writer holds (of this process or any other sharing the directory), and
@@ -877,7 +987,7 @@ class LocalStorage(StagedFiles):
         return self._info(key, record, st)
 
     def _key_of(self, final: Path) -> str:
-        return final.relative_to(self.objects_dir).as_posix()
+        return self.key_of_path(final)
 
     def _stage(
         self, tmp: Path, tmp_meta: Path, record: dict[str, Any], *, durable: bool, data_fd: int | None = None
@@ -913,7 +1023,7 @@ class LocalStorage(StagedFiles):
         for folder in (final.parent, final_meta.parent):
             if folder not in self._folders:  # made once: a mkdir per publish is two failing system calls
                 folder.mkdir(parents=True, exist_ok=True)
-                if len(self._folders) < MAX_SHARED_DIRECTORIES:
+                if len(self._folders) < MAX_KNOWN_FOLDERS:
                     self._folders.add(folder)
         with self._key_locked(key):  # the compare and the renames: one step for every process (microseconds)
             if if_match is not None:
@@ -1080,32 +1190,62 @@ class LocalStorage(StagedFiles):
     def _walk_dir(
         self, path: Path, above: str, first: str, start_after: str | None
     ) -> Iterator[tuple[str, os.DirEntry[str]]]:
-        try:
-            with os.scandir(path) as it:
-                entries = [
-                    (e.name + "/" if e.is_dir(follow_symlinks=False) else e.name, e)
-                    for e in it
-                    if e.name.startswith(first)
-                ]
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        entries.sort(key=lambda pair: pair[0])
+        """The keys of folder ``path`` (keys ``above + name``) whose names start with ``first``, in byte order.
+
+        The folder holds shards (files, by the first characters of their names) and sub-folders. Each is a range
+        of keys: a shard ``@p`` the names starting with ``p`` (or ``p`` itself), a sub-folder ``d`` the keys under
+        ``d/``. They go into one heap by where their range starts; a shard is read only when it reaches the top,
+        and its names go into the heap in turn, so the walk yields in byte order while reading only the shards and
+        folders a page reaches, and none whose keys all sort at or before ``start_after``."""
         if start_after is not None and not start_after.startswith(above):
             if start_after > above:
                 return  # every key here sorts before start_after
             start_after = None  # every key here sorts after it
-        if start_after is not None:
-            # skip, by bisection, every entry whose keys all sort at or before start_after
-            names = [name for name, _ in entries]
-            entries = entries[max(0, bisect.bisect_right(names, start_after[len(above) :]) - 1) :]
-        for name, entry in entries:
-            key = above + name
-            if name.endswith("/"):
-                if start_after is not None and start_after >= key and not start_after.startswith(key):
-                    continue  # every key in it sorts before start_after
-                yield from self._walk_dir(Path(entry.path), key, "", start_after)
-            elif start_after is None or key > start_after:
-                yield key, entry
+        after = None if start_after is None else start_after[len(above) :]
+        heap: list[tuple[str, int, int, Any]] = []  # (where the range starts, kind, tie-break, path or entry)
+        order = itertools.count()
+        try:
+            with os.scandir(path) as it:
+                for e in it:
+                    name = e.name
+                    if name.startswith(SHARD_MARK):
+                        start = name[1:]
+                        if not (start.startswith(first) or first.startswith(start)):
+                            continue  # holds no name starting with first
+                        if after is not None and start < after and not after.startswith(start):
+                            continue  # every name in it sorts before start_after
+                        heap.append((start, _SHARD, next(order), e.path))
+                    elif name.startswith(first) and e.is_dir(follow_symlinks=False):
+                        start = name + "/"
+                        if after is not None and after >= start and not after.startswith(start):
+                            continue  # every key in it sorts before start_after
+                        heap.append((start, _FOLDER, next(order), e.path))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        heapq.heapify(heap)
+        while heap:
+            start, kind, _, item = heapq.heappop(heap)
+            if kind == _FOLDER:
+                yield from self._walk_dir(Path(item), above + start, "", start_after)
+            elif kind == _SHARD:
+                try:
+                    with os.scandir(item) as it:
+                        names = [(e.name, e) for e in it if e.name.startswith(first)]
+                except (FileNotFoundError, NotADirectoryError):
+                    continue  # removed meanwhile
+                names.sort(key=_first)
+                if after is not None:
+                    names = names[bisect.bisect_right(names, after, key=_first) :]
+                if names:  # the shard's names, in order, enter the heap one at a time
+                    rest = iter(names)
+                    name, entry = next(rest)
+                    heapq.heappush(heap, (name, _NAME, next(order), (entry, rest)))
+            else:
+                entry, rest = item
+                yield above + start, entry
+                following = next(rest, None)
+                if following is not None:
+                    heapq.heappush(heap, (following[0], _NAME, next(order), (following[1], rest)))
 
     async def list(
         self, prefix: str = "", *, start_after: str | None = None, limit: int | None = None, metadata: bool = False

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from devtools.ceph import CephCluster, ceph_cluster, ceph_missing
 from devtools.s3server import S3Endpoint, s3_client, swift_s3_server
 from devtools.serving import serve_in_thread
+from tests.layout import stored_keys
 from transfer.hosts import create_app
 from transfer.settings import Settings
 
@@ -79,8 +80,8 @@ class LiveServer:
         return sorted(p.name for p in tmp.iterdir()) if tmp.exists() else []
 
     def objects(self) -> list[str]:
-        root = self.data_dir / "objects"
-        return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) if root.exists() else []
+        """The keys of every object stored (read from the data directory)."""
+        return stored_keys(self.data_dir)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from storage.base import Capability
+from tests.layout import object_file
 from transfer.service.container import Services
 from transfer.service.documents import write_document
 from transfer.service.journal import job_key
@@ -139,7 +140,7 @@ def test_stdio_mcp_runs_the_maintenance(tmp_path: Path) -> None:
         await services.files.close()
 
     asyncio.run(seed())
-    record = settings.data_dir / "objects" / job_key("stale-job-01", "state")
+    record = object_file(settings.data_dir, job_key("stale-job-01", "state"))
     assert record.exists()
     env = {
         **os.environ,

@@ -18,6 +18,7 @@ import pytest
 from httpx_sse import aconnect_sse
 
 from tests.conftest import LiveServer, running
+from tests.layout import stored_keys
 from transfer.core import aiflowy
 from transfer.core.auth import new_token, token_hash
 from transfer.settings import Settings
@@ -81,10 +82,8 @@ async def test_upload_on_one_server_is_followed_on_the_other(pair: tuple[LiveSer
             i for _n, i, d in events if d["type"] != "progress"
         ]
         assert (await http.get(f"{b.url}/v1/jobs/shared-job-01", headers=auth(OTHER))).status_code == 404
-    records = sorted(
-        str(p.relative_to(a.data_dir / "objects" / "jobs")) for p in (a.data_dir / "objects" / "jobs").rglob("*")
-    )
-    assert records == ["shared-job-01", "shared-job-01/progress", "shared-job-01/state"]  # bounded: two records
+    records = stored_keys(a.data_dir, "jobs/")
+    assert records == ["jobs/shared-job-01/progress", "jobs/shared-job-01/state"]  # bounded: two records
 
 
 async def test_import_job_ids_are_followed_anywhere_and_other_keys_get_404(

@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.serving import free_port
 from tests.conftest import in_progress_uploads, running, s3_client
+from tests.layout import stored_keys
 from transfer.api.observability import redact
 from transfer.core.auth import new_token, token_hash
 from transfer.settings import Settings
@@ -430,8 +431,7 @@ def test_sigterm_finishes_uploads_within_the_grace_and_aborts_the_rest(
     file_id = descriptor["metadata"]["file_id"]
     if s3 is None:
         assert sorted(p.name for p in (srv.data_dir / "tmp").iterdir()) == []  # no partial temporary file
-        root = srv.data_dir / "objects"
-        files = [str(p.relative_to(root)) for p in (root / "files").rglob("*") if p.is_file()]
+        files = stored_keys(srv.data_dir, "files/")
     else:
         assert in_progress_uploads(*s3) == []  # no orphaned multipart upload
         listing = s3_client(s3[0]).list_objects_v2(Bucket=s3[1]).get("Contents", [])

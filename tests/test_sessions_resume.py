@@ -20,6 +20,7 @@ import xxhash
 
 from benchmarks.e2e import free_port
 from tests.conftest import LiveServer
+from tests.layout import stored_keys
 from transfer.client import AsyncTransferClient, ResolveOptions, load_descriptor
 from transfer.core.content import FileContent
 
@@ -37,8 +38,7 @@ async def test_chunked_upload_then_streaming_and_url_resolve(live_server: LiveSe
         assert await client.resolve(d) == data
         file_id = (d.metadata or {})["file_id"]
         assert list((tmp_path / "state").iterdir()) == []  # nothing left to resume
-        sessions = [s for s in (live_server.data_dir / "objects" / "sessions").iterdir()]
-        sid = sessions[0].name
+        sid = stored_keys(live_server.data_dir, "sessions/")[0].split("/")[1]
         streaming = load_descriptor((await client.http.get(f"{live_server.url}/v1/sessions/{sid}/descriptor")).json())
         assert isinstance(streaming, FileContent) and streaming.type.value == "streaming"
         assert streaming.total_chunks == 10 and (streaming.metadata or {})["file_id"] == file_id

@@ -18,6 +18,7 @@ import xxhash
 
 from storage.base import Capability, SupportsWriteAtOffset, capable
 from storage.local import LocalStorage
+from tests.layout import object_file
 from transfer.core.auth import TRUSTED
 from transfer.errors import ChunkConflict, TransferError
 from transfer.service.container import Services
@@ -88,7 +89,7 @@ async def test_completion_publishes_the_staged_file_itself(tmp_path: Path) -> No
         inode = staged.stat().st_ino
         _, record = await services.sessions.complete(sid, TRUSTED)
         assert record.sha256 == hashlib.sha256(data).hexdigest() and record.size == len(data)
-        published = tmp_path / "data" / "objects" / "files" / record.id
+        published = object_file(tmp_path / "data", f"files/{record.id}")
         assert published.stat().st_ino == inode and published.read_bytes() == data
         assert not staged.exists() and not staged.parent.exists()
         assert not [info.key async for info in services.files.storage.list("sessions/") if "/chunks/" in info.key]

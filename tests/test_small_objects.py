@@ -22,6 +22,7 @@ import storage.local as local
 from devtools.serving import free_port
 from storage.errors import BackendUnavailable, ObjectChanged, ObjectExists
 from storage.local import LocalStorage, _DirectorySync
+from tests.layout import object_file, stored_keys
 from tests.storage_conformance import read_all
 from tests.test_sessions_resume import start_server
 from transfer.core.auth import ApiKey, Scope
@@ -69,7 +70,7 @@ async def test_small_objects_aborted_or_refused_leave_nothing(tmp_path: Path) ->
         await second.commit({})
     assert await read_all(store, "files/once") == b"first"
     assert list(store.tmp_dir.iterdir()) == []  # no temp bytes or temp metadata of the refused publish
-    assert not (store.objects_dir / "files" / "gone").exists()
+    assert not object_file(store.root, "files/gone").exists()
 
 
 async def test_many_concurrent_small_publishes(tmp_path: Path) -> None:
@@ -300,4 +301,42 @@ async def test_a_failed_syncfs_fails_every_object_of_its_commit(
     results = await asyncio.gather(*(put(f"files/f{i}") for i in range(10)), return_exceptions=True)
     assert all(isinstance(r, BackendUnavailable) for r in results), results
     assert list(store.tmp_dir.iterdir()) == []
-    assert not any((store.objects_dir / "files").glob("f*"))  # the first syncfs failed: nothing was renamed
+    assert stored_keys(store.root, "files/") == []  # the first syncfs failed: nothing was renamed
+
+
+@pytest.mark.skipif(local._syncfs is None, reason="syncfs(2) reporting write-back errors needs Linux 5.8 or later")
+async def test_a_small_upload_waits_on_the_disk_once_for_its_charge_and_its_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The usage charge is written (without a flush of its own) before the object's group commit, whose syncfs
+    calls flush both: one commit round of two syncfs per upload, not the charge's round and then the object's.
+    What is on disk when the upload returns holds both: the charge counts the file, the file reads back."""
+    from transfer.service.files import FileService
+    from transfer.service.ingest import UploadRequest
+    from transfer.settings import Settings
+
+    calls: list[int] = []
+    real = local._syncfs
+    assert real is not None
+
+    def counted(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"})
+    files = FileService(LocalStorage(settings.data_dir), settings)
+    await files.start()
+    try:
+        body = os.urandom(4096)
+
+        async def one() -> Any:
+            yield body
+
+        monkeypatch.setattr(local, "_syncfs", counted)
+        record = await files.upload(one(), UploadRequest(name="small.bin"))
+        assert len(calls) == 2  # one group commit: before, the charge's own took two more, first
+        usage = await files.lifecycle.usage.usage(None)
+        assert (usage.used, usage.files) == (4096, 1)
+        assert object_file(settings.data_dir, f"files/{record.id}").read_bytes() == body
+    finally:
+        await files.close()

@@ -17,6 +17,7 @@ import pytest
 from storage.base import Capability
 from storage.errors import BackendUnavailable
 from storage.local import LocalStorage
+from tests.layout import object_file
 from tests.storage_conformance import StorageConformance, put, read_all
 
 pytestmark = pytest.mark.anyio
@@ -80,7 +81,7 @@ async def test_unwritable_directory_is_a_clear_error(tmp_path: Path) -> None:
 
 async def test_published_file_is_the_object(storage: LocalStorage) -> None:
     await put(storage, "files/x", b"payload")
-    assert (storage.objects_dir / "files" / "x").read_bytes() == b"payload"
+    assert object_file(storage.root, "files/x").read_bytes() == b"payload"
     assert await read_all(storage, "files/x", 3) == b"load"
 
 
@@ -139,7 +140,7 @@ async def test_list_reads_only_the_prefix_folder_and_what_follows_start_after(
     monkeypatch.setattr("storage.local.os.scandir", spy)
     monkeypatch.setattr(storage, "_read_meta", lambda key: metas.append(key) or real_read_meta(key))
     assert [i.key async for i in storage.list("small/", start_after="small/a0", limit=2)] == ["small/b/0", "small/b/1"]
-    assert scanned == ["small", "small/b"] and metas == []
+    assert scanned == ["small", "small/b", "small/b/@0", "small/b/@1"] and metas == []  # not small/b's third shard
     assert [i.metadata async for i in storage.list("small/b/", limit=1, metadata=True)] == [{}]
     assert metas == ["small/b/0"]
 

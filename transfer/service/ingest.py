@@ -20,7 +20,7 @@ import hashlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
-from storage.base import ObjectWriter, Storage
+from storage.base import ObjectWriter, Storage, flushes_earlier_writes
 from transfer.core.content import ContentEncoding, FileRole, checksum_hex
 from transfer.core.encodings import DecodeLimits, make_decoder, make_encoder
 from transfer.errors import (
@@ -286,6 +286,8 @@ async def ingest(
             encoding=request.store_encoding,
             encoded_size=writer.bytes_written,
             encoded_sha256=digests.stored.hexdigest() if digests.stored is not None else original_hex,
+            # a small object's group commit flushes the charge written just before it: one wait on the disk
+            flushed_by_place=flushes_earlier_writes(writer),
         )
         record = await publisher.publish(candidate, lambda record: writer.commit(record.to_metadata()))
     return record, head if digests.size <= len(head) else None

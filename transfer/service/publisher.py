@@ -93,6 +93,9 @@ class Candidate:
     republishable_until: float | None = None  # the upload may be completed twice (replicas) until then: charge once
     file_id: str | None = None  # None: derived from ``upload_id``
     content: str | None = None  # the content record whose bytes it shares (set by ``publish_known`` only)
+    # placing the file flushes every earlier write to disk with it (storage.base.flushes_earlier_writes): the
+    # expiry entry and the charge need no flush of their own (one wait on the disk for all, still before the file)
+    flushed_by_place: bool = False
 
 
 class Publisher:
@@ -180,11 +183,16 @@ class Publisher:
         record = await self.record(candidate)
         if record.expires_at is not None:
             with storage_errors_translated():
-                async with self.storage.create(expiry_key(record.expires_at, record.id), size_hint=0) as writer:
+                key, durable = expiry_key(record.expires_at, record.id), not candidate.flushed_by_place
+                async with self.storage.create(key, size_hint=0, durable=durable) as writer:
                     await writer.commit({})
         until = candidate.republishable_until
         charged = await self.lifecycle.usage.charge(
-            record.owner, candidate.upload_id, record.size, until=None if until is None else until + CHARGE_MARK_GRACE
+            record.owner,
+            candidate.upload_id,
+            record.size,
+            until=None if until is None else until + CHARGE_MARK_GRACE,
+            durable=not candidate.flushed_by_place,
         )
         try:
             await place(record)

@@ -266,13 +266,23 @@ class UsageLedger:
         await self._update(owner, change)
 
     async def charge(
-        self, owner: str | None, rid: str, nbytes: int, *, until: float | None = None, files: int = 1
+        self,
+        owner: str | None,
+        rid: str,
+        nbytes: int,
+        *,
+        until: float | None = None,
+        files: int = 1,
+        durable: bool = True,
     ) -> bool:
         """Count a file of ``nbytes`` about to be published by upload ``rid`` (its reservation goes); QuotaExceeded
         if it does not fit, and then nothing changes. With ``until`` (a time past which no completion of ``rid``
         can come) the charge is made at most once per upload id: False when ``rid`` was counted already (by another
         replica or a concurrent completion), and then nothing changes either. ``files=0``: bytes stored that are
-        not a file (a bundle's record, a TP message waiting in a mailbox), counted in ``used`` only."""
+        not a file (a bundle's record, a TP message waiting in a mailbox), counted in ``used`` only.
+
+        ``durable=False``: the publish that follows flushes the charge to disk with itself
+        (``flushes_earlier_writes``), before it answers."""
         quota = self.quota_of(owner)
 
         def change(doc: _Doc) -> bool:
@@ -286,7 +296,7 @@ class UsageLedger:
                 doc.charged[rid] = (nbytes, until)
             return True
 
-        return await self._update(owner, change)
+        return await self._update(owner, change, durable=durable)
 
     async def withdraw(self, owner: str | None, rid: str, nbytes: int) -> None:
         """Take back the charge of upload ``rid`` whose publication failed (it may be charged again by a retry)."""

@@ -304,6 +304,17 @@ class UsageLedger:
 
         await self._update(owner, change)
 
+    async def count_bytes(self, owner: str | None, nbytes: int) -> None:
+        """Count ``nbytes`` about to be stored for ``owner`` that are no file (chunks kept for later versions):
+        QuotaExceeded, and nothing changes, when they do not fit beside its files and reservations."""
+        quota = self.quota_of(owner)
+
+        def change(doc: _Doc) -> None:
+            doc.usage(quota).require_room(nbytes)
+            doc.used += nbytes
+
+        await self._update(owner, change)
+
     async def claim_removal(self, owner: str | None, file_id: str, nbytes: int) -> bool:
         """Claim the removal of ``file_id`` (``nbytes`` counted): True for the one caller whose compare-and-set
         round put the claim in the record, False while another caller's claim holds. A claim holds until
@@ -320,13 +331,14 @@ class UsageLedger:
         # or gone, as always); what must survive a crash is the refund, and that write is durable
         return await self._update(owner, change, durable=False)
 
-    async def removed(self, owner: str | None, file_id: str, nbytes: int) -> None:
-        """The claimer of ``file_id`` removed it: the claim goes and its bytes leave the count, in one write."""
+    async def removed(self, owner: str | None, file_id: str, nbytes: int, files: int = 1) -> None:
+        """The claimer of ``file_id`` removed it: the claim goes and its bytes leave the count, in one write
+        (``files=0``: what was removed is not a file, a stored chunk)."""
 
         def change(doc: _Doc) -> None:
             doc.removals.pop(file_id, None)
             doc.used = max(0, doc.used - nbytes)
-            doc.files = max(0, doc.files - 1)
+            doc.files = max(0, doc.files - files)
 
         await self._update(owner, change)
 

@@ -6,8 +6,11 @@ chunks it lacks."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from benchmarks.e2e import service
 from tests.conftest import Clock, LiveServer, running
 from transfer.client.dedup import ChunkCache, cut_file, offer, resolve_with_cache, upload_deduplicated
 from transfer.core.auth import token_hash
@@ -211,3 +215,41 @@ async def test_a_resolver_with_a_cache_fetches_only_the_chunks_it_lacks(server: 
     assert (tmp_path / "out1.bin").read_bytes() == v1 and (tmp_path / "out2.bin").read_bytes() == v2
     assert 0 < warm.fetched_bytes <= 2 * 2 * 256 * 1024
     assert warm.cached_bytes + warm.fetched_bytes == len(v2)
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "transfer", *args], capture_output=True, text=True, timeout=120, cwd=cwd
+    )
+
+
+def test_transfer_upload_deduplicates_by_default_and_resolve_uses_its_cache(tmp_path: Path) -> None:
+    v1 = os.urandom(3 * MiB)
+    v2 = changed(v1, places=2, width=300)
+    (tmp_path / "v1.bin").write_bytes(v1)
+    (tmp_path / "v2.bin").write_bytes(v2)
+    workdir = tmp_path / "serve"
+    workdir.mkdir()
+    with service(workdir) as (url, _pid):
+        first = cli("upload", "--server", url, str(tmp_path / "v1.bin"))
+        assert first.returncode == 0, first.stderr
+        assert f"sent {len(v1)} of {len(v1)} bytes" in first.stderr
+        second = cli("upload", "--server", url, str(tmp_path / "v2.bin"))
+        assert second.returncode == 0, second.stderr
+        sent = int(second.stderr.split("sent ")[1].split(" ")[0])
+        assert 0 < sent <= 2 * 2 * 256 * 1024  # about a chunk or two per change
+        whole = cli("upload", "--no-dedup", "--server", url, str(tmp_path / "v2.bin"))
+        assert whole.returncode == 0 and "sent " not in whole.stderr
+        assert json.loads(whole.stdout)["checksum"] == json.loads(second.stdout)["checksum"]
+
+        (tmp_path / "d1.json").write_text(first.stdout)
+        (tmp_path / "d2.json").write_text(second.stdout)
+        cache = str(tmp_path / "cache")
+        cold = cli("resolve", "d1.json", "-o", "o1.bin", "--cache", cache, cwd=tmp_path)
+        assert cold.returncode == 0, cold.stderr
+        assert f"({len(v1)} bytes fetched, 0 from the cache)" in cold.stderr
+        warm = cli("resolve", "d2.json", "-o", "o2.bin", "--cache", cache, cwd=tmp_path)
+        assert warm.returncode == 0, warm.stderr
+        fetched = int(warm.stderr.split("(")[1].split(" ")[0])
+        assert 0 < fetched <= 2 * 2 * 256 * 1024
+    assert (tmp_path / "o1.bin").read_bytes() == v1 and (tmp_path / "o2.bin").read_bytes() == v2

@@ -34,6 +34,7 @@ from transfer.core.chunking import CHUNKING, Chunk, Manifest, parse_manifest
 from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode, load_descriptor
 from transfer.errors import ChecksumMismatch, ChunksMissing, InvalidDescriptor, RemoteError, TransferError
 
+AUTO_DEDUP_THRESHOLD = 1 << 20  # `transfer upload` cuts files from this size on (smaller: one request is cheaper)
 RUN_BYTES = 8 << 20  # bytes of consecutive missing chunks sent in one PUT
 FETCH_RUN_BYTES = 8 << 20  # bytes of consecutive missing chunks fetched in one ranged GET
 COMPLETE_ATTEMPTS = 3
@@ -118,6 +119,8 @@ async def upload_deduplicated(
     description: str | None = None,
     expires_in: int | None = None,
     progress: Progress | None = None,
+    download_method: str | None = None,
+    ttl: int | None = None,
 ) -> DedupOutcome:
     """Upload the file at ``path`` sending only the chunks the service lacks for this key (module text)."""
     path = Path(path)
@@ -160,7 +163,8 @@ async def upload_deduplicated(
     try:
         for attempt in range(COMPLETE_ATTEMPTS):
             await _all([partial(send, first, count) for first, count in runs(missing, manifest.chunks, RUN_BYTES)])
-            done = await http.post(f"{server}/v1/chunked/{uid}/complete")
+            params = {k: v for k, v in {"download_method": download_method, "ttl": ttl}.items() if v is not None}
+            done = await http.post(f"{server}/v1/chunked/{uid}/complete", params=params)
             try:
                 await raise_for_error(done)
             except ChunksMissing as exc:

@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         "--memory-sizes", help="MiB sizes for the peak-RSS runs (default 1024,4096; --quick: 256,1024; 0: skip)"
     )
     parser.add_argument(
-        "--skip", default="", help="comma-separated: kernels,codecs,e2e,memory,bombs,wan,small,concurrency,scale,http2"
+        "--skip",
+        default="",
+        help="comma-separated: kernels,codecs,e2e,memory,bombs,wan,small,concurrency,scale,http2,dedup",
     )
     parser.add_argument(
         "--scale-counts", help="stored-object counts for the scale table (default 0,10000,100000; --quick: 0,2000)"
@@ -103,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
 
             report["http2"] = run_http2(size, reps, work, quick=args.quick)
             sections.append(http2_table(report["http2"]))
+        if "dedup" not in skip:
+            from benchmarks.dedup import dedup_table, run_dedup
+
+            report["dedup"] = run_dedup(size, 1 if args.quick else 3, work)
+            sections.append(dedup_table(report["dedup"]))
         if args.s3:
             from benchmarks.s3 import run_s3, s3_table
 

@@ -253,3 +253,13 @@ def test_transfer_upload_deduplicates_by_default_and_resolve_uses_its_cache(tmp_
         fetched = int(warm.stderr.split("(")[1].split(" ")[0])
         assert 0 < fetched <= 2 * 2 * 256 * 1024
     assert (tmp_path / "o1.bin").read_bytes() == v1 and (tmp_path / "o2.bin").read_bytes() == v2
+
+
+def test_the_dedup_benchmark_runs(tmp_path: Path) -> None:
+    from benchmarks.dedup import dedup_table, run_dedup
+
+    report = run_dedup(8 * MiB, 1, tmp_path)
+    assert report["cases"]["unchanged"]["sent_bytes"] == 0
+    assert 0 < report["cases"]["16 MiB appended"]["sent_bytes"] < 17 * MiB
+    assert report["resolve"]["cached_bytes"] > 0
+    assert "| 1% in 20 places |" in dedup_table(report)

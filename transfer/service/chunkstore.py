@@ -375,28 +375,20 @@ class ChunkService:
                 raise NotFound(f"chunked upload {uid} has expired")
             owner = upload.owner
             manifest = upload.manifest
-            lacking = await self._lacking(owner, manifest)
-            if lacking:
-                raise ChunksMissing(
-                    f"{len(lacking)} chunk(s) of {uid} are not stored; send them and complete again",
-                    missing=lacking[:10_000],
-                )
             await self.publisher.require_room(
                 owner, uid, manifest.size, what=f"chunked upload {uid}", retry="delete files and complete again"
             )
-            compose = self._composer(manifest)
-            if compose is not None:
-                sha_hex, head = await self._hash_chunks(owner, manifest)
-                self._require_checksum(manifest, sha_hex)
-                keys = [chunk_key(owner, c.sha256) for c in manifest.chunks]
-
-                async def place(record: FileRecord) -> None:
-                    with storage_errors_translated():
-                        await compose.compose(object_key(record.id), keys, record.to_metadata())
-
-                record = await self._publish(upload, sha_hex, head, place)
-            else:
-                record = await self._stream_publish(upload)
+            try:
+                record = await self._assemble(upload)
+            except (ChunksMissing, NotFound):
+                # one chunk is gone (never sent, or swept since): tell the client every chunk to send, in one go
+                lacking = await self._lacking(owner, manifest)
+                if not lacking:
+                    raise
+                raise ChunksMissing(
+                    f"{len(lacking)} chunk(s) of {uid} are not stored; send them and complete again",
+                    missing=lacking[:10_000],
+                ) from None
             kept = {"file_id": record.id, **manifest.compact()}
             await write_record(self.storage, manifest_key(owner, record.id), kept)
             done = ChunkedUpload.from_json({**upload.to_json(), "state": "completed", "file_id": record.id})
@@ -406,6 +398,23 @@ class ChunkService:
                 log.warning("chunked upload %s published %s but its record stays open: %s", uid, record.id, exc)
             self._uploads.pop(uid, None)
             return record
+
+    async def _assemble(self, upload: ChunkedUpload) -> FileRecord:
+        """Hash the chunks in order, compare with the manifest, publish: by compose where it may, else streamed.
+        A chunk that is not stored raises ChunksMissing or NotFound (the caller finds them all)."""
+        owner, manifest = upload.owner, upload.manifest
+        compose = self._composer(manifest)
+        if compose is None:
+            return await self._stream_publish(upload)
+        sha_hex, head = await self._hash_chunks(owner, manifest)
+        self._require_checksum(manifest, sha_hex)
+        keys = [chunk_key(owner, c.sha256) for c in manifest.chunks]
+
+        async def place(record: FileRecord) -> None:
+            with storage_errors_translated():
+                await compose.compose(object_key(record.id), keys, record.to_metadata())
+
+        return await self._publish(upload, sha_hex, head, place)
 
     def _composer(self, manifest: Manifest) -> SupportsCompose | None:
         """The backend's compose, where part sizes allow it: a filesystem backend (copy_file_range takes any

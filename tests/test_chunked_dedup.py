@@ -263,3 +263,18 @@ def test_the_dedup_benchmark_runs(tmp_path: Path) -> None:
     assert 0 < report["cases"]["16 MiB appended"]["sent_bytes"] < 17 * MiB
     assert report["resolve"]["cached_bytes"] > 0
     assert "| 1% in 20 places |" in dedup_table(report)
+
+
+def test_a_key_holds_a_bounded_number_of_open_chunked_uploads(tmp_path: Path, clock: Clock) -> None:
+    src = tmp_path / "f.bin"
+    src.write_bytes(os.urandom(100_000))
+    manifest = cut_file(src).to_json()
+    with running(keyed_settings(tmp_path, max_open_sessions_per_key=2), clock) as live:
+        with httpx.Client(base_url=live.url, headers=key("bob")) as http:
+            made = [http.post("/v1/chunked", json=manifest) for _ in range(2)]
+            assert [r.status_code for r in made] == [201, 201]
+            third = http.post("/v1/chunked", json=manifest)
+            assert third.status_code == 429 and error_code(third) == "too_many_sessions"
+            assert http.post("/v1/chunked", json=manifest, headers=key("carol")).status_code == 201  # per key
+            assert http.delete(f"/v1/chunked/{made[0].json()['id']}").status_code == 204
+            assert http.post("/v1/chunked", json=manifest).status_code == 201  # the slot came back

@@ -61,6 +61,7 @@ from transfer.errors import (
 )
 from transfer.service.files import FileService
 from transfer.service.publisher import SNIFF_BYTES, Candidate, file_id_for
+from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord, object_key
 from transfer.service.recordstore import read_record, write_record
 
@@ -180,6 +181,17 @@ class ChunkService:
         self.clock = clock
         self.locks = KeyedLocks()
         self._uploads: dict[str, ChunkedUpload] = {}
+        # open chunked uploads per key, bounded like its open sessions: a marker each (quota.py)
+        self.open_uploads = SessionQuota(
+            self.storage, self.settings.max_open_sessions_per_key, folder="chunked", noun="open chunked uploads"
+        )
+        self.open_uploads.register(lambda uid: is_id(uid, "c_"), self._is_open)
+
+    async def _is_open(self, uid: str) -> bool:
+        upload = self._uploads.get(uid)
+        if upload is not None:
+            return upload.state == "open" and self.clock() < upload.expires_at
+        return False  # not this process's: only its record (under its owner's folder) would say; let it go
 
     def offer(self) -> dict[str, Any]:
         """What a client needs to upload chunked: how to cut, and the bounds."""
@@ -245,11 +257,16 @@ class ChunkService:
             description=description,
             lifetime=lifetime,
         )
-        await self.lifecycle.admit(owner, upload.id, manifest.size, upload.expires_at)
+        await self.open_uploads.acquire(owner, upload.id)  # TooManySessions at the key's limit
         try:
-            await write_record(self.storage, upload_key(owner, upload.id), upload.to_json(), if_absent=True)
+            await self.lifecycle.admit(owner, upload.id, manifest.size, upload.expires_at)
+            try:
+                await write_record(self.storage, upload_key(owner, upload.id), upload.to_json(), if_absent=True)
+            except BaseException:
+                await self.lifecycle.release_after_failure(owner, upload.id)
+                raise
         except BaseException:
-            await self.lifecycle.release_after_failure(owner, upload.id)
+            await self.open_uploads.release(owner, upload.id)
             raise
         self._remember(upload)
         return upload
@@ -397,6 +414,7 @@ class ChunkService:
             except TransferError as exc:  # the file is published; the sweep ends the record at its expiry
                 log.warning("chunked upload %s published %s but its record stays open: %s", uid, record.id, exc)
             self._uploads.pop(uid, None)
+            await self.open_uploads.release(owner, uid)
             return record
 
     async def _assemble(self, upload: ChunkedUpload) -> FileRecord:
@@ -588,6 +606,7 @@ class ChunkService:
             await self.storage.delete(upload_key(upload.owner, uid))
         self._uploads.pop(uid, None)
         await self.lifecycle.release(upload.owner, uid)
+        await self.open_uploads.release(upload.owner, uid)
 
     # -- reading -----------------------------------------------------------------------------------------------
 
@@ -658,6 +677,7 @@ class ChunkService:
                     continue
                 if upload.state == "open":
                     await self.lifecycle.release(upload.owner, upload.id)
+                    await self.open_uploads.release(upload.owner, upload.id)
                 with storage_errors_translated():
                     await self.storage.delete(base + "uploads/" + name)
             for name in kinds.get("manifests", []):

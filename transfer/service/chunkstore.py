@@ -73,6 +73,7 @@ MAX_RUN_BYTES = 64 << 20  # bytes of one PUT of a run of chunks
 LOOKUPS_IN_FLIGHT = 32  # concurrent existence checks of one manifest (S3: HEADs)
 READ_AHEAD = 16  # chunks read ahead while an assembly hashes (memory: READ_AHEAD x MAX_CHUNK at most)
 MIN_COMPOSE_PART = 5 << 20  # S3's part minimum: compose only where every part but the last reaches it
+STORES_IN_FLIGHT = 8  # verified chunks of one run being written at once (memory: that many chunks)
 UPLOAD_CACHE = 1024  # upload records kept per process for chunk PUTs (their fields never change while open)
 
 
@@ -325,6 +326,16 @@ class ChunkService:
         owner = upload.owner
         await self.lifecycle.usage.count_bytes(owner, total)  # counted before stored: never below what is stored
         stored_chunks = stored_bytes = 0
+        gate = asyncio.Semaphore(STORES_IN_FLIGHT)
+        stores: list[asyncio.Task[None]] = []
+
+        async def store(sha: str, data: bytes) -> None:
+            nonlocal stored_chunks, stored_bytes
+            async with gate:
+                if await self._store(owner, sha, data):
+                    stored_chunks += 1
+                    stored_bytes += len(data)
+
         try:
             buffer = bytearray()
             pieces = body.__aiter__()
@@ -347,15 +358,16 @@ class ChunkService:
                         expected=chunk.sha256,
                         actual=digest,
                     )
-                if await self._store(owner, chunk.sha256, data):
-                    stored_chunks += 1
-                    stored_bytes += chunk.length
+                stores.append(asyncio.create_task(store(chunk.sha256, data)))
             if buffer:
                 raise ContentLengthMismatch(f"the body is longer than the {total} bytes of its chunks")
             async for piece in pieces:
                 if piece:
                     raise ContentLengthMismatch(f"the body is longer than the {total} bytes of its chunks")
+            await asyncio.gather(*stores)
         finally:
+            # the verified chunks already on their way are stored whatever happens to the rest of the run
+            await asyncio.gather(*stores, return_exceptions=True)
             if total - stored_bytes:
                 try:
                     await self.lifecycle.usage.refund(owner, total - stored_bytes, files=0)

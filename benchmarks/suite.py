@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip",
         default="",
-        help="comma-separated: kernels,codecs,e2e,memory,bombs,wan,small,concurrency,scale,http2,dedup_whole",
+        help="comma-separated: kernels,codecs,e2e,memory,bombs,wan,small,concurrency,scale,http2,dedup_whole,dedup",
     )
     parser.add_argument(
         "--scale-counts", help="stored-object counts for the scale table (default 0,10000,100000; --quick: 0,2000)"
@@ -110,6 +110,11 @@ def main(argv: list[str] | None = None) -> int:
 
             report["dedup_whole"] = run_dedup_whole(size, reps, work)
             sections.append(dedup_whole_table(report["dedup_whole"]))
+        if "dedup" not in skip:
+            from benchmarks.dedup import dedup_table, run_dedup
+
+            report["dedup"] = run_dedup(size, 1 if args.quick else 3, work)
+            sections.append(dedup_table(report["dedup"]))
         if args.s3:
             from benchmarks.s3 import run_s3, s3_table
 

@@ -25,6 +25,7 @@ import httpx
 from transfer import __version__
 from transfer.client.chunks import state_dir
 from transfer.client.client import DEFAULT_SERVER, AsyncTransferClient
+from transfer.client.dedup import AUTO_DEDUP_THRESHOLD
 from transfer.client.direct import AUTO_DIRECT_THRESHOLD
 from transfer.client.resolver import Progress, ResolveOptions
 from transfer.core.content import ContentBundle, FileContent, TransferMode, load_descriptor
@@ -320,6 +321,23 @@ async def cmd_upload(args: argparse.Namespace) -> int:
             }
             remember = Path(args.state_dir) if args.state_dir else state_dir()
             try:
+                # opt-in: on loopback-fast links the chunks cost more than they save (README, "Chunked
+                # deduplicating uploads": 3.3 s against 0.52 s for an unchanged 256 MiB file), and the plain path
+                # must not get slower by default
+                dedup = bool(args.dedup) and path.stat().st_size >= AUTO_DEDUP_THRESHOLD
+                if dedup:
+                    deduplicated = await client.upload_dedup(
+                        path, download_method=args.download_method, ttl=args.ttl, **about
+                    )
+                    if deduplicated is not None:
+                        print(
+                            f"{path.name}: sent {deduplicated.sent_bytes} of {path.stat().st_size} bytes "
+                            f"({deduplicated.sent_chunks} of {deduplicated.chunks} chunks; the service had the rest)",
+                            file=sys.stderr,
+                        )
+                        results.append(deduplicated.descriptor.to_json())
+                        continue
+                    print("the server offers no chunked uploads; sending the whole file", file=sys.stderr)
                 direct = args.direct
                 if direct is None:  # automatic: large files, unless another way was asked for
                     direct = not args.chunked and path.stat().st_size >= AUTO_DIRECT_THRESHOLD
@@ -397,6 +415,15 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
     options = ResolveOptions(connections=args.connections)
     if args.follow:
         return await _follow(descriptor, args, options)
+    if args.cache and isinstance(descriptor, FileContent):
+        async with AsyncTransferClient(DEFAULT_SERVER, options=options) as client:
+            done = await client.resolve_cached(descriptor, dest, args.cache)
+        print(
+            f"{dest}: verified {descriptor.checksum or '(no checksum declared)'} "
+            f"({done.fetched_bytes} bytes fetched, {done.cached_bytes} from the cache)",
+            file=sys.stderr,
+        )
+        return 0
     show = args.progress or (args.progress is None and sys.stderr.isatty())
     progress, close = _progress_bar(show and descriptor.type is TransferMode.URL, str(dest.name))
     async with AsyncTransferClient(DEFAULT_SERVER, options=options) as client:
@@ -785,6 +812,14 @@ def build_parser() -> argparse.ArgumentParser:
         "server offers it, else through the server",
     )
     p.add_argument(
+        "--dedup",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="content-defined chunks: send only those the service lacks for this key (a new version sends about "
+        "what changed), for files of at least 1 MiB when the server offers it; off by default: it pays on links "
+        "slower than about 80 MB/s",
+    )
+    p.add_argument(
         "--state-dir", help="where --chunked/--direct remember uploads to resume (default ~/.cache/transfer)"
     )
     p.add_argument("--expires-in", type=int, metavar="SECONDS", help="seconds the stored file lives")
@@ -874,6 +909,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connections", type=int, default=4, help="parallel ranged requests (default 4)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--follow", action="store_true", help="streaming descriptor: write chunks as they are uploaded")
+    p.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="keep the chunks of what is resolved here; fetch only the chunks it lacks when the service gives the "
+        "file's chunk manifest",
+    )
     p.set_defaults(func=cmd_resolve)
 
     p = sub.add_parser("keys", help="API keys")

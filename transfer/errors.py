@@ -24,7 +24,10 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── InconsistentUploadLength   400 inconsistent_upload_length (IETF resumable upload: lengths disagree)
     │   ├── ChunkOutOfRange            400 chunk_out_of_range
     │   ├── LifetimeTooLong            400 expires_in_too_long   (a file lifetime above the key's or service's max)
-    │   └── ChunkLengthMismatch        400 chunk_length_mismatch
+    │   ├── ChunkLengthMismatch        400 chunk_length_mismatch
+    │   ├── InvalidManifest            400 invalid_manifest      (chunked dedup: chunks not tiling the file, bad hash)
+    │   │   └── ManifestSizeMismatch   400 manifest_size_mismatch (the chunks do not add up to the declared size)
+    │   └── ChunkNotInManifest         400 chunk_not_in_manifest (a chunk sent that the upload's manifest lacks)
     ├── IntegrityError                 422 integrity_error
     │   ├── DigestMismatch             422 digest_mismatch       (RFC 9530 Content-Digest / Repr-Digest)
     │   ├── ChecksumMismatch           422 checksum_mismatch     (descriptor checksum, SHA-256 of original bytes)
@@ -33,7 +36,8 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── TooLarge                       413 payload_too_large
     │   ├── HeadersTooLarge            431 headers_too_large
     │   ├── DecodedSizeLimit           413 decoded_size_limit    (decompression bomb guard)
-    │   └── QuotaExceeded              413 quota_exceeded        (the key's max_bytes; detail: quota, used, reserved)
+    │   ├── QuotaExceeded              413 quota_exceeded        (the key's max_bytes; detail: quota, used, reserved)
+    │   └── ManifestTooLarge           413 manifest_too_large    (more chunks or bytes than a manifest may name)
     ├── Unauthenticated                401 unauthenticated       (no, malformed or unknown API key)
     ├── AccessDenied                   403 access_denied
     │   ├── InsufficientScope          403 insufficient_scope
@@ -65,6 +69,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── UploadOffsetMismatch       409 upload_offset_mismatch (IETF resumable upload: detail expected/provided)
     │   ├── SessionIncomplete          409 session_incomplete    (detail: missing chunk ranges)
     │   ├── PlanIncomplete             409 plan_incomplete       (direct upload: detail: missing parts, wrong sizes)
+    │   ├── ChunksMissing              409 chunks_missing        (chunked dedup: detail: the chunk indexes to send)
     │   └── DirectUploadUnsupported    409 direct_upload_unsupported (the backend cannot take parts: fall back)
     ├── Gone                           410 gone
     │   ├── FileExpired                410 file_expired          (past the file's expires_at, service clock)
@@ -187,6 +192,20 @@ class ChunkLengthMismatch(InvalidRequest):
     code = "chunk_length_mismatch"
 
 
+class InvalidManifest(InvalidRequest):
+    """A chunk manifest that does not describe a file: chunks out of order, of a bad length or hash."""
+
+    code = "invalid_manifest"
+
+
+class ManifestSizeMismatch(InvalidManifest):
+    code = "manifest_size_mismatch"
+
+
+class ChunkNotInManifest(InvalidRequest):
+    code = "chunk_not_in_manifest"
+
+
 class LifetimeTooLong(InvalidRequest):
     """An upload asked for a lifetime (``expires_in``) above the maximum of its key or of the service: refused,
     not shortened, so a client never holds a descriptor that lives less than it asked for without knowing it."""
@@ -279,6 +298,10 @@ class QuotaExceeded(TooLarge):
     says the server itself is out of space and which clients retry: this one they must not retry unchanged."""
 
     code = "quota_exceeded"
+
+
+class ManifestTooLarge(TooLarge):
+    code = "manifest_too_large"
 
 
 class Unauthenticated(TransferError):
@@ -431,6 +454,12 @@ class SessionIncomplete(Conflict):
 
 class PlanIncomplete(Conflict):
     code = "plan_incomplete"
+
+
+class ChunksMissing(Conflict):
+    """A chunked upload completed before every chunk it lacks was stored (detail ``missing``: their indexes)."""
+
+    code = "chunks_missing"
 
 
 class DirectUploadUnsupported(Conflict):

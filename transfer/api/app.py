@@ -25,6 +25,7 @@ from transfer.api.admin import add_admin_routes
 from transfer.api.authorized import add_authorized_routes
 from transfer.api.bundles import add_bundle_routes
 from transfer.api.caller import caller_of
+from transfer.api.chunked import add_chunked_routes
 from transfer.api.direct import add_direct_routes
 from transfer.api.hotpath import HotPath, LeanApp
 from transfer.api.jobs import add_job_routes
@@ -302,6 +303,7 @@ def rest_app(
     base_url = public_base_url(settings)
     add_session_routes(app, sessions, service, base_url, needs)
     add_direct_routes(app, services.direct, service, base_url, needs)
+    add_chunked_routes(app, services.chunks, service, base_url, needs)
     add_admin_routes(app, services, needs)
     add_bundle_routes(app, services.bundles, base_url, needs)
     add_tus_routes(app, tus, service, base_url, needs)

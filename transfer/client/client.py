@@ -19,6 +19,14 @@ import anyio.from_thread
 import httpx
 
 from transfer.client.chunks import ChunkOptions, upload_chunked
+from transfer.client.dedup import (
+    CachedResolve,
+    ChunkCache,
+    DedupOutcome,
+    offer,
+    resolve_with_cache,
+    upload_deduplicated,
+)
 from transfer.client.direct import DirectOptions, PartFilter, upload_direct
 from transfer.client.events import JobEvent, follow_job
 from transfer.client.resolver import Descriptor, Progress, ResolveOptions, Resolver, raise_for_error
@@ -143,6 +151,57 @@ class AsyncTransferClient:
                 raise SizeMismatch(f"sent {sent} bytes, server stored {descriptor.size}")
             raise ChecksumMismatch("server's checksum differs from the bytes sent", actual=descriptor.checksum)
         return descriptor
+
+    async def upload_dedup(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        name: str | None = None,
+        content_type: str | None = None,
+        role: str | None = None,
+        description: str | None = None,
+        download_method: str | None = None,
+        ttl: int | None = None,
+        progress: Progress | None = None,
+        expires_in: int | None = None,
+    ) -> DedupOutcome | None:
+        """Upload the file at ``path`` in content-defined chunks, sending only those the service lacks for this key
+        (a new version of a file sends about what changed): its descriptor and what was sent; None when the server
+        offers no chunked uploads (then upload another way). See :mod:`transfer.client.dedup`."""
+        doc = await offer(self.http, self.server)
+        if doc is None:
+            return None
+        return await upload_deduplicated(
+            self.http,
+            self.server,
+            path,
+            chunking=doc["chunking"],
+            connections=self.options.connections,
+            name=name,
+            content_type=content_type,
+            role=role,
+            description=description,
+            expires_in=expires_in,
+            progress=progress,
+            download_method=download_method,
+            ttl=ttl,
+        )
+
+    async def resolve_cached(
+        self,
+        descriptor: FileContent | dict[str, Any] | str,
+        dest: str | os.PathLike[str],
+        cache: str | os.PathLike[str],
+    ) -> CachedResolve:
+        """Resolve into ``dest`` keeping chunks in the directory ``cache``: of a file whose manifest the service
+        gives, only the chunks the cache lacks are fetched (ranges); the whole file is SHA-256 verified as always."""
+
+        async def plain(d: FileContent, target: Path) -> None:
+            await self.resolver.to_path(d, target)
+
+        return await resolve_with_cache(
+            self.http, descriptor, dest, ChunkCache(cache), connections=self.options.connections, fallback=plain
+        )
 
     async def upload_chunked(
         self,

@@ -24,6 +24,7 @@ from transfer.service.a2a import A2AService
 from transfer.service.authorizations import Authorizations
 from transfer.service.backends import make_storage
 from transfer.service.bundles import BundleService
+from transfer.service.chunkstore import ChunkService
 from transfer.service.direct import DirectService
 from transfer.service.files import FileService
 from transfer.service.imports import ImportService
@@ -67,6 +68,7 @@ class Services:
     a2a: A2AService
     authorizations: Authorizations
     direct: DirectService
+    chunks: ChunkService
     _users: int = 0  # hosts that started the set and have not closed it yet (stdio MCP + its HTTP server: two)
     _sweepers: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -110,6 +112,7 @@ class Services:
             a2a=A2AService(files, imports, clock=clock),
             authorizations=Authorizations(files, engine),
             direct=DirectService(files.storage, settings, clock=clock, lifecycle=files.lifecycle, engine=engine),
+            chunks=ChunkService(files, clock=clock),
         )
 
     def maintenance(self) -> list[Sweep]:
@@ -126,6 +129,7 @@ class Services:
             Sweep("direct_plans", every, self.direct.sweep_direct_plans),
             Sweep("tp_mailboxes", every, self.tp.sweep_mailboxes),
             Sweep("expired_bundles", every, self.bundles.sweep_expired_bundles),
+            Sweep("chunks", every, self.chunks.sweep_chunks),
         ]
 
     async def start(self) -> None:

@@ -317,6 +317,17 @@ class UsageLedger:
 
         await self._update(owner, change)
 
+    async def count_bytes(self, owner: str | None, nbytes: int) -> None:
+        """Count ``nbytes`` about to be stored for ``owner`` that are no file (chunks kept for later versions):
+        QuotaExceeded, and nothing changes, when they do not fit beside its files and reservations."""
+        quota = self.quota_of(owner)
+
+        def change(doc: _Doc) -> None:
+            doc.usage(quota).require_room(nbytes)
+            doc.used += nbytes
+
+        await self._update(owner, change)
+
     async def claim_removal(self, owner: str | None, file_id: str, nbytes: int) -> bool:
         """Claim the removal of ``file_id`` (``nbytes`` counted): True for the one caller whose compare-and-set
         round put the claim in the record, False while another caller's claim holds. A claim holds until
@@ -335,7 +346,7 @@ class UsageLedger:
 
     async def removed(self, owner: str | None, file_id: str, nbytes: int, *, files: int = 1) -> None:
         """The claimer of ``file_id`` removed it: the claim goes and its bytes leave the count, in one write
-        (``files=0``: it was charged with ``files=0``)."""
+        (``files=0``: it was charged with ``files=0``: a bundle, a message, a stored chunk)."""
 
         def change(doc: _Doc) -> None:
             doc.removals.pop(file_id, None)

@@ -1,0 +1,158 @@
+"""REST front door for chunked deduplicating uploads (a thin adapter over :class:`ChunkService`).
+
+GET    /v1/chunked                          the offer: the chunker to cut with (FastCDC parameters) and the bounds;
+                                            a server without it answers 404 and clients upload whole
+POST   /v1/chunked                          the manifest {size, checksum, chunks: [{offset, length, sha256}], name,
+                                            content_type, role, description, expires_in} -> 201 {id, missing: [chunk
+                                            indexes this key lacks], missing_bytes, …}
+PUT    /v1/chunked/{id}/chunks/{index}      the bytes of chunk ``index`` (``?count=n``: of n consecutive chunks, back
+                                            to back) -> 200 {stored, stored_bytes}; each verified on arrival
+POST   /v1/chunked/{id}/complete            assemble, verify the whole SHA-256, publish -> 201 the FileContent
+DELETE /v1/chunked/{id}                     abort (the chunks stay for a retry, within their grace)
+GET    /v1/files/{file_id}/chunks           the chunk manifest of a file uploaded this way, for its key
+GET    /v1/files/{file_id}/manifest?exp&kid&sig   the same for whoever holds a signed URL of the file (its query):
+                                            a resolver with a cache fetches only the ranges of the chunks it lacks
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import Response
+from pydantic import ValidationError
+
+from transfer.api.caller import caller_of
+from transfer.api.fields import NewFile
+from transfer.api.streaming import request_body
+from transfer.core.auth import Scope
+from transfer.core.chunking import MAX_CHUNKS
+from transfer.core.content import DownloadMethod, format_timestamp
+from transfer.core.numerals import parse_count
+from transfer.errors import ClientDisconnected, InvalidManifest, InvalidRequest, ManifestTooLarge
+from transfer.service.chunkstore import ChunkedUpload, ChunkService, manifest_document
+from transfer.service.files import FileService
+
+MANIFEST_BYTES_PER_CHUNK = 128  # {"offset":…,"length":…,"sha256":"<64 hex>"} with room for spaces
+MAX_MANIFEST_BODY = MAX_CHUNKS * MANIFEST_BYTES_PER_CHUNK + (64 << 10)
+META_FIELDS = ("name", "content_type", "role", "description", "expires_in")
+
+
+def _timestamp(seconds: float) -> str:
+    return format_timestamp(datetime.fromtimestamp(int(seconds), UTC))
+
+
+def upload_document(upload: ChunkedUpload) -> dict[str, Any]:
+    chunks = upload.manifest.chunks
+    return {
+        "id": upload.id,
+        "state": upload.state,
+        "size": upload.manifest.size,
+        "chunks": len(chunks),
+        "missing": list(upload.missing),
+        "missing_bytes": sum(chunks[i].length for i in upload.missing),
+        "expires_at": _timestamp(upload.expires_at),
+        "chunks_url": f"/v1/chunked/{upload.id}/chunks/{{index}}",
+        "complete_url": f"/v1/chunked/{upload.id}/complete",
+    }
+
+
+async def _manifest_body(request: Request) -> Any:
+    """The request's JSON, bounded before it is parsed (a manifest is parsed whole)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_MANIFEST_BODY:
+        raise ManifestTooLarge(f"a manifest is at most {MAX_MANIFEST_BODY} bytes", limit=MAX_MANIFEST_BODY)
+    body = bytearray()
+    try:
+        async for piece in request.stream():
+            body += piece
+            if len(body) > MAX_MANIFEST_BODY:
+                raise ManifestTooLarge(f"a manifest is at most {MAX_MANIFEST_BODY} bytes", limit=MAX_MANIFEST_BODY)
+    except OSError as exc:
+        raise ClientDisconnected("the client went away while sending the manifest") from exc
+    try:
+        return await asyncio.to_thread(json.loads, bytes(body)) if len(body) > 1 << 16 else json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidManifest(f"the manifest is not JSON: {exc}") from exc
+
+
+def add_chunked_routes(
+    app: FastAPI,
+    chunks: ChunkService,
+    files: FileService,
+    base_url: Callable[[Request], str],
+    needs: Callable[[Scope], Any],
+) -> None:
+    """Mount the chunked-upload endpoints on ``app``."""
+    upload = [needs(Scope.UPLOAD)]
+
+    @app.get("/v1/chunked", dependencies=upload, tags=["chunked"], summary="How to upload in content-defined chunks")
+    async def offer() -> dict[str, Any]:
+        return chunks.offer()
+
+    @app.post("/v1/chunked", dependencies=upload, status_code=201, tags=["chunked"], summary="Send a manifest")
+    async def create(request: Request) -> dict[str, Any]:
+        doc = await _manifest_body(request)
+        if not isinstance(doc, dict):
+            raise InvalidManifest("a manifest is a JSON object with size, checksum and chunks")
+        try:
+            about = NewFile.model_validate({k: doc[k] for k in META_FIELDS if doc.get(k) is not None})
+        except ValidationError as exc:
+            problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+            raise InvalidRequest("; ".join(problems)) from None
+        made = await chunks.create(
+            doc,
+            caller_of(request),
+            name=about.name,
+            content_type=about.content_type,
+            role=about.role,
+            description=about.description,
+            expires_in=about.expires_in,
+        )
+        return upload_document(made)
+
+    @app.put("/v1/chunked/{uid}/chunks/{index}", dependencies=upload, tags=["chunked"], summary="Send chunks")
+    async def put_chunks(
+        request: Request, uid: str, index: int, count: Annotated[int, Query(ge=1, le=MAX_CHUNKS)] = 1
+    ) -> dict[str, Any]:
+        declared = request.headers.get("content-length")
+        stored, stored_bytes = await chunks.put_chunks(
+            uid,
+            index,
+            count,
+            request_body(request),
+            caller_of(request),
+            length=None if declared is None else parse_count(declared, "Content-Length"),
+        )
+        return {"stored": stored, "stored_bytes": stored_bytes}
+
+    @app.post("/v1/chunked/{uid}/complete", dependencies=upload, status_code=201, tags=["chunked"], summary="Publish")
+    async def complete(
+        request: Request,
+        uid: str,
+        download_method: DownloadMethod | None = None,
+        ttl: Annotated[int | None, Query(gt=0)] = None,
+    ) -> dict[str, Any]:
+        record = await chunks.complete(uid, caller_of(request))
+        descriptor = await files.describe(
+            record, base_url(request), download_method=download_method, ttl=ttl, inline=False
+        )
+        return descriptor.to_json()
+
+    @app.delete("/v1/chunked/{uid}", dependencies=upload, status_code=204, tags=["chunked"], summary="Abort")
+    async def abort(request: Request, uid: str) -> Response:
+        await chunks.abort(uid, caller_of(request))
+        return Response(status_code=204)
+
+    @app.get("/v1/files/{file_id}/chunks", dependencies=[needs(Scope.READ)], tags=["files"], summary="A file's chunks")
+    async def file_chunks(request: Request, file_id: str) -> dict[str, Any]:
+        return manifest_document(await chunks.manifest(file_id, caller_of(request)))
+
+    @app.get("/v1/files/{file_id}/manifest", tags=["files"], summary="A file's chunks, with its signed URL's query")
+    async def signed_chunks(request: Request, file_id: str) -> dict[str, Any]:
+        manifest = await chunks.signed_manifest(file_id, request.url.query, request.scope.get("raw_path"))
+        return manifest_document(manifest)

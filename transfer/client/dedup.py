@@ -1,0 +1,365 @@
+"""Client side of chunked deduplication: send only the chunks the service lacks, fetch only the chunks a cache lacks.
+
+Upload (:func:`upload_deduplicated`): the file is cut with FastCDC using the service's parameters (``GET
+/v1/chunked``), each chunk hashed (SHA-256); the manifest goes to ``POST /v1/chunked``; the service answers which
+chunks this key lacks; those are sent as runs of consecutive chunks (one PUT per run, ``connections`` in parallel);
+``complete`` publishes once the service has verified the whole SHA-256. A completion that finds chunks missing (a
+sweep removed one meanwhile) sends them and completes again.
+
+Resolve with a cache (:class:`ChunkCache`, :func:`resolve_with_cache`): chunks of what was resolved are kept in a
+directory, one file per SHA-256. For a descriptor whose manifest the service gives (``/v1/files/{id}/manifest``
+with the descriptor's own signature), the chunks found in the cache are copied, only the ranges of the others are
+fetched, and the whole file is SHA-256 verified against the descriptor as any resolve; only then is it renamed to
+its destination and its new chunks kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+from pyfastcdc import FastCDC
+
+from transfer.client.resolver import Progress, raise_for_error, verify_bytes
+from transfer.core.chunking import CHUNKING, Chunk, Manifest, parse_manifest
+from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode, load_descriptor
+from transfer.errors import ChecksumMismatch, ChunksMissing, InvalidDescriptor, RemoteError, TransferError
+
+AUTO_DEDUP_THRESHOLD = 1 << 20  # `transfer upload` cuts files from this size on (smaller: one request is cheaper)
+RUN_BYTES = 8 << 20  # bytes of consecutive missing chunks sent in one PUT
+FETCH_RUN_BYTES = 8 << 20  # bytes of consecutive missing chunks fetched in one ranged GET
+COMPLETE_ATTEMPTS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class DedupOutcome:
+    """What one deduplicated upload did."""
+
+    descriptor: FileContent
+    chunks: int  # in the manifest
+    sent_chunks: int
+    sent_bytes: int  # chunk bytes sent (the manifest not counted)
+    manifest_bytes: int
+
+
+def cut_file(path: str | os.PathLike[str], chunking: dict[str, Any] | None = None) -> Manifest:
+    """The manifest of the file at ``path``: FastCDC chunks with the service's parameters, each SHA-256 hashed, and
+    the whole file's SHA-256. Runs in the calling thread (CPU and file reads: call it off the event loop)."""
+    params = chunking or CHUNKING
+    cdc = FastCDC(
+        avg_size=int(params["avg_size"]),
+        min_size=int(params["min_size"]),
+        max_size=int(params["max_size"]),
+        normalized_chunking=int(params.get("normalized_chunking", 1)),  # type: ignore[arg-type]
+        seed=int(params.get("seed", 0)),
+    )
+    whole = hashlib.sha256()
+    chunks: list[Chunk] = []
+    if os.path.getsize(path) == 0:
+        return Manifest(size=0, sha256=whole.hexdigest(), chunks=())
+    for piece in cdc.cut_file(os.fspath(path)):
+        data = piece.data
+        whole.update(data)
+        chunks.append(Chunk(piece.offset, piece.length, hashlib.sha256(data).hexdigest()))
+        del data, piece  # the chunks are views of an mmap of the file: let it go
+    size = chunks[-1].offset + chunks[-1].length
+    return Manifest(size=size, sha256=whole.hexdigest(), chunks=tuple(chunks))
+
+
+def runs(indexes: list[int], chunks: tuple[Chunk, ...], limit: int) -> list[tuple[int, int]]:
+    """Consecutive indexes grouped into ``(first, count)`` runs of at most ``limit`` bytes each (a chunk larger
+    than the limit is a run of its own)."""
+    out: list[tuple[int, int]] = []
+    first, count, size = -1, 0, 0
+    for i in sorted(indexes):
+        length = chunks[i].length
+        if count and i == first + count and size + length <= limit:
+            count += 1
+            size += length
+            continue
+        if count:
+            out.append((first, count))
+        first, count, size = i, 1, length
+    if count:
+        out.append((first, count))
+    return out
+
+
+async def offer(http: httpx.AsyncClient, server: str) -> dict[str, Any] | None:
+    """The service's chunked-upload offer, or None when it has none (an older server, or not this key's)."""
+    try:
+        response = await http.get(f"{server}/v1/chunked")
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    doc = response.json()
+    return doc if isinstance(doc, dict) and isinstance(doc.get("chunking"), dict) else None
+
+
+async def upload_deduplicated(
+    http: httpx.AsyncClient,
+    server: str,
+    path: str | os.PathLike[str],
+    *,
+    chunking: dict[str, Any] | None = None,
+    connections: int = 4,
+    name: str | None = None,
+    content_type: str | None = None,
+    role: str | None = None,
+    description: str | None = None,
+    expires_in: int | None = None,
+    progress: Progress | None = None,
+    download_method: str | None = None,
+    ttl: int | None = None,
+) -> DedupOutcome:
+    """Upload the file at ``path`` sending only the chunks the service lacks for this key (module text)."""
+    path = Path(path)
+    manifest = await asyncio.to_thread(cut_file, path, chunking)
+    doc: dict[str, Any] = manifest.to_json()
+    about = {"name": name or path.name, "content_type": content_type, "role": role, "description": description}
+    doc.update({k: v for k, v in about.items() if v is not None})
+    if expires_in is not None:
+        doc["expires_in"] = expires_in
+    body = httpx.Request("POST", "/", json=doc).read()
+    response = await http.post(f"{server}/v1/chunked", content=body, headers={"content-type": "application/json"})
+    await raise_for_error(response)
+    made = response.json()
+    uid = str(made["id"])
+    missing = [int(i) for i in made["missing"]]
+    sent_chunks = sent_bytes = 0
+    gate = asyncio.Semaphore(max(1, connections))
+    fd = os.open(path, os.O_RDONLY)
+
+    async def send(first: int, count: int) -> None:
+        nonlocal sent_chunks, sent_bytes
+        start = manifest.chunks[first].offset
+        end = manifest.chunks[first + count - 1].offset + manifest.chunks[first + count - 1].length
+        async with gate:
+            data = await asyncio.to_thread(os.pread, fd, end - start, start)
+            if len(data) != end - start:
+                raise ChecksumMismatch(f"{path} changed while it was being uploaded")
+            put = await http.put(
+                f"{server}/v1/chunked/{uid}/chunks/{first}",
+                params={"count": count},
+                content=data,
+                headers={"content-type": "application/octet-stream"},
+            )
+            await raise_for_error(put)
+            sent_chunks += count
+            sent_bytes += len(data)
+            if progress:
+                progress(sent_bytes, sum(manifest.chunks[i].length for i in missing) or None)
+
+    try:
+        for attempt in range(COMPLETE_ATTEMPTS):
+            await _all([partial(send, first, count) for first, count in runs(missing, manifest.chunks, RUN_BYTES)])
+            params = {k: v for k, v in {"download_method": download_method, "ttl": ttl}.items() if v is not None}
+            done = await http.post(f"{server}/v1/chunked/{uid}/complete", params=params)
+            try:
+                await raise_for_error(done)
+            except ChunksMissing as exc:
+                again = exc.detail.get("missing")
+                if attempt + 1 == COMPLETE_ATTEMPTS or not isinstance(again, list) or not again:
+                    raise
+                missing = [int(i) for i in again]
+                continue
+            break
+    finally:
+        os.close(fd)
+    descriptor = load_descriptor(done.content)
+    if not isinstance(descriptor, FileContent):
+        raise InvalidDescriptor("server did not answer with a FileContent descriptor")
+    if descriptor.checksum != "sha256:" + manifest.sha256 or descriptor.size != manifest.size:
+        raise ChecksumMismatch("the server's checksum differs from the file's", actual=descriptor.checksum)
+    return DedupOutcome(descriptor, len(manifest.chunks), sent_chunks, sent_bytes, len(body))
+
+
+class ChunkCache:
+    """Chunks kept on disk, one file per SHA-256 (``<dir>/<2 hex>/<sha256>``), written atomically."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+
+    def path(self, sha: str) -> Path:
+        return self.directory / sha[:2] / sha
+
+    def get(self, sha: str, length: int) -> bytes | None:
+        """The chunk's bytes if cached and intact (a damaged file is removed)."""
+        try:
+            data = self.path(sha).read_bytes()
+        except OSError:
+            return None
+        if len(data) == length and hashlib.sha256(data).hexdigest() == sha:
+            return data
+        self.path(sha).unlink(missing_ok=True)
+        return None
+
+    def put(self, sha: str, data: bytes | memoryview) -> None:
+        final = self.path(sha)
+        if final.exists():
+            return
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f".{sha}.{secrets.token_hex(4)}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, final)
+
+    def keep_file(self, path: str | os.PathLike[str], manifest: Manifest | None = None) -> int:
+        """Keep the chunks of the file at ``path`` (cut with the service's parameters unless ``manifest`` says how
+        it is cut); returns how many were new."""
+        manifest = manifest or cut_file(path)
+        added = 0
+        with open(path, "rb") as f:
+            for chunk in manifest.chunks:
+                if self.path(chunk.sha256).exists():
+                    continue
+                data = os.pread(f.fileno(), chunk.length, chunk.offset)
+                if hashlib.sha256(data).hexdigest() == chunk.sha256:
+                    self.put(chunk.sha256, data)
+                    added += 1
+        return added
+
+
+@dataclass(frozen=True, slots=True)
+class CachedResolve:
+    path: Path
+    fetched_bytes: int  # bytes fetched from the service
+    cached_bytes: int  # bytes taken from the cache
+
+
+def manifest_url(descriptor: FileContent) -> str | None:
+    """Where this service gives the manifest of a url-mode descriptor's file: its content URL with ``/manifest``
+    for ``/content``, under the same signature; None for any other URL."""
+    if descriptor.url is None:
+        return None
+    parts = urlsplit(descriptor.url)
+    if not parts.path.endswith("/content"):
+        return None
+    return urlunsplit(parts._replace(path=parts.path[: -len("/content")] + "/manifest"))
+
+
+async def fetch_manifest(http: httpx.AsyncClient, descriptor: FileContent) -> Manifest | None:
+    url = manifest_url(descriptor)
+    if url is None:
+        return None
+    try:
+        response = await http.get(url)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    try:
+        manifest = parse_manifest(response.json())
+    except (ValueError, TransferError):
+        return None
+    if descriptor.checksum != "sha256:" + manifest.sha256 or descriptor.size != manifest.size:
+        return None
+    return manifest
+
+
+async def resolve_with_cache(
+    http: httpx.AsyncClient,
+    descriptor: FileContent | dict[str, Any] | str,
+    dest: str | os.PathLike[str],
+    cache: ChunkCache,
+    *,
+    connections: int = 4,
+    fallback: Callable[[FileContent, Path], Any] | None = None,
+) -> CachedResolve:
+    """Resolve ``descriptor`` into ``dest`` using and filling ``cache`` (module text). A descriptor without a
+    manifest (another service, an encoded file, inline content) is resolved by ``fallback`` (the ordinary
+    resolver), and its chunks are kept afterwards."""
+    if not isinstance(descriptor, FileContent):
+        loaded = load_descriptor(descriptor)
+        if not isinstance(loaded, FileContent):
+            raise InvalidDescriptor("only a FileContent resolves through a chunk cache")
+        descriptor = loaded
+    dest = Path(dest)
+    plain = descriptor.type is TransferMode.URL and descriptor.encoding in (None, ContentEncoding.NONE)
+    manifest = await fetch_manifest(http, descriptor) if plain else None
+    if manifest is None:
+        if fallback is None:
+            raise InvalidDescriptor("the service gives no chunk manifest for this descriptor")
+        await fallback(descriptor, dest)
+        await asyncio.to_thread(cache.keep_file, dest)
+        return CachedResolve(dest, descriptor.size or 0, 0)
+    assert descriptor.url is not None
+    method = "POST" if descriptor.download_method is DownloadMethod.POST else "GET"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.parent / f".{dest.name}.{secrets.token_hex(6)}.part"
+    fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    cached_bytes = fetched_bytes = 0
+    try:
+        os.ftruncate(fd, manifest.size)
+        lacking: list[int] = []
+        for i, chunk in enumerate(manifest.chunks):
+            data = await asyncio.to_thread(cache.get, chunk.sha256, chunk.length)
+            if data is None:
+                lacking.append(i)
+                continue
+            await asyncio.to_thread(os.pwrite, fd, data, chunk.offset)
+            cached_bytes += chunk.length
+        gate = asyncio.Semaphore(max(1, connections))
+
+        async def fetch(first: int, count: int) -> None:
+            nonlocal fetched_bytes
+            chunks = manifest.chunks[first : first + count]
+            start, end = chunks[0].offset, chunks[-1].offset + chunks[-1].length
+            async with gate:
+                response = await http.request(
+                    method,
+                    descriptor.url or "",
+                    headers={"range": f"bytes={start}-{end - 1}", "accept-encoding": "identity"},
+                )
+            await raise_for_error(response)
+            body = response.content
+            if response.status_code != 206 or len(body) != end - start:
+                raise RemoteError(f"the service did not answer the range {start}-{end - 1} of the file")
+            for chunk in chunks:
+                piece = body[chunk.offset - start : chunk.offset - start + chunk.length]
+                if hashlib.sha256(piece).hexdigest() != chunk.sha256:
+                    raise ChecksumMismatch(f"the chunk at offset {chunk.offset} is not the manifest's")
+                await asyncio.to_thread(os.pwrite, fd, piece, chunk.offset)
+                await asyncio.to_thread(cache.put, chunk.sha256, piece)
+            fetched_bytes += len(body)
+
+        await _all([partial(fetch, first, count) for first, count in runs(lacking, manifest.chunks, FETCH_RUN_BYTES)])
+        sha = await asyncio.to_thread(_hash_fd, fd)
+        verify_bytes(descriptor, sha, manifest.size)
+        os.replace(part, dest)
+    finally:
+        os.close(fd)
+        part.unlink(missing_ok=True)
+    return CachedResolve(dest, fetched_bytes, cached_bytes)
+
+
+async def _all(jobs: list[Callable[[], Awaitable[None]]]) -> None:
+    """Run ``jobs`` together; the first failure is raised as itself (the others are cancelled)."""
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for job in jobs:
+                tg.create_task(job())  # type: ignore[arg-type]
+    except BaseExceptionGroup as group:
+        first = group.exceptions[0]
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
+
+
+def _hash_fd(fd: int) -> str:
+    sha = hashlib.sha256()
+    at = 0
+    while piece := os.pread(fd, 1 << 20, at):
+        sha.update(piece)
+        at += len(piece)
+    return sha.hexdigest()

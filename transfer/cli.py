@@ -136,10 +136,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from storage.base import UnsafeForReplicas, require_replica_safe
     from storage.errors import StorageError
-    from transfer.api.http2 import serve_config
-    from transfer.api.observability import configure_logging
-    from transfer.api.shutdown import GracefulServer
-    from transfer.api.tls import ListenerTLS
+    from transfer.api.middleware.observability import configure_logging
+    from transfer.api.protocol.http2 import serve_config
+    from transfer.api.protocol.shutdown import GracefulServer
+    from transfer.api.protocol.tls import ListenerTLS
     from transfer.hosts import create_app
     from transfer.service.backends import make_storage
     from transfer.settings import Settings

@@ -74,8 +74,8 @@ class Settings(BaseSettings):
         description="bytes/s a request body must average (over time spent waiting for it, after the grace); "
         "slower: 408 and the connection closes. 0: no minimum",
     )
-    # TLS and HTTP/2 (transfer.api.http2): one listener speaks HTTP/1.1 and HTTP/2 (ALPN h2 over TLS, prior knowledge
-    # in cleartext)
+    # TLS and HTTP/2 (transfer.api.protocol.http2): one listener speaks HTTP/1.1 and HTTP/2 (ALPN h2 over TLS, prior
+    # knowledge in cleartext)
     tls_cert: Path | None = Field(
         default=None, description="PEM certificate chain: the listener speaks TLS (reloaded on SIGHUP)"
     )

@@ -20,7 +20,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from storage.errors import StorageError
 from transfer import __version__
-from transfer.api import observability
 from transfer.api.admin import add_admin_routes
 from transfer.api.authorized import add_authorized_routes
 from transfer.api.bundles import add_bundle_routes
@@ -28,7 +27,9 @@ from transfer.api.caller import caller_of
 from transfer.api.direct import add_direct_routes
 from transfer.api.hotpath import HotPath, LeanApp
 from transfer.api.jobs import add_job_routes
-from transfer.api.limits import ControlBodyLimit, HeaderLimit
+from transfer.api.middleware import observability
+from transfer.api.middleware.limits import ControlBodyLimit, HeaderLimit
+from transfer.api.middleware.trust import BrowserPolicy, HostPolicy, TrustBoundary
 from transfer.api.multipart import multipart_boundary, parse_form
 from transfer.api.ownurls import serve_own_urls
 from transfer.api.responses import AsciiJSONResponse
@@ -36,7 +37,6 @@ from transfer.api.resumable import EXPOSED_HEADERS as RESUMABLE_HEADERS
 from transfer.api.resumable import add_resumable_routes, is_resumable_path, problem_response
 from transfer.api.sessions import add_session_routes
 from transfer.api.streaming import DownloadResponse, combined_headers, request_body
-from transfer.api.trust import BrowserPolicy, HostPolicy, TrustBoundary
 from transfer.api.tus import TusMiddleware, add_tus_routes
 from transfer.core.auth import Authenticator, Scope
 from transfer.core.content import DownloadMethod, FileRole, TransferMode, normalize_checksum

@@ -72,7 +72,7 @@ async def plan_body(download: Download, gzip_level: int, zstd_level: int) -> Asy
         yield encoder.finish()
 
 
-ZERO_COPY = "http.response.zerocopysend"  # the ASGI extension (transfer.api.zerocopy adds it to uvicorn)
+ZERO_COPY = "http.response.zerocopysend"  # the ASGI extension (transfer.api.protocol.zerocopy adds it to uvicorn)
 
 
 @runtime_checkable

@@ -1,5 +1,5 @@
 """What an operator sees of the HTTP service: Prometheus metrics, one JSON log line per request with its request id,
-readiness, and the in-flight requests a graceful shutdown waits for (see :mod:`transfer.api.shutdown`).
+readiness, and the in-flight requests a graceful shutdown waits for (see :mod:`transfer.api.protocol.shutdown`).
 
 One pure ASGI middleware (not Starlette's ``BaseHTTPMiddleware``, which buffers streaming responses through a
 memory stream) wraps the whole application, outside the trust boundary, so that every answer (refusals included)
@@ -33,8 +33,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from storage.errors import StorageError
 from transfer import __version__, metrics
+from transfer.api.protocol.zerocopy import EXTENSION as ZERO_COPY
 from transfer.api.responses import AsciiJSONResponse
-from transfer.api.zerocopy import EXTENSION as ZERO_COPY
 from transfer.core.auth import Grant
 from transfer.core.auth import Scope as KeyScope
 from transfer.errors import ShuttingDown

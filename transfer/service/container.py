@@ -28,6 +28,7 @@ from transfer.service.direct import DirectService
 from transfer.service.files import FileService
 from transfer.service.imports import ImportService
 from transfer.service.journal import JobJournal
+from transfer.service.metered import metered
 from transfer.service.progress import Job, ProgressHub
 from transfer.service.quota import SessionQuota
 from transfer.service.resolve import ResolveService
@@ -74,8 +75,9 @@ class Services:
     def build(
         cls, settings: Settings, storage: Storage | None = None, *, clock: Callable[[], float] = time.time
     ) -> Services:
-        """The one set of services of a process over ``storage`` (default: the one the settings name)."""
-        files = FileService(storage or make_storage(settings), settings, clock=clock)
+        """The one set of services of a process over ``storage`` (default: the one the settings name), every
+        backend operation counted in the metrics (:mod:`transfer.service.metered`)."""
+        files = FileService(metered(storage or make_storage(settings)), settings, clock=clock)
         quota = SessionQuota(files.storage, settings.max_open_sessions_per_key)
         engine = UploadEngine(files.storage)  # one engine (records, locks, hashers): tus, sessions, plans, grants
         sessions = SessionService(

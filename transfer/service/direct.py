@@ -34,8 +34,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from storage.base import Capability, PartUrl, Storage, StoredPart, SupportsDirectUpload
-from storage.parts import part_count, plan_part_size
+from storage.base import Capability, PartUrl, Storage, StoredPart, SupportsDirectUpload, rules_of
+from storage.parts import part_count
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import FileRole, checksum_hex
 from transfer.core.ids import is_id, new_id
@@ -200,9 +200,10 @@ class DirectService:
         return storage
 
     def _ttl(self) -> float:
-        """A plan must not outlive its multipart upload: the abandoned-upload sweep aborts those older than
-        ``s3_abandoned_upload_age``."""
-        return min(float(self.settings.session_ttl), float(self.settings.s3_abandoned_upload_age))
+        """A plan must not outlive its multipart upload: the abandoned-upload sweep aborts those older than the
+        backend's ``abandoned_upload_age``."""
+        age = rules_of(self.storage).abandoned_upload_age
+        return min(float(self.settings.session_ttl), float(self.settings.session_ttl if age is None else age))
 
     async def _change(self, pid: str, event: UploadEvent, at: float, **changes: Any) -> Plan:
         """Move the plan's record by ``event`` with compare-and-set (as of ``at``, when the operation was
@@ -265,7 +266,7 @@ class DirectService:
         self.publisher.check_fields(content_type=content_type, description=description)
         file_ttl = self.lifecycle.lifetime(caller.owner, expires_in)
         with storage_errors_translated():
-            part_size = plan_part_size(size, max_size=s.max_upload_size, preferred=s.s3_part_size)
+            part_size = rules_of(self.storage).part_size(size, max_size=s.max_upload_size)
         pid = new_plan_id()
         now = self.clock()
         plan = Plan(

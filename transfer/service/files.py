@@ -14,11 +14,10 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from urllib.parse import parse_qs, urlsplit
 
 import pybase64
 
-from storage.base import Capability, ObjectReader, Storage, SupportsAbandonedUploads, SupportsPresign, capable
+from storage.base import Capability, ObjectReader, Storage, SupportsAbandonedUploads, SupportsPresign, capable, rules_of
 from storage.errors import ObjectNotFound, StorageError
 from transfer import metrics
 from transfer.core.auth import TRUSTED, Grant
@@ -141,14 +140,15 @@ class FileService:
         await self.storage.close()
 
     async def sweep_abandoned_uploads(self) -> int:
-        """Abort the backend's unfinished uploads older than ``s3_abandoned_upload_age`` (their writers died: a
+        """Abort the backend's unfinished uploads older than its ``abandoned_upload_age`` (their writers died: a
         SIGKILL leaves S3 multipart uploads that cost storage forever); how many. Nothing to do on a backend that
         does not declare Capability.ABANDONED_UPLOADS."""
         backend = capable(self.storage, Capability.ABANDONED_UPLOADS, SupportsAbandonedUploads)
-        if backend is None:
+        age = rules_of(self.storage).abandoned_upload_age
+        if backend is None or age is None:
             return 0
         with storage_errors_translated():
-            return await backend.abort_abandoned_uploads(self.settings.s3_abandoned_upload_age)
+            return await backend.abort_abandoned_uploads(age)
 
     @property
     def signer(self) -> UrlSigner:
@@ -452,8 +452,8 @@ class FileService:
                 content_encoding=http_coding(record.encoding),
                 content_disposition=content_disposition(disposition, record.name),
             )
-        expires = parse_qs(urlsplit(url).query).get("X-Amz-Expires", [str(ttl)])[0]
-        return url, datetime.fromtimestamp(int(self.clock()) + int(expires), UTC)
+        expires = rules_of(self.storage).presigned_expires_in(url, ttl)
+        return url, datetime.fromtimestamp(int(self.clock()) + expires, UTC)
 
     async def _read_original(self, record: FileRecord) -> bytes:
         """The original bytes of a small file (inline descriptors only): no more than the record's

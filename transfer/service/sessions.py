@@ -33,7 +33,7 @@ from typing import Any, Self
 
 import xxhash
 
-from storage.base import Capability, ObjectInfo, ObjectReader, Storage, SupportsWriteAtOffset, capable
+from storage.base import Capability, ObjectInfo, ObjectReader, Storage, SupportsWriteAtOffset, capable, rules_of
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import FileRole, checksum_hex, format_timestamp
 from transfer.core.ids import is_id, new_id
@@ -184,8 +184,8 @@ class SessionService:
         return await self.engine.update(session_key(sid), Session.from_json, change, Session.to_json)
 
     def _min_chunk(self) -> int:
-        # S3 composes with UploadPartCopy: every part but the last must be at least 5 MiB
-        return 5 * MiB if Capability.MULTIPART in self.storage.capabilities else 64 << 10
+        # chunks are composed into the file: each must be a source the backend composes (S3: 5 MiB)
+        return max(64 << 10, rules_of(self.storage).min_compose_part)
 
     # -- operations ----------------------------------------------------------------------------------------------
 

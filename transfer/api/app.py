@@ -41,7 +41,7 @@ from transfer.api.tus import TusMiddleware, add_tus_routes
 from transfer.core.auth import Authenticator, Scope
 from transfer.core.content import DownloadMethod, FileRole, TransferMode, normalize_checksum
 from transfer.core.digests import sha256_from_digest_field
-from transfer.core.encodings import CODECS, coding_from_http, storage_encoding
+from transfer.core.encodings import CODECS, coding_from_http, encoder_levels, storage_encoding
 from transfer.core.lifecycle import parse_expires_in
 from transfer.core.naming import filename_from_content_disposition
 from transfer.core.numerals import parse_bounded, parse_count
@@ -564,7 +564,7 @@ def rest_app(
             combined_headers(request),
             raw_path=request.scope.get("raw_path"),
         )
-        return DownloadResponse(download, settings.gzip_level, settings.zstd_level)
+        return DownloadResponse(download, encoder_levels(settings))
 
     # the data plane's lean path (transfer.api.hotpath): the same endpoints, without the framework per request
     app.hot_path = HotPath(

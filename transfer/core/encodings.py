@@ -25,7 +25,7 @@ Pure computation, no I/O: callers decide where (which thread) the CPU work runs.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -328,14 +328,20 @@ class _IdentityEncoder:
         return b""
 
 
-def make_encoder(encoding: ContentEncoding, *, gzip_level: int = 1, zstd_level: int = 3) -> StreamEncoder:
+def make_encoder(encoding: ContentEncoding, *, levels: Mapping[str, int] | None = None) -> StreamEncoder:
     """A streaming encoder; gzip/deflate levels are python-isal's (0-3), zstd levels zstandard's. Each codec takes
-    the level its entry names (``level_setting``), else its own default."""
+    the level ``levels`` holds under its entry's ``level_setting`` (see :func:`encoder_levels`), else its own
+    default."""
     codec = CODECS.get(encoding)
     if codec is None:
         raise UnsupportedEncoding(f"cannot encode {encoding.value!r} as a stream")
-    levels = {"gzip_level": gzip_level, "zstd_level": zstd_level}
-    return codec.encoder(levels.get(codec.level_setting or ""))
+    return codec.encoder((levels or {}).get(codec.level_setting or ""))
+
+
+def encoder_levels(settings: object) -> dict[str, int]:
+    """The level of every codec that has one, by its ``level_setting``, read from ``settings`` (a codec with a
+    tunable level is its registry entry plus its settings field: nothing between passes levels one by one)."""
+    return {c.level_setting: int(getattr(settings, c.level_setting)) for c in CODECS if c.level_setting}
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from transfer import metrics
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode, format_timestamp
 from transfer.core.delivery import DeliveryPlan, DeliveryPolicy, Representation, plan_delivery
-from transfer.core.encodings import DecodeLimits, http_coding, make_decoder
+from transfer.core.encodings import DecodeLimits, encoder_levels, http_coding, make_decoder
 from transfer.core.lifecycle import expiry_bucket, expiry_key, is_expired
 from transfer.core.mime import is_active_type, is_compressible, is_media_type
 from transfer.core.naming import content_disposition
@@ -190,8 +190,7 @@ class FileService:
                     max_size=s.max_upload_size,
                     max_decode_ratio=s.max_decode_ratio,
                     buffer_size=s.buffer_size,
-                    gzip_level=s.gzip_level,
-                    zstd_level=s.zstd_level,
+                    levels=encoder_levels(s),
                     publisher=self.publisher,
                     room=room,
                     lifetime=lifetime,

@@ -87,7 +87,7 @@ class Services:
             quota=quota,
             engine=engine,
             check_signed=files.check_signed,
-            lifecycle=files.lifecycle,
+            publisher=files.publisher,
         )
         journal = JobJournal(files.storage, retention=settings.job_retention, clock=clock)
         hub = ProgressHub(
@@ -102,7 +102,7 @@ class Services:
             settings=settings,
             files=files,
             sessions=sessions,
-            tus=TusService(files.storage, settings, clock=clock, quota=quota, engine=engine, lifecycle=files.lifecycle),
+            tus=TusService(files.storage, settings, clock=clock, quota=quota, engine=engine, publisher=files.publisher),
             bundles=BundleService(files.storage, files, clock=clock),
             hub=hub,
             journal=journal,
@@ -111,7 +111,7 @@ class Services:
             tp=TPService(files, sessions, imports, clock=clock),
             a2a=A2AService(files, imports, clock=clock),
             authorizations=Authorizations(files, engine),
-            direct=DirectService(files.storage, settings, clock=clock, lifecycle=files.lifecycle, engine=engine),
+            direct=DirectService(files.storage, settings, clock=clock, publisher=files.publisher, engine=engine),
         )
 
     def maintenance(self) -> list[Sweep]:

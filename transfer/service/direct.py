@@ -54,7 +54,6 @@ from transfer.errors import (
     TransferError,
     storage_errors_translated,
 )
-from transfer.service.lifecycle import Lifecycle
 from transfer.service.publisher import SNIFF_BYTES, Candidate, Publisher, file_id_for
 from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord, object_key
@@ -165,15 +164,16 @@ class DirectService:
         settings: Settings,
         *,
         clock: Callable[[], float] = time.time,
-        lifecycle: Lifecycle | None = None,
-        engine: UploadEngine | None = None,
+        publisher: Publisher,
+        engine: UploadEngine,
     ) -> None:
+        # collaborators come from the composition root (Services.build), shared with every other door
         self.storage = storage
         self.settings = settings
         self.clock = clock
-        self.lifecycle = lifecycle or Lifecycle(storage, settings, clock=clock)
-        self.publisher = Publisher(storage, settings, self.lifecycle, clock=clock)
-        self.engine = engine or UploadEngine(storage)  # its keyed locks: one completion of a plan at a time here
+        self.publisher = publisher
+        self.lifecycle = publisher.lifecycle
+        self.engine = engine  # its keyed locks: one completion of a plan at a time here
         # open plans per key: a marker each, checked against its plan only when the key reaches the limit
         self.open_plans = SessionQuota(
             storage,

@@ -114,6 +114,7 @@ class DecodeLimits:
     ratio_grace: int = 16 << 20
 
     def check(self, decoded: int, encoded: int) -> None:
+        """Raise DecodedSizeLimit once ``decoded`` bytes from ``encoded`` pass the size or expansion limit."""
         if decoded > self.max_size:
             raise DecodedSizeLimit(f"decoded content exceeds the limit of {self.max_size} bytes", limit=self.max_size)
         if decoded > self.ratio_grace and decoded > self.max_ratio * max(encoded, 1):
@@ -124,9 +125,11 @@ class StreamDecoder(Protocol):
     encoded_in: int
     decoded_out: int
 
-    def feed(self, data: bytes | memoryview) -> Iterator[bytes]: ...
+    def feed(self, data: bytes | memoryview) -> Iterator[bytes]:
+        """The decoded pieces of ``data``, each bounded in size."""
 
-    def finish(self) -> Iterator[bytes]: ...
+    def finish(self) -> Iterator[bytes]:
+        """The last decoded pieces; MalformedBody when the stream was truncated."""
 
 
 class _ZlibFamilyDecoder:
@@ -289,9 +292,11 @@ def make_decoder(encoding: ContentEncoding, limits: DecodeLimits, piece_size: in
 
 
 class StreamEncoder(Protocol):
-    def encode(self, data: bytes | memoryview) -> bytes: ...
+    def encode(self, data: bytes | memoryview) -> bytes:
+        """The encoded bytes ``data`` gives so far (possibly empty)."""
 
-    def finish(self) -> bytes: ...
+    def finish(self) -> bytes:
+        """The rest of the encoded stream."""
 
 
 class _ZlibFamilyEncoder:
@@ -375,6 +380,7 @@ class CodecRegistry:
         return iter(list(self._codecs.values()))
 
     def get(self, encoding: ContentEncoding) -> Codec | None:
+        """The codec of ``encoding``, if registered."""
         return self._codecs.get(encoding)
 
     def from_token(self, token: str) -> Codec | None:
@@ -399,6 +405,7 @@ class CodecRegistry:
         return tuple(token for _rank, token in sorted(ranked))
 
     def aliases_of(self, token: str) -> tuple[str, ...]:
+        """The other tokens accepted for the coding ``token`` names."""
         codec = self.from_token(token)
         return () if codec is None else codec.aliases
 

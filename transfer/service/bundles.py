@@ -29,10 +29,12 @@ from transfer.service.files import FileService
 
 
 def bundle_key(bundle_id: str) -> str:
+    """The storage key of bundle ``bundle_id``'s record."""
     return f"bundles/{bundle_id}.json"
 
 
 def is_bundle_id(value: str) -> bool:
+    """Whether ``value`` has the form of a bundle id (``b_…``)."""
     return is_id(value, "b_")
 
 

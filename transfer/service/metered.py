@@ -100,12 +100,15 @@ class MeteredStorage(_Counted):
 
     @property
     def capabilities(self) -> frozenset[Capability]:
+        """The backend's capabilities, as it declares them."""
         return cast(frozenset[Capability], self.inner.capabilities)
 
     async def start(self) -> None:
+        """Start the backend (not counted: its life cycle, not an operation)."""
         await self.inner.start()
 
     async def close(self) -> None:
+        """Close the backend."""
         await self.inner.close()
 
     def create(
@@ -117,22 +120,27 @@ class MeteredStorage(_Counted):
         if_match: str | None = None,
         durable: bool = True,
     ) -> ObjectWriter:
+        """The backend's writer for ``key``, counted; its commit failures are counted under ``create``."""
         metrics.storage_operations.labels("create").inc()
         writer = self.inner.create(key, size_hint=size_hint, if_absent=if_absent, if_match=if_match, durable=durable)
         return _count_commit_failures(writer)
 
     async def open(self, key: str) -> ObjectReader:
+        """The backend's reader of ``key``, counted."""
         return cast(ObjectReader, await self._call("open", self.inner.open, key))
 
     async def stat(self, key: str) -> ObjectInfo:
+        """The backend's info of ``key``, counted."""
         return cast(ObjectInfo, await self._call("stat", self.inner.stat, key))
 
     async def delete(self, key: str) -> None:
+        """Delete ``key`` on the backend, counted."""
         await self._call("delete", self.inner.delete, key)
 
     def list(
         self, prefix: str = "", *, start_after: str | None = None, limit: int | None = None, metadata: bool = False
     ) -> AsyncIterator[ObjectInfo]:
+        """The backend's listing, counted once per listing."""
         listing = self.inner.list(prefix, start_after=start_after, limit=limit, metadata=metadata)
         return self._iterate("list", listing)
 

@@ -1,7 +1,7 @@
 """Null ASGI applications for the HTTP/2 server comparison of :mod:`benchmarks.http2`: ``sink`` reads a request
 body and answers its length, ``source`` answers 256 MiB (``?mib=N``: N MiB) of zeros in 1 MiB pieces.
 ``python -m benchmarks.h2apps APP PORT`` serves one on the listener of ``transfer serve`` (uvicorn +
-transfer.api.http2), cleartext."""
+transfer.api.protocol.http2), cleartext."""
 
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ async def source(scope: dict[str, Any], receive: Any, send: Any) -> None:
 def main() -> None:
     import uvicorn
 
-    from transfer.api.http2 import H2Options, listener_protocol
-    from transfer.api.server import head_timeout_protocol
+    from transfer.api.protocol.http2 import H2Options, listener_protocol
+    from transfer.api.protocol.server import head_timeout_protocol
 
     app = {"sink": sink, "source": source}[sys.argv[1]]
     http = listener_protocol(head_timeout_protocol(30.0), H2Options())

@@ -5,8 +5,8 @@
    ``transfer serve``. Requests/s and the server's CPU per request.
 2. One large download over TLS: the file's signed URL with curl, HTTP/1.1 and HTTP/2, vs nginx over TLS with the same
    certificate, the same TLS 1.3 cipher (TLS_AES_128_GCM_SHA256, pinned on the client) and the same protocol.
-3. The HTTP/2 server chosen: Hypercorn's h2 protocol on our listener (transfer.api.http2) vs Granian (Rust), each
-   serving the same null ASGI application in cleartext (h2c): a 64 MiB upload, a 256 MiB download, and 4 KiB
+3. The HTTP/2 server chosen: Hypercorn's h2 protocol on our listener (transfer.api.protocol.http2) vs Granian (Rust),
+   each serving the same null ASGI application in cleartext (h2c): a 64 MiB upload, a 256 MiB download, and 4 KiB
    POSTs on 64 streams. This is the measurement behind the choice (README "TLS and HTTP/2").
 4. The page in Chromium (Debian's, driven by Playwright, trusting our certificate with
    ``--ignore-certificate-errors``): 8 files of 2 MiB dropped at once, each a tus upload, over HTTP/2 (one

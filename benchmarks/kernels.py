@@ -87,7 +87,7 @@ def _pieces(data: bytes) -> list[memoryview]:
 
 
 def _ours_encode(encoding: ContentEncoding, data: bytes, **levels: int) -> bytes:
-    encoder = make_encoder(encoding, **levels)
+    encoder = make_encoder(encoding, levels=levels)
     return b"".join([encoder.encode(p) for p in _pieces(data)] + [encoder.finish()])
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from transfer.api.observability import JsonFormatter, Observability, ObservabilityMiddleware
+from transfer.api.middleware.observability import JsonFormatter, Observability, ObservabilityMiddleware
 from transfer.settings import Settings
 
 

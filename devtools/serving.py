@@ -10,7 +10,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from transfer.api.server import uvicorn_config
+from transfer.api.protocol.server import uvicorn_config
 from transfer.settings import Settings
 
 

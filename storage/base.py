@@ -53,7 +53,6 @@ class Capability(enum.Enum):
     """Optional abilities a backend may declare."""
 
     PRESIGN = "presign"  # the backend can mint its own time-limited GET URLs (SupportsPresign)
-    MULTIPART = "multipart"  # parts uploaded independently and combined server-side
     COMPOSE = "compose"  # concatenate existing objects into a new one (SupportsCompose)
     ATOMIC_IF_ABSENT = "atomic_if_absent"  # create(if_absent=True) holds under concurrent writers too
     ABANDONED_UPLOADS = "abandoned_uploads"  # unfinished uploads outlive dead writers (SupportsAbandonedUploads)
@@ -305,6 +304,54 @@ class SupportsPresign(Protocol):
     ) -> str:
         """A GET URL valid for ``expires_in`` seconds (the backend may cap it) whose responses carry the given
         Content-Type, Content-Encoding and Content-Disposition."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreRules:
+    """The limits a backend's engine imposes, declared by the backend (its ``rules`` attribute, read through
+    :func:`rules_of`) so that the service applies them without knowing which engine it runs on (tusd's composer
+    is the model: the store owns its quirks). The defaults are a backend without any: local files.
+
+    ``min_compose_part``: every source of a server-side ``compose`` but the last must have at least this many
+    bytes (S3's UploadPartCopy: 5 MiB), so pieces meant to be composed are planned at least this large.
+    ``min_part_size``, ``max_part_size``, ``max_parts``, ``preferred_part_size``: the parts of a direct
+    (client-sent) upload. ``abandoned_upload_age``: seconds after which an unfinished upload of a writer that died
+    is aborted (None: the backend leaves none behind). ``max_compose_source``: the largest source a server-side
+    ``compose`` moves in one piece (S3's UploadPartCopy: 5 GiB; None: no limit)."""
+
+    min_compose_part: int = 0
+    max_compose_source: int | None = None
+    min_part_size: int = 5 << 20
+    max_part_size: int = 5 << 30
+    max_parts: int = 10_000
+    preferred_part_size: int = 8 << 20
+    abandoned_upload_age: float | None = None
+
+    def part_size(self, size: int | None, *, max_size: int) -> int:
+        """The part size for a direct upload of ``size`` bytes (None: unknown, at most ``max_size``)."""
+        from storage.parts import plan_part_size
+
+        return plan_part_size(
+            size,
+            max_size=max_size,
+            preferred=self.preferred_part_size,
+            min_part=self.min_part_size,
+            max_part=self.max_part_size,
+            max_parts=self.max_parts,
+        )
+
+    def presigned_expires_in(self, url: str, requested: int) -> int:
+        """How many seconds a URL this backend presigned for ``requested`` seconds really lives (it may cap it)."""
+        return requested
+
+
+DEFAULT_RULES = StoreRules()
+
+
+def rules_of(storage: object) -> StoreRules:
+    """The rules ``storage`` declares, else those of a backend without any."""
+    rules = getattr(storage, "rules", None)
+    return rules if isinstance(rules, StoreRules) else DEFAULT_RULES
 
 
 REPLICA_CAPABILITIES = {

@@ -8,6 +8,10 @@ the preferred part size when it fits and raises it, in whole MiB, until the (dec
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from urllib.parse import parse_qs, urlsplit
+
+from storage.base import StoreRules
 from storage.errors import ObjectTooLarge
 
 MIN_PART_SIZE = 5 << 20
@@ -16,17 +20,40 @@ MAX_PARTS = 10_000
 MiB = 1 << 20
 
 
-def plan_part_size(size: int | None, *, max_size: int, preferred: int = 8 << 20) -> int:
-    """The part size for an object of ``size`` bytes (None: unknown, at most ``max_size``)."""
-    if preferred < MIN_PART_SIZE:
-        raise ValueError(f"part size must be at least {MIN_PART_SIZE} bytes")
+def plan_part_size(
+    size: int | None,
+    *,
+    max_size: int,
+    preferred: int = 8 << 20,
+    min_part: int = MIN_PART_SIZE,
+    max_part: int = MAX_PART_SIZE,
+    max_parts: int = MAX_PARTS,
+) -> int:
+    """The part size for an object of ``size`` bytes (None: unknown, at most ``max_size``), within an engine's
+    limits (S3's by default)."""
+    if preferred < min_part:
+        raise ValueError(f"part size must be at least {min_part} bytes")
     total = max_size if size is None else size
-    if total > MAX_PARTS * MAX_PART_SIZE:
-        raise ObjectTooLarge(f"{total} bytes exceed {MAX_PARTS} parts of {MAX_PART_SIZE} bytes")
-    needed = -(-total // MAX_PARTS)  # ceil
+    if total > max_parts * max_part:
+        raise ObjectTooLarge(f"{total} bytes exceed {max_parts} parts of {max_part} bytes")
+    needed = -(-total // max_parts)  # ceil
     part = max(preferred, needed)
     part = -(-part // MiB) * MiB  # whole MiB
-    return min(part, MAX_PART_SIZE)
+    return min(part, max_part)
+
+
+@dataclass(frozen=True, slots=True)
+class S3Rules(StoreRules):
+    """S3's limits (and MinIO's, Ceph RGW's, Swift s3api's): 5 MiB minimum for every part but the last, of a
+    multipart upload and of the sources of an UploadPartCopy; presigned URLs carry their real lifetime in
+    ``X-Amz-Expires`` (SigV4 caps it at 7 days and at the credentials' own expiry)."""
+
+    min_compose_part: int = MIN_PART_SIZE
+    max_compose_source: int | None = 5 << 30  # the largest part one UploadPartCopy takes (AWS)
+
+    def presigned_expires_in(self, url: str, requested: int) -> int:
+        """The ``X-Amz-Expires`` of the URL (``requested`` when it names none)."""
+        return int(parse_qs(urlsplit(url).query).get("X-Amz-Expires", [str(requested)])[0])
 
 
 def part_count(size: int, part_size: int) -> int:

@@ -68,7 +68,7 @@ from storage.errors import (
     Unsupported,
 )
 from storage.keyed import KeyedLocks
-from storage.parts import plan_part_size
+from storage.parts import S3Rules, plan_part_size
 
 T = TypeVar("T")
 MAX_PRESIGN_SECONDS = 7 * 24 * 3600  # SigV4 presigned URLs live at most 7 days
@@ -155,6 +155,7 @@ class S3Config:
     # learn at start() what the engine really does (see :class:`EngineProfile`); the two ``atomic_*`` flags above
     # can then only take an ability away (an operator's "no"), never grant one the engine was seen not to have
     probe: bool = True
+    abandoned_upload_age: float = 24 * 3600  # seconds after which an unfinished multipart upload is aborted
 
 
 IfMatchForm = Literal["quoted", "unquoted", "ignored", "refused", "broken"]
@@ -520,10 +521,15 @@ class S3Storage:
             self.on_retry(operation_name)
 
     @property
+    def rules(self) -> S3Rules:
+        """S3's limits (parts, compose sources, presigned URL lifetimes), as this backend is configured."""
+        return S3Rules(preferred_part_size=self.config.part_size, abandoned_upload_age=self.config.abandoned_upload_age)
+
+    @property
     def capabilities(self) -> frozenset[Capability]:
         """What this backend offers on its engine: before start() (or without probing) what the configuration
         says; after start() only what the probes saw working."""
-        caps = {Capability.MULTIPART, Capability.COMPOSE, Capability.ABANDONED_UPLOADS}
+        caps = {Capability.COMPOSE, Capability.ABANDONED_UPLOADS}
         if self.engine is None or self.engine.presign != "none":
             caps |= {Capability.PRESIGN, Capability.DIRECT_UPLOAD}
         if self.atomic_if_absent:

@@ -1,5 +1,5 @@
-"""Request bodies on the server's HTTP/1.1 protocol (transfer.api.bodyread): a Content-Length body bypasses the parser
-after its head and reaches the application as the socket's own reads; everything around it (pipelined requests,
+"""Request bodies on the server's HTTP/1.1 protocol (transfer.api.protocol.bodyread): a Content-Length body bypasses the
+parser after its head and reaches the application as the socket's own reads; everything around it (pipelined requests,
 chunked bodies, 100-continue, early answers, keep-alive) behaves as before."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from uvicorn.server import ServerState
 
 from devtools.serving import serve_in_thread
 from tests.conftest import running
-from transfer.api.bodyread import BodyCycle
-from transfer.api.server import uvicorn_config
+from transfer.api.protocol.bodyread import BodyCycle
+from transfer.api.protocol.server import uvicorn_config
 from transfer.settings import Settings
 
 

@@ -1,5 +1,5 @@
-"""Request-smuggling shapes and read boundaries on the server's HTTP/1.1 protocol (transfer.api.bodyread reads a
-Content-Length body past the parser): for each byte stream, split into two socket reads at every offset, the
+"""Request-smuggling shapes and read boundaries on the server's HTTP/1.1 protocol (transfer.api.protocol.bodyread reads
+a Content-Length body past the parser): for each byte stream, split into two socket reads at every offset, the
 server's protocol must frame requests exactly as uvicorn's stock httptools protocol does (RFC 9112 §6.3: one
 Content-Length, no Transfer-Encoding with it, malformed lengths refused; §9.3.2: pipelined requests). The reads are
 fed to the protocol directly: a real socket cannot be made to cut a stream at a chosen byte."""
@@ -14,7 +14,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from transfer.api.server import head_timeout_protocol
+from transfer.api.protocol.server import head_timeout_protocol
 
 pytestmark = pytest.mark.anyio
 

@@ -213,3 +213,13 @@ async def test_websocket_subscription_rules_are_the_tp_services(tmp_path: Path) 
         assert await tp.subscription(plain, grant) is None  # a message, not a subscription
     finally:
         await services.close()
+
+
+def test_the_doors_share_the_collaborators_of_the_composition_root(tmp_path: Path) -> None:
+    """One publisher, one lifecycle, one upload engine per process: no door builds its own."""
+    services = Services.build(_settings(tmp_path))
+    doors = (services.sessions, services.tus, services.direct)
+    assert all(door.publisher is services.files.publisher for door in doors)
+    assert all(door.lifecycle is services.files.lifecycle for door in doors)
+    assert services.sessions.engine is services.tus.engine is services.direct.engine is services.authorizations.engine
+    assert services.sessions.quota is services.tus.quota

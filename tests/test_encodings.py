@@ -5,12 +5,15 @@ from __future__ import annotations
 import gzip
 import os
 import zlib
+from dataclasses import replace
+from typing import Any
 
 import pytest
 import zstandard
 
 from transfer.core.content import ContentEncoding
 from transfer.core.encodings import (
+    CODECS,
     DecodeLimits,
     choose_response_coding,
     coding_from_http,
@@ -144,3 +147,36 @@ def test_base64_encoder_matches_the_standard_and_reuses_its_buffer(size: int) ->
     assert bytes(encoder.encode(data)) == base64.b64encode(data)
     smaller = os.urandom(size // 2)
     assert bytes(encoder.encode(memoryview(smaller))) == base64.b64encode(smaller)  # the same buffer, shorter view
+
+
+def test_each_codec_takes_its_level_from_the_settings_by_its_entry() -> None:
+    """Levels travel as one mapping read from the settings by each codec's ``level_setting``: a codec with a
+    tunable level is its registry entry plus its settings field, nothing in between names it."""
+    from transfer.core.encodings import Codec, encoder_levels
+    from transfer.settings import Settings
+
+    assert encoder_levels(Settings(gzip_level=3, zstd_level=7)) == {"gzip_level": 3, "zstd_level": 7}
+    data = b"abcdefgh" * 50_000 + bytes(range(256)) * 400
+    fast = make_encoder(ContentEncoding.ZSTD, levels={"zstd_level": 1})
+    small = make_encoder(ContentEncoding.ZSTD, levels=encoder_levels(Settings(zstd_level=19)))
+    assert len(small.encode(data) + small.finish()) < len(fast.encode(data) + fast.finish())
+
+    seen: list[int | None] = []
+    zstd = CODECS.get(ContentEncoding.ZSTD)
+    assert zstd is not None
+
+    def encoder(level: int | None) -> Any:
+        seen.append(level)
+        return zstd.encoder(level)
+
+    class WithLevel:
+        gzip_level, zstd_level, zstd_test_level = 1, 3, 11
+
+    previous = CODECS.register(replace(zstd, encoder=encoder, level_setting="zstd_test_level"))
+    try:
+        make_encoder(ContentEncoding.ZSTD, levels=encoder_levels(WithLevel()))
+    finally:
+        assert previous is not None
+        CODECS.register(previous)
+    assert seen == [11]
+    assert isinstance(previous, Codec)

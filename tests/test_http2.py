@@ -1,7 +1,7 @@
-"""TLS and HTTP/2 on the listener of ``transfer serve`` (transfer.api.http2, transfer.api.tls), with real clients at
-their strictest: curl ``--http2`` (ALPN over TLS) and ``--http2-prior-knowledge`` (h2c), httpx with ``http2=True``,
-the ``h2`` library as a raw client where a test must hold a stream open, the ``websockets`` client over ``wss://``.
-Certificates come from a test CA (trustme); nothing leaves loopback."""
+"""TLS and HTTP/2 on the listener of ``transfer serve`` (transfer.api.protocol.http2, transfer.api.protocol.tls), with
+real clients at their strictest: curl ``--http2`` (ALPN over TLS) and ``--http2-prior-knowledge`` (h2c), httpx with
+``http2=True``, the ``h2`` library as a raw client where a test must hold a stream open, the ``websockets`` client over
+``wss://``. Certificates come from a test CA (trustme); nothing leaves loopback."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ import uvicorn
 from websockets.asyncio.client import connect
 
 from devtools.serving import free_port
-from transfer.api.http2 import serve_config
-from transfer.api.tls import ListenerTLS
+from transfer.api.protocol.http2 import serve_config
+from transfer.api.protocol.tls import ListenerTLS
 from transfer.hosts import create_app
 from transfer.settings import Settings
 

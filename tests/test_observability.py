@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from devtools.serving import free_port
 from tests.conftest import in_progress_uploads, running, s3_client
 from tests.layout import stored_keys
-from transfer.api.observability import redact
+from transfer.api.middleware.observability import redact
 from transfer.core.auth import new_token, token_hash
 from transfer.settings import Settings
 

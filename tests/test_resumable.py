@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer, running
-from transfer.api.informational import interim_head
+from transfer.api.protocol.informational import interim_head
 from transfer.core.auth import new_token, token_hash
 from transfer.core.resumable import boolean_item, integer_item, wants_sha256
 from transfer.settings import Settings

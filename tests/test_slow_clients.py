@@ -153,7 +153,7 @@ async def test_a_body_that_stalls_after_a_fast_start_is_shed(live: LiveServer) -
 
 
 def test_min_rate_is_a_sliding_window() -> None:
-    from transfer.api.limits import MinRate
+    from transfer.api.middleware.limits import MinRate
 
     rate = MinRate(window=2.0, min_rate=100.0)
     assert rate.allowance() == 2.0

@@ -20,7 +20,7 @@ from websockets.exceptions import InvalidStatus
 
 from tests.conftest import LiveServer, running
 from tests.test_api_upload import assert_error
-from transfer.api.trust import BrowserPolicy, HostPolicy, split_host
+from transfer.api.middleware.trust import BrowserPolicy, HostPolicy, split_host
 from transfer.cli import build_parser
 from transfer.service.fetch import DestinationPolicy, embedded_ipv4
 from transfer.settings import Settings

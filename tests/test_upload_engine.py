@@ -132,7 +132,7 @@ async def test_no_per_request_path_lists_storage(tmp_path: Path) -> None:
     upload's record, none lists storage (before: every tus PATCH and HEAD, every session status, completion and
     abort listed, and the local listing walked every stored object whatever the prefix)."""
     services = await _services(tmp_path)
-    storage = services.files.storage
+    storage = services.files.storage.inner  # the backend under the metrics wrapper
     assert isinstance(storage, CountingStorage)
     await _fill(storage, 200)
     try:

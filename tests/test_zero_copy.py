@@ -1,5 +1,5 @@
 """Zero-copy downloads: one range of a local object goes from the page cache to the socket with sendfile(2)
-(transfer.api.zerocopy), and the HTTP stream stays correct around it: exact bytes, keep-alive and pipelined
+(transfer.api.protocol.zerocopy), and the HTTP stream stays correct around it: exact bytes, keep-alive and pipelined
 requests after a zero-copy body, slow readers (a full socket buffer), clients that hang up mid-body, HEAD."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer
-from transfer.api import zerocopy
+from transfer.api.protocol import zerocopy
 
 MiB = 1 << 20
 DATA = os.urandom(12 * MiB + 77)  # several socket buffers: sendfile meets a full buffer and waits for it

@@ -137,12 +137,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from storage.base import UnsafeForReplicas, require_replica_safe
     from storage.errors import StorageError
-    from transfer.api.http2 import serve_config
-    from transfer.api.observability import configure_logging
-    from transfer.api.shutdown import GracefulServer
-    from transfer.api.tls import ListenerTLS
+    from transfer.api.middleware.observability import configure_logging
+    from transfer.api.protocol.http2 import serve_config
+    from transfer.api.protocol.shutdown import GracefulServer
+    from transfer.api.protocol.tls import ListenerTLS
     from transfer.hosts import create_app
-    from transfer.service.backends import make_storage
+    from transfer.service.backends import BACKENDS, make_storage
     from transfer.settings import Settings
 
     try:
@@ -167,9 +167,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError("storage_unavailable", str(exc).splitlines()[0]) from exc
     except (TransferError, ValueError, OSError) as exc:
         raise CliError("invalid_settings", str(exc).splitlines()[0]) from exc
-    where = {"s3": f"s3://{settings.s3_bucket}", "null": "nothing (null storage: benchmarks only)"}.get(
-        settings.storage, str(settings.data_dir.resolve())
-    )
+    where = BACKENDS[settings.storage].where(settings)
     sock = _listen(settings.host, settings.port)
     port = sock.getsockname()[1]
     scheme = "https" if tls is not None else "http"
@@ -714,6 +712,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from transfer.service.backends import BACKENDS  # the registry of storage backends (light: no backend)
+
     parser = CliParser(prog="transfer", description="Large-content transfer service for AI agents")
     parser.add_argument("--version", action="version", version=f"transfer {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -723,7 +723,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port (TRANSFER_PORT, default 8080)")
     p.add_argument("--data-dir", help="local storage directory (TRANSFER_DATA_DIR, default ./transfer-data)")
     p.add_argument("--public-url", help="base URL for descriptors (TRANSFER_PUBLIC_URL)")
-    p.add_argument("--storage", choices=["local", "s3", "null"], help="backend (TRANSFER_STORAGE, default local)")
+    p.add_argument("--storage", choices=list(BACKENDS), help="backend (TRANSFER_STORAGE, default local)")
     p.add_argument("--s3-bucket", help="bucket for --storage s3 (TRANSFER_S3_BUCKET)")
     p.add_argument("--s3-endpoint-url", help="S3 endpoint (TRANSFER_S3_ENDPOINT_URL; default AWS_ENDPOINT_URL)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])

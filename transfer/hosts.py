@@ -22,7 +22,7 @@ from fastapi import FastAPI
 
 from storage.base import Storage
 from transfer.api.app import public_base_url, rest_app
-from transfer.api.server import uvicorn_config
+from transfer.api.protocol.server import uvicorn_config
 from transfer.bindings.a2a import add_a2a_routes
 from transfer.bindings.mcp import add_mcp_endpoint, build_mcp
 from transfer.bindings.tp import add_tp_routes

@@ -18,8 +18,10 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="TRANSFER_", extra="ignore")
 
-    storage: Literal["local", "s3", "null"] = Field(
-        default="local", description='storage backend ("null": keeps nothing large, for benchmarks only)'
+    storage: str = Field(
+        default="local",
+        description="storage backend: a name registered in transfer.service.backends.BACKENDS (local: a data "
+        "directory; s3; null: keeps nothing large, for benchmarks only)",
     )
     data_dir: Path = Field(default=Path("transfer-data"), description="local storage directory")
     local_sync: Literal["syncfs", "fsync", "off"] = Field(
@@ -74,8 +76,8 @@ class Settings(BaseSettings):
         description="bytes/s a request body must average (over time spent waiting for it, after the grace); "
         "slower: 408 and the connection closes. 0: no minimum",
     )
-    # TLS and HTTP/2 (transfer.api.http2): one listener speaks HTTP/1.1 and HTTP/2 (ALPN h2 over TLS, prior knowledge
-    # in cleartext)
+    # TLS and HTTP/2 (transfer.api.protocol.http2): one listener speaks HTTP/1.1 and HTTP/2 (ALPN h2 over TLS, prior
+    # knowledge in cleartext)
     tls_cert: Path | None = Field(
         default=None, description="PEM certificate chain: the listener speaks TLS (reloaded on SIGHUP or file change)"
     )
@@ -248,6 +250,15 @@ class Settings(BaseSettings):
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("TRANSFER_TLS_CERT and TRANSFER_TLS_KEY go together: set both or neither")
         return self
+
+    @field_validator("storage")
+    @classmethod
+    def _registered_backend(cls, v: str) -> str:
+        from transfer.service.backends import BACKENDS  # the registry imports these settings
+
+        if v not in BACKENDS:
+            raise ValueError(f"unknown storage backend {v!r}: one of {', '.join(BACKENDS)}")
+        return v
 
     @field_validator("public_url")
     @classmethod

@@ -20,7 +20,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from storage.errors import StorageError
 from transfer import __version__
-from transfer.api import observability
 from transfer.api.admin import add_admin_routes
 from transfer.api.authorized import add_authorized_routes
 from transfer.api.bundles import add_bundle_routes
@@ -29,7 +28,9 @@ from transfer.api.chunked import add_chunked_routes
 from transfer.api.direct import add_direct_routes
 from transfer.api.hotpath import HotPath, LeanApp
 from transfer.api.jobs import add_job_routes
-from transfer.api.limits import ControlBodyLimit, HeaderLimit
+from transfer.api.middleware import observability
+from transfer.api.middleware.limits import ControlBodyLimit, HeaderLimit
+from transfer.api.middleware.trust import BrowserPolicy, HostPolicy, TrustBoundary
 from transfer.api.multipart import multipart_boundary, parse_form
 from transfer.api.ownurls import serve_own_urls
 from transfer.api.responses import AsciiJSONResponse
@@ -37,12 +38,11 @@ from transfer.api.resumable import EXPOSED_HEADERS as RESUMABLE_HEADERS
 from transfer.api.resumable import add_resumable_routes, is_resumable_path, problem_response
 from transfer.api.sessions import add_session_routes
 from transfer.api.streaming import DownloadResponse, combined_headers, request_body
-from transfer.api.trust import BrowserPolicy, HostPolicy, TrustBoundary
 from transfer.api.tus import TusMiddleware, add_tus_routes
 from transfer.core.auth import Authenticator, Scope
 from transfer.core.content import DownloadMethod, FileRole, TransferMode, normalize_checksum
 from transfer.core.digests import sha256_from_digest_field
-from transfer.core.encodings import CODECS, coding_from_http, storage_encoding
+from transfer.core.encodings import CODECS, coding_from_http, encoder_levels, storage_encoding
 from transfer.core.lifecycle import parse_expires_in
 from transfer.core.naming import filename_from_content_disposition
 from transfer.core.numerals import parse_bounded, parse_count
@@ -571,7 +571,7 @@ def rest_app(
             combined_headers(request),
             raw_path=request.scope.get("raw_path"),
         )
-        return DownloadResponse(download, settings.gzip_level, settings.zstd_level)
+        return DownloadResponse(download, encoder_levels(settings))
 
     # the data plane's lean path (transfer.api.hotpath): the same endpoints, without the framework per request
     app.hot_path = HotPath(

@@ -30,9 +30,9 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from transfer.api.observability import Observability, ObservabilityMiddleware
+from transfer.api.middleware.observability import Observability, ObservabilityMiddleware
+from transfer.api.middleware.trust import TrustBoundary
 from transfer.api.responses import AsciiJSONResponse
-from transfer.api.trust import TrustBoundary
 from transfer.api.tus import PREFIX as TUS_PREFIX
 from transfer.api.tus import TUS_VERSION
 from transfer.core.auth import Scope as KeyScope

@@ -19,6 +19,7 @@ import httpx
 
 from transfer.api.streaming import plan_body
 from transfer.core.delivery import CONTENT_SAFETY_HEADERS
+from transfer.core.encodings import encoder_levels
 from transfer.service.container import Services
 
 FILE_CONTENT = re.compile(r"/v1/files/(?P<id>f_[0-9a-f]{32})/content")
@@ -50,7 +51,7 @@ class OwnUrlTransport(httpx.AsyncBaseTransport):
         files = self.services.files
         download = await files.open_download(file_id, method, query, headers, raw_path=path)
         settings = files.settings
-        body = plan_body(download, settings.gzip_level, settings.zstd_level)
+        body = plan_body(download, encoder_levels(settings))
         return httpx.Response(download.plan.status, headers=download.plan.headers, stream=_Body(body, download.close))
 
     async def _chunk(self, sid: str, index: int, method: str, path: str, query: str) -> httpx.Response:

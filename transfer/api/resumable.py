@@ -7,7 +7,7 @@ resumed, finished or read through the other; the finished upload is an ordinary 
 - creation (draft §5.1): ``POST /v1/uploads`` with ``Upload-Complete``; ``104 Upload Resumption Supported`` with
   the resource's ``Location`` and ``Upload-Limit`` before the body is read (when the client sent
   ``Upload-Draft-Interop-Version: 8`` and the server can send interim responses, see
-  :mod:`transfer.api.informational`); the body is appended as it arrives and kept if the client goes away.
+  :mod:`transfer.api.protocol.informational`); the body is appended as it arrives and kept if the client goes away.
 - offset retrieval (§5.2): ``HEAD`` (or ``GET``) -> 204 with ``Upload-Offset``, ``Upload-Complete``,
   ``Upload-Length``, ``Upload-Limit``, ``Cache-Control: no-store``.
 - append (§5.3): ``PATCH`` with ``Content-Type: application/partial-upload``, ``Upload-Offset``, ``Upload-Complete``.
@@ -34,7 +34,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from transfer.api.caller import caller_of
-from transfer.api.informational import EXTENSION
+from transfer.api.protocol.informational import EXTENSION
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.streaming import request_body
 from transfer.core.auth import Grant

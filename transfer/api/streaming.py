@@ -48,7 +48,7 @@ def combined_headers(request: Request) -> dict[str, str]:
     return out
 
 
-async def plan_body(download: Download, gzip_level: int, zstd_level: int) -> AsyncIterator[bytes]:
+async def plan_body(download: Download, levels: Mapping[str, int]) -> AsyncIterator[bytes]:
     """The body bytes of a planned download."""
     body = download.plan.body
     reader = download.reader
@@ -64,7 +64,7 @@ async def plan_body(download: Download, gzip_level: int, zstd_level: int) -> Asy
                 yield chunk
         yield body.plan.tail
     elif isinstance(body, CompressedBody):
-        encoder = make_encoder(coding_of(body.coding), gzip_level=gzip_level, zstd_level=zstd_level)
+        encoder = make_encoder(coding_of(body.coding), levels=levels)
         async for chunk in reader.read():
             out = await asyncio.to_thread(encoder.encode, chunk)
             if out:
@@ -72,7 +72,7 @@ async def plan_body(download: Download, gzip_level: int, zstd_level: int) -> Asy
         yield encoder.finish()
 
 
-ZERO_COPY = "http.response.zerocopysend"  # the ASGI extension (transfer.api.zerocopy adds it to uvicorn)
+ZERO_COPY = "http.response.zerocopysend"  # the ASGI extension (transfer.api.protocol.zerocopy adds it to uvicorn)
 
 
 @runtime_checkable
@@ -99,14 +99,13 @@ class DownloadResponse(Response):
     with zero-copy send when the server offers it (the bytes never enter Python); everything else is copied in
     ``buffer_size`` pieces."""
 
-    def __init__(self, download: Download, gzip_level: int, zstd_level: int) -> None:
+    def __init__(self, download: Download, levels: Mapping[str, int]) -> None:
         self.download = download
         self.status_code = download.plan.status
         self.background = None
         self.body = b""
         self.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in download.plan.headers]
-        self._gzip_level = gzip_level
-        self._zstd_level = zstd_level
+        self._levels = levels
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -128,7 +127,7 @@ class DownloadResponse(Response):
                         fd, offset, count = whole
                         await send({"type": ZERO_COPY, "file": fd, "offset": offset, "count": count})
                     else:
-                        async for chunk in plan_body(self.download, self._gzip_level, self._zstd_level):
+                        async for chunk in plan_body(self.download, self._levels):
                             if chunk:
                                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                         await send({"type": "http.response.body", "body": b"", "more_body": False})

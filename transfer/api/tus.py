@@ -22,6 +22,7 @@ from transfer.api.caller import caller_of
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.streaming import DownloadResponse, combined_headers, request_body
 from transfer.core.auth import Scope as AuthScope
+from transfer.core.encodings import encoder_levels
 from transfer.core.negotiation import explicitly_accepts
 from transfer.core.numerals import parse_count
 from transfer.errors import InvalidRequest, NotFound, TusVersionUnsupported, UnsupportedMediaType
@@ -230,7 +231,7 @@ def add_tus_routes(
         else:
             file_id = await finished_file(request, uid)
             download = await files.open_owned(file_id, "GET", combined_headers(request), caller_of(request))
-            response = DownloadResponse(download, settings.gzip_level, settings.zstd_level)
+            response = DownloadResponse(download, encoder_levels(settings))
         vary = [v for k, v in response.headers.items() if k == "vary"]
         del response.headers["vary"]
         response.headers["vary"] = ", ".join([*vary, "accept"])

@@ -39,6 +39,7 @@ KEEP_ALIVE = b": keep-alive\n"
 
 
 def new_conversation_id() -> str:
+    """A new random AIFlowy conversation id (``conv_…``)."""
     return "conv_" + secrets.token_hex(12)
 
 
@@ -52,6 +53,7 @@ def envelope(
     index: int | None = None,
     meta: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """One AIFlowy Chat Protocol 1.1 envelope with these fields."""
     doc: dict[str, Any] = {
         "protocol": PROTOCOL,
         "version": VERSION,

@@ -42,17 +42,21 @@ class ApiKey:
     max_file_ttl: int | None = None  # the longest lifetime an upload may ask for (None: the service's maximum)
 
     def allows(self, scope: Scope) -> bool:
+        """Whether the key holds ``scope`` (admin holds every scope)."""
         return scope in self.scopes or Scope.ADMIN in self.scopes
 
     def may_receive_as(self, identity: str) -> bool:
+        """Whether the key may receive TP messages addressed to ``identity``."""
         return Scope.ADMIN in self.scopes or identity in self.tp_identities
 
 
 def new_token() -> str:
+    """A new random API key token."""
     return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
 def token_hash(token: str) -> str:
+    """The hash a token is known by (tokens themselves are never stored)."""
     return hashlib.sha256(token.encode()).hexdigest()
 
 
@@ -64,6 +68,7 @@ class Authenticator:
 
     @property
     def enabled(self) -> bool:
+        """Whether any key is configured (without keys every caller is trusted)."""
         return bool(self._by_hash)
 
     def authenticate(self, authorization: str | None) -> ApiKey | None:
@@ -107,6 +112,7 @@ class Grant:
         check_scope(self.key, scope)
 
     def may_receive_as(self, identity: str) -> bool:
+        """Whether the caller may receive TP messages addressed to ``identity``."""
         return self.key is None or self.key.may_receive_as(identity)
 
     def require_identity(self, identity: str, *, speaking: bool = False) -> None:
@@ -127,6 +133,7 @@ class Grant:
 
     @property
     def is_admin(self) -> bool:
+        """Whether the caller sees every owner's resources."""
         return self.key is None or Scope.ADMIN in self.key.scopes
 
     def sees(self, owner: str | None) -> bool:
@@ -141,6 +148,7 @@ TRUSTED = Grant(None)
 
 
 def check_scope(key: ApiKey | None, scope: Scope) -> None:
+    """Raise InsufficientScope unless ``key`` (None: no keys configured) holds ``scope``."""
     if key is not None and not key.allows(scope):
         raise InsufficientScope(f"the key {key.name!r} lacks the {scope.value!r} scope", needed=scope.value)
 

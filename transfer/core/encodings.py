@@ -25,7 +25,7 @@ Pure computation, no I/O: callers decide where (which thread) the CPU work runs.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -114,6 +114,7 @@ class DecodeLimits:
     ratio_grace: int = 16 << 20
 
     def check(self, decoded: int, encoded: int) -> None:
+        """Raise DecodedSizeLimit once ``decoded`` bytes from ``encoded`` pass the size or expansion limit."""
         if decoded > self.max_size:
             raise DecodedSizeLimit(f"decoded content exceeds the limit of {self.max_size} bytes", limit=self.max_size)
         if decoded > self.ratio_grace and decoded > self.max_ratio * max(encoded, 1):
@@ -124,9 +125,11 @@ class StreamDecoder(Protocol):
     encoded_in: int
     decoded_out: int
 
-    def feed(self, data: bytes | memoryview) -> Iterator[bytes]: ...
+    def feed(self, data: bytes | memoryview) -> Iterator[bytes]:
+        """The decoded pieces of ``data``, each bounded in size."""
 
-    def finish(self) -> Iterator[bytes]: ...
+    def finish(self) -> Iterator[bytes]:
+        """The last decoded pieces; MalformedBody when the stream was truncated."""
 
 
 class _ZlibFamilyDecoder:
@@ -289,9 +292,11 @@ def make_decoder(encoding: ContentEncoding, limits: DecodeLimits, piece_size: in
 
 
 class StreamEncoder(Protocol):
-    def encode(self, data: bytes | memoryview) -> bytes: ...
+    def encode(self, data: bytes | memoryview) -> bytes:
+        """The encoded bytes ``data`` gives so far (possibly empty)."""
 
-    def finish(self) -> bytes: ...
+    def finish(self) -> bytes:
+        """The rest of the encoded stream."""
 
 
 class _ZlibFamilyEncoder:
@@ -328,14 +333,20 @@ class _IdentityEncoder:
         return b""
 
 
-def make_encoder(encoding: ContentEncoding, *, gzip_level: int = 1, zstd_level: int = 3) -> StreamEncoder:
+def make_encoder(encoding: ContentEncoding, *, levels: Mapping[str, int] | None = None) -> StreamEncoder:
     """A streaming encoder; gzip/deflate levels are python-isal's (0-3), zstd levels zstandard's. Each codec takes
-    the level its entry names (``level_setting``), else its own default."""
+    the level ``levels`` holds under its entry's ``level_setting`` (see :func:`encoder_levels`), else its own
+    default."""
     codec = CODECS.get(encoding)
     if codec is None:
         raise UnsupportedEncoding(f"cannot encode {encoding.value!r} as a stream")
-    levels = {"gzip_level": gzip_level, "zstd_level": zstd_level}
-    return codec.encoder(levels.get(codec.level_setting or ""))
+    return codec.encoder((levels or {}).get(codec.level_setting or ""))
+
+
+def encoder_levels(settings: object) -> dict[str, int]:
+    """The level of every codec that has one, by its ``level_setting``, read from ``settings`` (a codec with a
+    tunable level is its registry entry plus its settings field: nothing between passes levels one by one)."""
+    return {c.level_setting: int(getattr(settings, c.level_setting)) for c in CODECS if c.level_setting}
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,6 +380,7 @@ class CodecRegistry:
         return iter(list(self._codecs.values()))
 
     def get(self, encoding: ContentEncoding) -> Codec | None:
+        """The codec of ``encoding``, if registered."""
         return self._codecs.get(encoding)
 
     def from_token(self, token: str) -> Codec | None:
@@ -393,6 +405,7 @@ class CodecRegistry:
         return tuple(token for _rank, token in sorted(ranked))
 
     def aliases_of(self, token: str) -> tuple[str, ...]:
+        """The other tokens accepted for the coding ``token`` names."""
         codec = self.from_token(token)
         return () if codec is None else codec.aliases
 

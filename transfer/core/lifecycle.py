@@ -53,6 +53,7 @@ class LifetimePolicy:
 
     @property
     def maximum(self) -> int | None:
+        """The longest lifetime allowed (the smaller of the key's and the service's), None: no maximum."""
         limits = [m for m in (self.key_max, self.service_max) if m is not None]
         return min(limits) if limits else None
 
@@ -133,6 +134,7 @@ class Usage:
             )
 
     def to_json(self) -> dict[str, int | None]:
+        """The usage as the API shows it."""
         return {
             "bytes_used": self.used,
             "files": self.files,

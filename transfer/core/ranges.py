@@ -50,6 +50,7 @@ class ByteRange:
 
     @property
     def length(self) -> int:
+        """How many bytes the range holds."""
         return self.end - self.start + 1
 
     def content_range(self, complete_length: int) -> str:
@@ -68,6 +69,7 @@ class Unsatisfiable:
 
     @property
     def content_range(self) -> str:
+        """The ``Content-Range`` of a 416 answer (RFC 9110 §14.4)."""
         return f"bytes */{self.complete_length}"
 
 
@@ -160,6 +162,7 @@ class MultipartPlan:
 
     @property
     def content_type(self) -> str:
+        """The response's ``multipart/byteranges`` Content-Type with its boundary."""
         return f"multipart/byteranges; boundary={self.boundary}"
 
 

@@ -60,6 +60,7 @@ def interop_version(value: str | None) -> int | None:
 
 
 def serialize_boolean(value: bool) -> str:
+    """``value`` as a structured-field boolean (RFC 8941 §3.3.6)."""
     return http_sf.ser(value)
 
 
@@ -71,6 +72,7 @@ class UploadLimits:
     max_age: int | None = None
 
     def header(self) -> str:
+        """The ``Upload-Limit`` field value (a structured-field dictionary)."""
         members: dict[str, Any] = {"max-size": self.max_size}
         if self.max_age is not None:
             members["max-age"] = max(0, self.max_age)

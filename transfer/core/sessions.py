@@ -87,6 +87,7 @@ class Session:
 
     @property
     def total_chunks(self) -> int | None:
+        """How many chunks the session has (None while its size is unknown)."""
         return None if self.size is None else total_chunks(self.size, self.chunk_size)
 
     @property
@@ -98,6 +99,7 @@ class Session:
         return None if self.max_size is None else total_chunks(self.max_size, self.chunk_size)
 
     def state_at(self, now: float) -> SessionState:
+        """The session's state at ``now`` (an open session past its expiry is expired)."""
         return state_at(self.state, self.expires_at, now)
 
     def after(self, event: UploadEvent, now: float) -> SessionState:
@@ -115,6 +117,7 @@ class Session:
         return {index: part.size for index, part in self.parts.items()}
 
     def require_readable(self, now: float) -> None:
+        """Raise SessionAborted or SessionExpired unless the session can be read at ``now``."""
         state = self.state_at(now)
         if state is SessionState.ABORTED:
             raise SessionAborted(f"session {self.id} was aborted")
@@ -122,6 +125,7 @@ class Session:
             raise SessionExpired(f"session {self.id} expired")
 
     def check_index(self, index: int) -> None:
+        """Raise ChunkOutOfRange unless ``index`` is a chunk index the session can have."""
         limit = self.max_chunks
         if index < 0 or (limit is not None and index >= limit):
             message = f"chunk {index} is outside 0..{(limit or 0) - 1}" if limit is not None else f"chunk {index} < 0"
@@ -137,6 +141,7 @@ class Session:
         return min(self.chunk_size, self.size - index * self.chunk_size)
 
     def check_length(self, index: int, length: int) -> None:
+        """Raise ChunkLengthMismatch unless chunk ``index`` may have ``length`` bytes."""
         expected = self.expected_length(index)
         if expected is None:
             if not 0 < length <= self.chunk_size:
@@ -169,9 +174,11 @@ class Session:
         return size, total
 
     def with_changes(self, **changes: Any) -> Session:
+        """A copy of the session with ``changes``."""
         return replace(self, **changes)
 
     def to_json(self) -> dict[str, Any]:
+        """The session's record as stored."""
         return {
             "owner": self.owner,
             "id": self.id,
@@ -195,4 +202,5 @@ class Session:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Session:
+        """The session a stored record holds."""
         return cls(**{**doc, "state": SessionState(doc["state"]), "parts": parts_from_json(doc.get("parts"))})

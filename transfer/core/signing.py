@@ -52,6 +52,7 @@ class SignedQuery:
     sig: str
 
     def encode(self) -> str:
+        """The query string of the signature (``exp``, ``kid``, ``sig``)."""
         return urlencode({"exp": str(self.expires), "kid": self.kid, "sig": self.sig})
 
 

@@ -83,6 +83,7 @@ class TraceInfo:
     hop_count: int
 
     def to_json(self) -> dict[str, Any]:
+        """The ``trace_info`` object of an envelope."""
         return {
             "original_protocol": self.original_protocol,
             "original_message_id": self.original_message_id,
@@ -99,32 +100,39 @@ class Envelope:
 
     @property
     def message_id(self) -> str:
+        """The envelope's ``message_id``."""
         return str(self.doc["message_id"])
 
     @property
     def message_type(self) -> str:
+        """The envelope's ``message_type``."""
         return str(self.doc["message_type"])
 
     @property
     def payload(self) -> dict[str, Any]:
+        """The envelope's ``payload`` object."""
         payload: dict[str, Any] = self.doc["payload"]
         return payload
 
     @property
     def sender(self) -> Any:
+        """The envelope's ``sender``, as sent."""
         return self.doc.get("sender")
 
     @property
     def receiver(self) -> Any:
+        """The envelope's ``receiver``, as sent."""
         return self.doc.get("receiver")
 
     @property
     def contract_ref(self) -> str | None:
+        """The envelope's ``protocol_contract_ref``, if any."""
         ref = self.doc.get("protocol_contract_ref")
         return None if ref is None else str(ref)
 
     @property
     def trace(self) -> TraceInfo | None:
+        """The envelope's ``trace_info``, if any."""
         t = self.doc.get("trace_info")
         if t is None:
             return None
@@ -207,6 +215,7 @@ def parse_envelope(raw: bytes, max_size: int) -> Envelope:
 
 
 def dumps(doc: Any) -> bytes:
+    """``doc`` as compact UTF-8 JSON (the bytes a bridge forwards unchanged)."""
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
@@ -313,10 +322,12 @@ def forward(envelope: Envelope, binding: Binding) -> bytes:
 
 
 def new_message_id() -> str:
+    """A new random message id (a UUID)."""
     return str(uuid.uuid4())
 
 
 def now_rfc3339(seconds: float) -> str:
+    """``seconds`` (Unix time) as an RFC 3339 UTC timestamp, to the second."""
     return datetime.fromtimestamp(seconds, UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 

@@ -38,10 +38,12 @@ PIECE = 1 << 20  # decoded inline bytes are handed to the upload pipeline in pie
 
 
 def task_key(task_id: str) -> str:
+    """The storage key of A2A task ``task_id``'s record."""
     return f"a2a/tasks/{task_id}.json"
 
 
 def is_task_id(value: str) -> bool:
+    """Whether ``value`` has the form of an A2A task id (anything else is refused before storage)."""
     return _TASK_ID_RE.fullmatch(value) is not None
 
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from storage.base import Storage
-from storage.local import LocalStorage
-from storage.null import NullStorage
-from storage.s3 import S3Config, S3Storage
 from transfer.errors import Conflict, InvalidRequest, NotFound
 from transfer.service.documents import read_document, write_document
 from transfer.settings import Settings
@@ -15,33 +14,72 @@ from transfer.settings import Settings
 SIGNING_KEYS_KEY = "system/signing-keys.json"
 
 
-def make_storage(settings: Settings) -> Storage:
-    """The backend ``settings`` name: local (the embedded default) or S3 (credentials from the AWS chain)."""
-    if settings.storage == "s3":
-        if not settings.s3_bucket:
-            raise InvalidRequest("storage=s3 needs TRANSFER_S3_BUCKET")
-        return S3Storage(
-            S3Config(
-                bucket=settings.s3_bucket,
-                endpoint_url=settings.s3_endpoint_url,
-                region=settings.s3_region,
-                addressing_style=settings.s3_addressing_style,
-                prefix=settings.s3_prefix,
-                part_size=settings.s3_part_size,
-                part_buffers=settings.s3_part_buffers,
-                max_concurrency=settings.s3_max_concurrency,
-                atomic_if_absent=settings.s3_atomic_if_absent,
-                atomic_if_match=settings.s3_atomic_if_match,
-                max_object_size=settings.max_upload_size,
-                buffer_size=settings.buffer_size,
-                max_attempts=settings.s3_max_attempts,
-                connect_timeout=settings.s3_connect_timeout,
-                read_timeout=settings.s3_read_timeout,
-            )
-        )
-    if settings.storage == "null":
-        return NullStorage()
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """One storage backend the settings may name (``TRANSFER_STORAGE``): how to build it, and where it keeps
+    things (for ``transfer serve``'s first line). A backend's module is imported only when it is built."""
+
+    name: str
+    build: Callable[[Settings], Storage]
+    where: Callable[[Settings], str]
+
+
+def _local(settings: Settings) -> Storage:
+    from storage.local import LocalStorage
+
     return LocalStorage(settings.data_dir, buffer_size=settings.buffer_size, group_sync=settings.local_sync)
+
+
+def _s3(settings: Settings) -> Storage:
+    from storage.s3 import S3Config, S3Storage
+
+    if not settings.s3_bucket:
+        raise InvalidRequest("storage=s3 needs TRANSFER_S3_BUCKET")
+    return S3Storage(
+        S3Config(
+            bucket=settings.s3_bucket,
+            endpoint_url=settings.s3_endpoint_url,
+            region=settings.s3_region,
+            addressing_style=settings.s3_addressing_style,
+            prefix=settings.s3_prefix,
+            part_size=settings.s3_part_size,
+            part_buffers=settings.s3_part_buffers,
+            max_concurrency=settings.s3_max_concurrency,
+            atomic_if_absent=settings.s3_atomic_if_absent,
+            atomic_if_match=settings.s3_atomic_if_match,
+            max_object_size=settings.max_upload_size,
+            buffer_size=settings.buffer_size,
+            max_attempts=settings.s3_max_attempts,
+            connect_timeout=settings.s3_connect_timeout,
+            read_timeout=settings.s3_read_timeout,
+            abandoned_upload_age=settings.s3_abandoned_upload_age,
+        )
+    )
+
+
+def _null(settings: Settings) -> Storage:
+    from storage.null import NullStorage
+
+    return NullStorage()
+
+
+# the registry: a new backend is its module in storage/ plus one entry here (and its conformance test)
+BACKENDS: dict[str, Backend] = {
+    backend.name: backend
+    for backend in (
+        Backend("local", _local, lambda settings: str(settings.data_dir.resolve())),
+        Backend("s3", _s3, lambda settings: f"s3://{settings.s3_bucket}"),
+        Backend("null", _null, lambda settings: "nothing (null storage: benchmarks only)"),
+    )
+}
+
+
+def make_storage(settings: Settings) -> Storage:
+    """The backend ``settings`` name: local (the embedded default), S3 (credentials from the AWS chain), null."""
+    backend = BACKENDS.get(settings.storage)
+    if backend is None:
+        raise InvalidRequest(f"unknown storage backend {settings.storage!r}; one of {', '.join(BACKENDS)}")
+    return backend.build(settings)
 
 
 async def load_signing_keys(settings: Settings, storage: Storage) -> tuple[dict[str, bytes], str]:

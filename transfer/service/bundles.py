@@ -55,6 +55,7 @@ BUNDLE_EXPIRY_PREFIX = "bundle-expiry/"
 
 
 def bundle_key(bundle_id: str) -> str:
+    """The storage key of bundle ``bundle_id``'s record."""
     return f"{BUNDLE_PREFIX}{bundle_id}.json"
 
 
@@ -77,6 +78,7 @@ def _with_own_size(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def is_bundle_id(value: str) -> bool:
+    """Whether ``value`` has the form of a bundle id (``b_…``)."""
     return is_id(value, "b_")
 
 

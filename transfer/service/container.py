@@ -29,6 +29,7 @@ from transfer.service.direct import DirectService
 from transfer.service.files import FileService
 from transfer.service.imports import ImportService
 from transfer.service.journal import JobJournal
+from transfer.service.metered import metered
 from transfer.service.progress import Job, ProgressHub
 from transfer.service.quota import SessionQuota
 from transfer.service.resolve import ResolveService
@@ -76,8 +77,9 @@ class Services:
     def build(
         cls, settings: Settings, storage: Storage | None = None, *, clock: Callable[[], float] = time.time
     ) -> Services:
-        """The one set of services of a process over ``storage`` (default: the one the settings name)."""
-        files = FileService(storage or make_storage(settings), settings, clock=clock)
+        """The one set of services of a process over ``storage`` (default: the one the settings name), every
+        backend operation counted in the metrics (:mod:`transfer.service.metered`)."""
+        files = FileService(metered(storage or make_storage(settings)), settings, clock=clock)
         quota = SessionQuota(files.storage, settings.max_open_sessions_per_key)
         engine = UploadEngine(files.storage)  # one engine (records, locks, hashers): tus, sessions, plans, grants
         sessions = SessionService(
@@ -87,7 +89,7 @@ class Services:
             quota=quota,
             engine=engine,
             check_signed=files.check_signed,
-            lifecycle=files.lifecycle,
+            publisher=files.publisher,
         )
         journal = JobJournal(files.storage, retention=settings.job_retention, clock=clock)
         hub = ProgressHub(
@@ -102,7 +104,7 @@ class Services:
             settings=settings,
             files=files,
             sessions=sessions,
-            tus=TusService(files.storage, settings, clock=clock, quota=quota, engine=engine, lifecycle=files.lifecycle),
+            tus=TusService(files.storage, settings, clock=clock, quota=quota, engine=engine, publisher=files.publisher),
             bundles=BundleService(files.storage, files, clock=clock),
             hub=hub,
             journal=journal,
@@ -111,7 +113,7 @@ class Services:
             tp=TPService(files, sessions, imports, clock=clock),
             a2a=A2AService(files, imports, clock=clock),
             authorizations=Authorizations(files, engine),
-            direct=DirectService(files.storage, settings, clock=clock, lifecycle=files.lifecycle, engine=engine),
+            direct=DirectService(files.storage, settings, clock=clock, publisher=files.publisher, engine=engine),
             chunks=ChunkService(files, clock=clock),
         )
 

@@ -34,8 +34,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from storage.base import Capability, PartUrl, Storage, StoredPart, SupportsDirectUpload
-from storage.parts import part_count, plan_part_size
+from storage.base import Capability, PartUrl, Storage, StoredPart, SupportsDirectUpload, rules_of
+from storage.parts import part_count
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import FileRole, checksum_hex
 from transfer.core.ids import is_id, new_id
@@ -54,7 +54,6 @@ from transfer.errors import (
     TransferError,
     storage_errors_translated,
 )
-from transfer.service.lifecycle import Lifecycle
 from transfer.service.publisher import SNIFF_BYTES, Candidate, Publisher, file_id_for
 from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord, object_key
@@ -165,15 +164,16 @@ class DirectService:
         settings: Settings,
         *,
         clock: Callable[[], float] = time.time,
-        lifecycle: Lifecycle | None = None,
-        engine: UploadEngine | None = None,
+        publisher: Publisher,
+        engine: UploadEngine,
     ) -> None:
+        # collaborators come from the composition root (Services.build), shared with every other door
         self.storage = storage
         self.settings = settings
         self.clock = clock
-        self.lifecycle = lifecycle or Lifecycle(storage, settings, clock=clock)
-        self.publisher = Publisher(storage, settings, self.lifecycle, clock=clock)
-        self.engine = engine or UploadEngine(storage)  # its keyed locks: one completion of a plan at a time here
+        self.publisher = publisher
+        self.lifecycle = publisher.lifecycle
+        self.engine = engine  # its keyed locks: one completion of a plan at a time here
         # open plans per key: a marker each, checked against its plan only when the key reaches the limit
         self.open_plans = SessionQuota(
             storage,
@@ -201,9 +201,10 @@ class DirectService:
         return storage
 
     def _ttl(self) -> float:
-        """A plan must not outlive its multipart upload: the abandoned-upload sweep aborts those older than
-        ``s3_abandoned_upload_age``."""
-        return min(float(self.settings.session_ttl), float(self.settings.s3_abandoned_upload_age))
+        """A plan must not outlive its multipart upload: the abandoned-upload sweep aborts those older than the
+        backend's ``abandoned_upload_age``."""
+        age = rules_of(self.storage).abandoned_upload_age
+        return min(float(self.settings.session_ttl), float(self.settings.session_ttl if age is None else age))
 
     async def _change(self, pid: str, event: UploadEvent, at: float, **changes: Any) -> Plan:
         """Move the plan's record by ``event`` with compare-and-set (as of ``at``, when the operation was
@@ -271,7 +272,7 @@ class DirectService:
         self.publisher.check_fields(content_type=content_type, description=description)
         file_ttl = self.lifecycle.lifetime(caller.owner, expires_in)
         with storage_errors_translated():
-            part_size = plan_part_size(size, max_size=s.max_upload_size, preferred=s.s3_part_size)
+            part_size = rules_of(self.storage).part_size(size, max_size=s.max_upload_size)
         pid = new_plan_id()
         now = self.clock()
         plan = Plan(

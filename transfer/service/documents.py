@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.base import Capability, Storage, SupportsCompose, capable
+from storage.base import Capability, Storage, SupportsCompose, capable, rules_of
 from transfer.errors import storage_errors_translated
 from transfer.service.records import FileRecord, object_key, owner_files_prefix
 from transfer.service.recordstore import read_record, write_record
-
-S3_MIN_PART = 5 << 20  # UploadPartCopy: every part but the last at least 5 MiB
 
 
 async def read_document(storage: Storage, key: str) -> Any:
@@ -45,13 +43,14 @@ async def unindex_file(storage: Storage, record: FileRecord) -> None:
 
 async def publish_composed(storage: Storage, record: FileRecord, sources: list[str]) -> None:
     """Publish ``record`` as the concatenation of ``sources``: server-side compose where the backend can (and, on
-    S3, where every source but the last is at least 5 MiB), else a streamed copy. (The publisher enters it in its
-    owner's file index.)"""
+    S3, where every source but the last is at least the backend's ``min_compose_part``), else a streamed copy. (The
+    publisher enters it in its owner's file index.)"""
     with storage_errors_translated():
         composer = capable(storage, Capability.COMPOSE, SupportsCompose)
-        if composer is not None and Capability.MULTIPART in storage.capabilities:
+        minimum = rules_of(storage).min_compose_part
+        if composer is not None and minimum:
             sizes = [(await storage.stat(source)).size for source in sources[:-1]]
-            if not all(size >= S3_MIN_PART for size in sizes):
+            if not all(size >= minimum for size in sizes):
                 composer = None
         if composer is not None and sources:
             await composer.compose(object_key(record.id), sources, record.to_metadata())

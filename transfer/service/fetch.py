@@ -33,6 +33,7 @@ class DestinationPolicy:
 
     @classmethod
     def from_cidrs(cls, cidrs: Sequence[str]) -> DestinationPolicy:
+        """A policy refusing the networks ``cidrs`` names (host bits allowed)."""
         return cls(tuple(ipaddress.ip_network(c, strict=False) for c in cidrs))
 
     def allows(self, ip: IPAddress) -> bool:
@@ -103,6 +104,8 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         return out
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` only to a destination the policy allows (DestinationRefused otherwise), checked on the
+        address actually connected to."""
         url = request.url
         if url.scheme not in self.policy.schemes:
             raise DestinationRefused(f"scheme {url.scheme!r} is not fetched (only {', '.join(self.policy.schemes)})")
@@ -128,4 +131,5 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         return await self.inner.handle_async_request(outbound)
 
     async def aclose(self) -> None:
+        """Close the wrapped transport."""
         await self.inner.aclose()

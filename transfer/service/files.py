@@ -14,17 +14,16 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from urllib.parse import parse_qs, urlsplit
 
 import pybase64
 
-from storage.base import Capability, ObjectReader, Storage, SupportsAbandonedUploads, SupportsPresign, capable
+from storage.base import Capability, ObjectReader, Storage, SupportsAbandonedUploads, SupportsPresign, capable, rules_of
 from storage.errors import ObjectNotFound, StorageError
 from transfer import metrics
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode, format_timestamp
 from transfer.core.delivery import DeliveryPlan, DeliveryPolicy, Representation, plan_delivery
-from transfer.core.encodings import DecodeLimits, http_coding, make_decoder
+from transfer.core.encodings import DecodeLimits, encoder_levels, http_coding, make_decoder
 from transfer.core.lifecycle import expiry_bucket, expiry_key, is_expired
 from transfer.core.mime import is_active_type, is_compressible, is_media_type
 from transfer.core.naming import content_disposition
@@ -141,14 +140,15 @@ class FileService:
         await self.storage.close()
 
     async def sweep_abandoned_uploads(self) -> int:
-        """Abort the backend's unfinished uploads older than ``s3_abandoned_upload_age`` (their writers died: a
+        """Abort the backend's unfinished uploads older than its ``abandoned_upload_age`` (their writers died: a
         SIGKILL leaves S3 multipart uploads that cost storage forever); how many. Nothing to do on a backend that
         does not declare Capability.ABANDONED_UPLOADS."""
         backend = capable(self.storage, Capability.ABANDONED_UPLOADS, SupportsAbandonedUploads)
-        if backend is None:
+        age = rules_of(self.storage).abandoned_upload_age
+        if backend is None or age is None:
             return 0
         with storage_errors_translated():
-            return await backend.abort_abandoned_uploads(self.settings.s3_abandoned_upload_age)
+            return await backend.abort_abandoned_uploads(age)
 
     @property
     def signer(self) -> UrlSigner:
@@ -214,8 +214,7 @@ class FileService:
                     max_size=s.max_upload_size,
                     max_decode_ratio=s.max_decode_ratio,
                     buffer_size=s.buffer_size,
-                    gzip_level=s.gzip_level,
-                    zstd_level=s.zstd_level,
+                    levels=encoder_levels(s),
                     publisher=self.publisher,
                     room=room,
                     lifetime=lifetime,
@@ -489,8 +488,8 @@ class FileService:
                 content_encoding=http_coding(record.encoding),
                 content_disposition=content_disposition(disposition, record.name),
             )
-        expires = parse_qs(urlsplit(url).query).get("X-Amz-Expires", [str(ttl)])[0]
-        return url, datetime.fromtimestamp(int(self.clock()) + int(expires), UTC)
+        expires = rules_of(self.storage).presigned_expires_in(url, ttl)
+        return url, datetime.fromtimestamp(int(self.clock()) + expires, UTC)
 
     async def _read_original(self, record: FileRecord) -> bytes:
         """The original bytes of a small file (inline descriptors only): no more than the record's

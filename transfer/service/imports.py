@@ -76,6 +76,8 @@ class ImportService:
 
     @staticmethod
     def parse(document: Any, inline_threshold: int) -> FileContent:
+        """The FileContent ``document`` describes (InvalidDescriptor for a bundle, inline text/JSON/code, or a malformed
+        descriptor)."""
         descriptor = load_descriptor(document, inline_threshold=inline_threshold)
         if isinstance(descriptor, ContentBundle):
             raise InvalidDescriptor("import one FileContent at a time (bundle items one by one)")
@@ -163,6 +165,7 @@ class ImportService:
             raise RemoteError(f"fetching {descriptor.name!r} failed: {exc}") from None
 
     async def close(self) -> None:
+        """Cancel the imports still running and wait until they have stopped."""
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

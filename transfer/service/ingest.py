@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from storage.base import ObjectWriter, Storage, flushes_earlier_writes
@@ -70,8 +70,7 @@ class _Digests:
         self,
         request: UploadRequest,
         limits: DecodeLimits,
-        gzip_level: int,
-        zstd_level: int,
+        levels: Mapping[str, int],
         piece_size: int,
         room: int | None = None,
     ) -> None:
@@ -79,7 +78,7 @@ class _Digests:
         self.original = hashlib.sha256()
         self.stored = hashlib.sha256() if request.store_encoding is not ContentEncoding.NONE else None
         self.decoder = make_decoder(request.body_encoding, limits, piece_size=piece_size)
-        self.encoder = make_encoder(request.store_encoding, gzip_level=gzip_level, zstd_level=zstd_level)
+        self.encoder = make_encoder(request.store_encoding, levels=levels)
         self.expected_size = request.expected_size
         self.room = room  # original bytes the key's quota leaves for this upload (None: no quota)
         self.head = bytearray()
@@ -179,8 +178,7 @@ async def ingest(
     max_size: int,
     max_decode_ratio: float,
     buffer_size: int,
-    gzip_level: int,
-    zstd_level: int,
+    levels: Mapping[str, int],
     publisher: Publisher,
     room: int | None = None,
     lifetime: int | None = None,
@@ -209,9 +207,7 @@ async def ingest(
         for declared in (request.expected_size, request.declared_length if plain else None):
             if declared is not None and declared > room:
                 raise _quota_exceeded(room)
-    digests = _Digests(
-        request, DecodeLimits(max_size, max_decode_ratio), gzip_level, zstd_level, buffer_size, room=room
-    )
+    digests = _Digests(request, DecodeLimits(max_size, max_decode_ratio), levels, buffer_size, room=room)
     queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=2)
     received = 0
 

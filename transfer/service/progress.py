@@ -89,6 +89,7 @@ class Job:
 
     @property
     def finished(self) -> bool:
+        """Whether the job has completed or failed (no event follows)."""
         return self.state in ("completed", "failed")
 
     @property
@@ -128,6 +129,7 @@ class Job:
         changed.set()
 
     def start(self, name: str | None = None, total: int | None = None, **extra: Any) -> None:
+        """Mark the job running (once; later calls change nothing) and tell its watchers."""
         if self.state != "pending":
             return
         self.state = "running"
@@ -159,6 +161,7 @@ class Job:
         self._publish("progress", data)
 
     def succeed(self, result: dict[str, Any]) -> None:
+        """Complete the job with ``result`` (once) after the last progress event."""
         if self.finished:
             return
         if self.state == "pending":
@@ -170,6 +173,7 @@ class Job:
         self._end()
 
     def fail(self, exc: TransferError) -> None:
+        """End the job with ``exc`` as its error (once); watchers see it, retryable or not."""
         if self.finished:
             return
         self.state = "failed"
@@ -241,14 +245,17 @@ class ProgressHub:
 
     @staticmethod
     def new_id(prefix: str) -> str:
+        """A new random job id with ``prefix``."""
         return f"{prefix}_{secrets.token_hex(16)}"
 
     @staticmethod
     def is_id(job_id: str) -> bool:
+        """Whether ``job_id`` has the form of a job id."""
         return JOB_ID.match(job_id) is not None
 
     @staticmethod
     def check_id(job_id: str) -> str:
+        """``job_id`` if it has the form of a job id, else InvalidRequest."""
         if not JOB_ID.match(job_id):
             raise InvalidRequest("job_id must be 8-64 characters of A-Z a-z 0-9 _ -")
         return job_id
@@ -258,6 +265,7 @@ class ProgressHub:
 
     @property
     def waiting(self) -> int:
+        """How many jobs wait for a free slot now."""
         return len(self._waiting)
 
     def _add(self, job: Job) -> Job:
@@ -408,6 +416,7 @@ class ProgressHub:
                 self._retire(job)  # stopped for lack of readers: forgotten later unless one comes back
 
     async def close(self) -> None:
+        """Stop the hub's timer and the jobs' sources, and wait for them."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -46,6 +46,7 @@ class SessionQuota:
         return f"{owner_folder(owner)}{self.folder}/"
 
     def register(self, owns: Callable[[str], bool], is_open: IsOpen) -> None:
+        """Count the uploads whose ids ``owns`` recognises, asking ``is_open`` whether each still holds a slot."""
         self._checkers.append((owns, is_open))
 
     async def _is_open(self, session_id: str) -> bool:
@@ -90,6 +91,7 @@ class SessionQuota:
             raise
 
     async def release(self, owner: str | None, session_id: str) -> None:
+        """Give back the slot ``session_id`` holds among ``owner``'s (idempotent; nothing for no owner)."""
         if owner is not None:
             with storage_errors_translated():
                 await self._drop(self._prefix(owner) + session_id)

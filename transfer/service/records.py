@@ -38,6 +38,7 @@ def owner_files_prefix(owner: str) -> str:
 
 
 def is_file_id(value: str) -> bool:
+    """Whether ``value`` has the form of a file id (``f_…``)."""
     return is_id(value, "f_")
 
 
@@ -77,6 +78,7 @@ class FileRecord:
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, str]) -> FileRecord:
+        """The record kept in an object's ``metadata`` (StorageUnavailable when it holds none or an unreadable one)."""
         try:
             doc = json.loads(metadata[RECORD_KEY])
             doc.pop("v", None)

@@ -13,6 +13,7 @@ from transfer.settings import MAX_URL_TTL
 
 
 def chunks_path(sid: str) -> str:
+    """The path of session ``sid``'s chunks, relative to the service's base URL."""
     return f"/v1/sessions/{sid}/chunks"
 
 

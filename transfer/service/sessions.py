@@ -33,7 +33,7 @@ from typing import Any, Self
 
 import xxhash
 
-from storage.base import Capability, ObjectInfo, ObjectReader, Storage, SupportsWriteAtOffset, capable
+from storage.base import Capability, ObjectInfo, ObjectReader, Storage, SupportsWriteAtOffset, capable, rules_of
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import FileRole, checksum_hex, format_timestamp
 from transfer.core.ids import is_id, new_id
@@ -56,7 +56,6 @@ from transfer.errors import (
     storage_errors_translated,
 )
 from transfer.service.documents import publish_composed
-from transfer.service.lifecycle import Lifecycle
 from transfer.service.publisher import Candidate, Publisher
 from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord, object_key
@@ -144,19 +143,20 @@ class SessionService:
         settings: Settings,
         *,
         clock: Callable[[], float] = time.time,
-        quota: SessionQuota | None = None,
-        engine: UploadEngine | None = None,
+        quota: SessionQuota,
+        engine: UploadEngine,
+        publisher: Publisher,
         check_signed: SignatureCheck | None = None,
-        lifecycle: Lifecycle | None = None,
     ) -> None:
+        # collaborators come from the composition root (Services.build), shared with every other door
         self.storage = storage
         self.settings = settings
         self.clock = clock
-        self.lifecycle = lifecycle or Lifecycle(storage, settings, clock=clock)
-        self.publisher = Publisher(storage, settings, self.lifecycle, clock=clock)
-        self.quota = quota or SessionQuota(storage, settings.max_open_sessions_per_key)
+        self.publisher = publisher
+        self.lifecycle = publisher.lifecycle
+        self.quota = quota
         self.quota.register(is_session_id, self.is_open)
-        self.engine = engine or UploadEngine(storage)
+        self.engine = engine
         # chunks written at their offsets into one staged file, published by a rename: completion copies nothing
         self.staging = capable(storage, Capability.WRITE_AT_OFFSET, SupportsWriteAtOffset)
         self._check_signed = check_signed
@@ -184,8 +184,8 @@ class SessionService:
         return await self.engine.update(session_key(sid), Session.from_json, change, Session.to_json)
 
     def _min_chunk(self) -> int:
-        # S3 composes with UploadPartCopy: every part but the last must be at least 5 MiB
-        return 5 * MiB if Capability.MULTIPART in self.storage.capabilities else 64 << 10
+        # chunks are composed into the file: each must be a source the backend composes (S3: 5 MiB)
+        return max(64 << 10, rules_of(self.storage).min_compose_part)
 
     # -- operations ----------------------------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from storage.base import Capability, ObjectReader, Storage, SupportsCompose, capable
+from storage.base import Capability, ObjectReader, Storage, SupportsCompose, capable, rules_of
 from storage.errors import ObjectNotFound
 from transfer.core.content import ContentEncoding
 from transfer.errors import Conflict, NotFound, TransferError, VersionConflict, storage_errors_translated
@@ -49,7 +49,6 @@ BLOB_PREFIX = "blobs/"
 # a reference younger than this may belong to a publication still in flight; a dead record or a blob this young
 # may be a removal or a move still in flight: the sweep leaves them alone
 SWEEP_GRACE = 3600.0
-S3_MAX_PART_COPY = 5 << 30  # the largest part UploadPartCopy takes (AWS)
 
 
 def scope_of(owner: str | None) -> str:
@@ -115,9 +114,9 @@ class SharedContent:
         self.composer = capable(storage, Capability.COMPOSE, SupportsCompose)
         # the origin's bytes move by a server-side compose when it goes first: without one, nothing is shared
         self.enabled = enabled and self.composer is not None
-        # S3's compose copies each source as one part (UploadPartCopy): at most 5 GiB, so larger files are not
-        # shared there (their origin could not move)
-        self.max_size = S3_MAX_PART_COPY if Capability.MULTIPART in storage.capabilities else None
+        # a compose may move each source in one piece only (S3's UploadPartCopy: at most 5 GiB), so larger files
+        # are not shared there (their origin could not move)
+        self.max_size = rules_of(storage).max_compose_source
 
     def tracks(self, size: int) -> bool:
         """Whether files of ``size`` bytes are shared at all (small ones cost more in records than they save)."""

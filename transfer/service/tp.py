@@ -103,6 +103,7 @@ class TPOutcome:
     correlation_id: str | None = None
 
     def body(self) -> dict[str, Any]:
+        """The HTTP body of the outcome: the reply envelope, else the correlation id."""
         if self.reply is not None:
             return self.reply.doc
         return {"correlation_id": self.correlation_id}
@@ -157,6 +158,7 @@ class TPService:
 
     @property
     def storage(self) -> Storage:
+        """The storage backend (the file service's)."""
         return self.files.storage
 
     # -- dispatch -----------------------------------------------------------------------------------------------
@@ -533,11 +535,13 @@ class TPService:
         return cid if outcome.status == 202 and cid is not None and cid.startswith("j_") else None
 
     def subscribe(self, topic: str) -> asyncio.Queue[bytes]:
+        """A queue of the raw envelopes published on ``topic`` from now on (at most 1000 waiting)."""
         queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=1000)
         self._topics.setdefault(topic, set()).add(queue)
         return queue
 
     def unsubscribe(self, topic: str, queue: asyncio.Queue[bytes]) -> None:
+        """Stop delivering ``topic`` to ``queue``."""
         subscribers = self._topics.get(topic)
         if subscribers is not None:
             subscribers.discard(queue)
@@ -545,6 +549,7 @@ class TPService:
                 del self._topics[topic]
 
     def publish(self, topic: str, raw: bytes) -> None:
+        """Hand ``raw`` to every subscriber of ``topic``; a full queue loses its oldest envelope."""
         for queue in list(self._topics.get(topic, ())):
             try:
                 queue.put_nowait(raw)
@@ -558,6 +563,7 @@ class TPService:
         task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
+        """Cancel the background tasks and wait until they have stopped."""
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

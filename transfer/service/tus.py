@@ -58,7 +58,6 @@ from transfer.errors import (
     storage_errors_translated,
 )
 from transfer.service.documents import publish_composed
-from transfer.service.lifecycle import Lifecycle
 from transfer.service.publisher import Candidate, Publisher
 from transfer.service.quota import SessionQuota
 from transfer.service.uploads import PartExists, StoredPart, UploadEngine
@@ -201,18 +200,19 @@ class TusService:
         settings: Settings,
         *,
         clock: Callable[[], float] = time.time,
-        quota: SessionQuota | None = None,
-        engine: UploadEngine | None = None,
-        lifecycle: Lifecycle | None = None,
+        quota: SessionQuota,
+        engine: UploadEngine,
+        publisher: Publisher,
     ) -> None:
+        # collaborators come from the composition root (Services.build), shared with every other door
         self.storage = storage
         self.settings = settings
         self.clock = clock
-        self.lifecycle = lifecycle or Lifecycle(storage, settings, clock=clock)
-        self.publisher = Publisher(storage, settings, self.lifecycle, clock=clock)
-        self.quota = quota or SessionQuota(storage, settings.max_open_sessions_per_key)
+        self.publisher = publisher
+        self.lifecycle = publisher.lifecycle
+        self.quota = quota
         self.quota.register(is_upload_id, self.is_open)
-        self.engine = engine or UploadEngine(storage)
+        self.engine = engine
 
     async def _update(self, uid: str, change: Callable[[Upload], Upload | None]) -> Upload:
         """Change the upload's record by compare-and-set (``change`` sees the latest record; None: no change)."""

@@ -1,6 +1,7 @@
 """HTTP/2 next to HTTP/1.1 on one listener: ``transfer serve`` speaks h2 (RFC 9113) by ALPN over TLS and by prior
 knowledge (h2c, RFC 9113 §3.3) in cleartext, for a proxy in front; every other connection is uvicorn's HTTP/1.1
-exactly as before (the protocol work of :mod:`transfer.api.server`: head timeouts, bodies without copies, ``104``).
+exactly as before (the protocol work of :mod:`transfer.api.protocol.server`: head timeouts, bodies without copies,
+``104``).
 
 How a connection is routed (:class:`ListenerProtocol`, the first protocol of every accepted connection):
 
@@ -22,13 +23,13 @@ Granian; README "TLS and HTTP/2"). On top of Hypercorn, :class:`FlowControlledH2
   makes the server hold; it takes that many stalled streams to use it up.
 - ``SETTINGS_MAX_CONCURRENT_STREAMS`` = ``h2_max_streams``; streams opened while shutting down are refused with
   ``REFUSED_STREAM`` (RFC 9113 §8.7: the client may retry them elsewhere), not Hypercorn's ``NO_ERROR`` reset.
-- interim responses: the ASGI extension ``http.response.informational`` (:mod:`transfer.api.informational`) as
+- interim responses: the ASGI extension ``http.response.informational`` (:mod:`transfer.api.protocol.informational`) as
   HEADERS frames with a 1xx ``:status`` (RFC 9113 §8.1), so the IETF upload's ``104`` works over HTTP/2 too.
 
 Per stream, the rest holds as per HTTP/1.1 connection: sizes are the service's, slow bodies are shed by
-:class:`transfer.api.server.BodyRateGuard` (ASGI, so per stream), and a connection stays open idle for
+:class:`transfer.api.protocol.server.BodyRateGuard` (ASGI, so per stream), and a connection stays open idle for
 ``http_keep_alive`` seconds. Shutdown: each HTTP/2 connection is one of uvicorn's connections, so
-:class:`transfer.api.shutdown.GracefulServer` drains it like the others; on shutdown it refuses new streams,
+:class:`transfer.api.protocol.shutdown.GracefulServer` drains it like the others; on shutdown it refuses new streams,
 lets running ones finish, then sends GOAWAY and closes. Zero-copy send is not offered on HTTP/2 (its frames
 carry the bytes), nor over TLS at all (sendfile would bypass the encryption).
 """
@@ -61,8 +62,8 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import build_and_validate_headers, filter_pseudo_headers, parse_socket_addr
 from uvicorn.server import ServerState
 
-from transfer.api.informational import EXTENSION as INFORMATIONAL
-from transfer.api.tls import ListenerTLS
+from transfer.api.protocol.informational import EXTENSION as INFORMATIONAL
+from transfer.api.protocol.tls import ListenerTLS
 from transfer.settings import Settings
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -102,7 +103,7 @@ class H2Options:
         config.max_app_queue_size = 1
         config.keep_alive_max_requests = sys.maxsize  # Hypercorn closes after 1,000 requests; uvicorn never does
         config.include_server_header = False  # uvicorn's "server: uvicorn" is not sent either way on h2
-        config.accesslog = None  # the application logs each request (transfer.api.observability)
+        config.accesslog = None  # the application logs each request (transfer.api.middleware.observability)
         return config
 
 
@@ -557,7 +558,7 @@ class ListenerProtocol(asyncio.Protocol):
 
     def _silent(self) -> None:
         # the head timeout has passed without a full preface or request line: HTTP/1.1's to answer (408 and
-        # close, transfer.api.server) now, not after a second timeout of its own
+        # close, transfer.api.protocol.server) now, not after a second timeout of its own
         self._timer = None
         protocol = self._to_http1()
         timed_out = getattr(protocol, "_head_timed_out", None)
@@ -611,10 +612,10 @@ def listener_protocol(
 def serve_config(
     app: Any, settings: Settings, *, host: str, port: int, tls: ListenerTLS | None = None, **kwargs: Any
 ) -> uvicorn.Config:
-    """The uvicorn configuration of ``transfer serve``: :func:`transfer.api.server.uvicorn_config`, plus HTTP/2 on
-    the same listener (unless ``settings.http2`` is off) and TLS when ``tls`` is given (its files watched for a
+    """The uvicorn configuration of ``transfer serve``: :func:`transfer.api.protocol.server.uvicorn_config`, plus HTTP/2
+    on the same listener (unless ``settings.http2`` is off) and TLS when ``tls`` is given (its files watched for a
     renewed certificate). Loaded already."""
-    from transfer.api.server import uvicorn_config
+    from transfer.api.protocol.server import uvicorn_config
 
     config = uvicorn_config(app, settings, host=host, port=port, **kwargs)
     if settings.http2:

@@ -19,9 +19,9 @@ Here:
 - the rest of a body the application answered without reading (401, 413, ...) is read and dropped so the connection
   can be reused (RFC 9112 §9.6), but no longer than a body that is read may take: it must keep arriving at
   ``discard_min_rate`` bytes/s over a sliding window of ``discard_grace`` seconds from the answer (the rule of
-  :class:`transfer.api.server.BodyRateGuard`, :class:`transfer.api.limits.MinRate`), or the connection is closed;
-  and once it has arrived an idle connection is closed after the keep-alive timeout as after any response.
-  uvicorn's own protocol read such a body
+  :class:`transfer.api.protocol.server.BodyRateGuard`, :class:`transfer.api.middleware.limits.MinRate`), or the
+  connection is closed; and once it has arrived an idle connection is closed after the keep-alive timeout as after any
+  response. uvicorn's own protocol read such a body
   with no deadline at all (each read cancels the keep-alive timer), so a client could hold a connection open
   forever at a byte a minute after its answer.
 
@@ -42,7 +42,7 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from transfer.api.limits import MinRate
+from transfer.api.middleware.limits import MinRate
 
 # bytes waiting for the application before the socket stops being read: a few socket reads, so that a busy
 # application takes them in one message

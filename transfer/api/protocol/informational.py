@@ -8,7 +8,7 @@ times before ``http.response.start``::
     {"type": "http.response.informational", "status": 104, "headers": [(b"location", b"...")]}
 
 The interim response is written to the transport at once, on the event loop, with no copy of the body path: the
-final response is uvicorn's own code, the request body :mod:`transfer.api.bodyread`'s.
+final response is uvicorn's own code, the request body :mod:`transfer.api.protocol.bodyread`'s.
 
 Rules kept (RFC 9110 §15.2): never to an HTTP/1.0 client (the extension is not offered), never 101 (it ends the
 exchange) nor a status outside 1xx, never after the final response started; header fields are validated like any
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from transfer.api.bodyread import BodyCycle, BodyProtocol
+from transfer.api.protocol.bodyread import BodyCycle, BodyProtocol
 
 EXTENSION = "http.response.informational"
 

@@ -25,7 +25,7 @@ from types import FrameType
 
 import uvicorn
 
-from transfer.api.observability import Observability
+from transfer.api.middleware.observability import Observability
 
 log = logging.getLogger("transfer.ops")
 

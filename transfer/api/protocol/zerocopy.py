@@ -11,8 +11,8 @@ framing), and it counts against that length like any body.
 The socket is written directly, bypassing the transport's buffer, so two rules keep the byte stream in order:
 the transport's buffer must be empty before ``sendfile`` writes (the headers uvicorn queued go first), and nothing
 else writes to the connection while a zero-copy body is in flight (the only other writer, the head-timeout 408 of
-:mod:`transfer.api.server`, writes only between responses). Every ``sendfile`` call runs on the event loop right
-after checking that the transport is still open, so the descriptor cannot have been closed and reused in between.
+:mod:`transfer.api.protocol.server`, writes only between responses). Every ``sendfile`` call runs on the event loop
+right after checking that the transport is still open, so the descriptor cannot have been closed and reused in between.
 A full socket buffer waits for writability on one ``epoll`` instance per event loop (uvloop refuses ``add_writer``
 on a descriptor its transport owns; an epoll descriptor it does not own is fine).
 

@@ -12,8 +12,8 @@ Slow clients are shed in two places (a connection must not be held open at a byt
   the first request) to its last header field; then 408 ``request_timeout`` and the connection is closed. It has to
   be in the protocol: the ASGI application only exists once the head is complete.
 - the body: :class:`BodyRateGuard` (ASGI) holds a body to ``http_body_min_rate`` bytes/s over a sliding window of
-  ``http_body_grace`` seconds (:class:`transfer.api.limits.MinRate`: a stall after a fast start is cut after the
-  window, not after bytes ÷ rate), counting only the time spent waiting for the client (not time the
+  ``http_body_grace`` seconds (:class:`transfer.api.middleware.limits.MinRate`: a stall after a fast start is cut after
+  the window, not after bytes ÷ rate), counting only the time spent waiting for the client (not time the
   application spent writing to storage); then 408 and the application sees the client as gone, so an upload aborts
   and removes its temp file exactly as for a client that disconnected.
 """
@@ -28,9 +28,9 @@ import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
-from transfer.api import zerocopy
-from transfer.api.informational import InformationalProtocol
-from transfer.api.limits import MinRate
+from transfer.api.middleware.limits import MinRate
+from transfer.api.protocol import zerocopy
+from transfer.api.protocol.informational import InformationalProtocol
 from transfer.errors import RequestTimeout
 from transfer.settings import Settings
 
@@ -71,7 +71,7 @@ def _timeout_body(message: str) -> bytes:
 class HeadTimeoutProtocol(InformationalProtocol):
     """uvicorn's httptools protocol with a deadline for each request head (set ``header_timeout`` in a subclass:
     :func:`head_timeout_protocol`), and the zero-copy send extension on every request
-    (:mod:`transfer.api.zerocopy`)."""
+    (:mod:`transfer.api.protocol.zerocopy`)."""
 
     header_timeout: float = 30.0
     _head_timer: asyncio.TimerHandle | None = None
@@ -90,7 +90,7 @@ class HeadTimeoutProtocol(InformationalProtocol):
         before = self.cycle
         super().on_headers_complete()
         # a new request (not an upgrade): its task has not run yet, so it sees the extension. Never over TLS:
-        # sendfile(2) would write the file's plain bytes past the encryption (transfer.api.tls)
+        # sendfile(2) would write the file's plain bytes past the encryption (transfer.api.protocol.tls)
         if self.cycle is not None and self.cycle is not before and self.transport.get_extra_info("sslcontext") is None:
             zerocopy.enable(self.cycle)
 
@@ -147,7 +147,7 @@ def head_timeout_protocol(
 ) -> type[HeadTimeoutProtocol]:
     """The protocol class with these deadlines: ``header_timeout`` for each head, and the body rule of
     :class:`BodyRateGuard` for the rest of a body the application answered without reading
-    (:mod:`transfer.api.bodyread`)."""
+    (:mod:`transfer.api.protocol.bodyread`)."""
     attributes = {"header_timeout": header_timeout, "discard_grace": body_grace, "discard_min_rate": body_min_rate}
     return type("HeadTimeoutProtocol", (HeadTimeoutProtocol,), attributes)
 
@@ -243,7 +243,7 @@ def uvicorn_config(app: Any, settings: Settings, *, host: str, port: int, **kwar
         # is closing at that moment sees a reset (found by the soak at 300 clients)
         timeout_keep_alive=settings.http_keep_alive,
         # uvicorn's access line carries the path with its query, i.e. the signature of a signed URL; the
-        # application's own line (transfer.api.observability) names the route template instead
+        # application's own line (transfer.api.middleware.observability) names the route template instead
         access_log=False,
         **kwargs,
     )

@@ -1,5 +1,5 @@
 """What an operator sees of the HTTP service: Prometheus metrics, one JSON log line per request with its request id,
-readiness, and the in-flight requests a graceful shutdown waits for (see :mod:`transfer.api.shutdown`).
+readiness, and the in-flight requests a graceful shutdown waits for (see :mod:`transfer.api.protocol.shutdown`).
 
 One pure ASGI middleware (not Starlette's ``BaseHTTPMiddleware``, which buffers streaming responses through a
 memory stream) wraps the whole application, outside the trust boundary, so that every answer (refusals included)
@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from functools import partial, wraps
+from functools import partial
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -33,8 +33,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from storage.errors import StorageError
 from transfer import __version__, metrics
+from transfer.api.protocol.zerocopy import EXTENSION as ZERO_COPY
 from transfer.api.responses import AsciiJSONResponse
-from transfer.api.zerocopy import EXTENSION as ZERO_COPY
 from transfer.core.auth import Grant
 from transfer.core.auth import Scope as KeyScope
 from transfer.errors import ShuttingDown
@@ -279,91 +279,6 @@ def storage_probe(storage: Any) -> Callable[[], Awaitable[None]]:
     return probe
 
 
-# --- storage operations: one wrapper per backend instance, counting calls and failures by error class ---
-
-_COROUTINE_OPS = ("open", "stat", "delete", "compose", "presign_get", "abort_abandoned_uploads")
-
-
-def instrument_storage(storage: Any) -> None:
-    """Count the backend's operations (``transfer_storage_operations``) and failures by error class
-    (``transfer_storage_errors``), by wrapping the methods of this instance (its class, hence its capabilities
-    and ``isinstance`` checks, stay as they are). S3 retries are counted through the backend's ``on_retry``.
-    Idempotent."""
-    if getattr(storage, "_transfer_instrumented", False):
-        return
-    for name in _COROUTINE_OPS:
-        method = getattr(storage, name, None)
-        if method is not None:
-            setattr(storage, name, _counted_coroutine(name, method))
-    create = getattr(storage, "create", None)
-    if create is not None:
-        storage.create = _counted_create(create)
-    listing = getattr(storage, "list", None)
-    if listing is not None:
-        storage.list = _counted_list(listing)
-    if hasattr(storage, "on_retry"):
-        storage.on_retry = metrics.s3_retried
-    storage._transfer_instrumented = True
-
-
-def _failed(operation: str, exc: BaseException) -> None:
-    if isinstance(exc, StorageError):
-        metrics.storage_errors.labels(operation, type(exc).__name__).inc()
-
-
-def _counted_coroutine(name: str, method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    ops = metrics.storage_operations.labels(name)
-
-    @wraps(method)
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        ops.inc()
-        try:
-            return await method(*args, **kwargs)
-        except StorageError as exc:
-            _failed(name, exc)
-            raise
-
-    return counted
-
-
-def _counted_create(create: Callable[..., Any]) -> Callable[..., Any]:
-    ops = metrics.storage_operations.labels("create")
-
-    @wraps(create)
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        ops.inc()
-        writer = create(*args, **kwargs)
-        commit = writer.commit
-
-        async def counted_commit(*a: Any, **kw: Any) -> Any:
-            try:
-                return await commit(*a, **kw)
-            except StorageError as exc:
-                _failed("create", exc)
-                raise
-
-        writer.commit = counted_commit
-        return writer
-
-    return counted
-
-
-def _counted_list(listing: Callable[..., Any]) -> Callable[..., Any]:
-    ops = metrics.storage_operations.labels("list")
-
-    @wraps(listing)
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        ops.inc()
-        try:
-            async for item in listing(*args, **kwargs):
-                yield item
-        except StorageError as exc:
-            _failed("list", exc)
-            raise
-
-    return counted
-
-
 # --- the middleware ---
 
 
@@ -528,7 +443,6 @@ def install(app: FastAPI, settings: Settings, storage: Any, needs: Callable[[Key
     an admin key when keys are configured, as the other admin endpoints do."""
     obs = Observability(settings, probe=storage_probe(storage))
     obs.export_gauges()
-    instrument_storage(storage)
     app.state.observability = obs
 
     @app.get("/metrics", dependencies=[needs(KeyScope.ADMIN)], tags=["service"], include_in_schema=True)

@@ -5,8 +5,9 @@ process, whatever the number of concurrent uploads: an upload that finds the bud
 its request body, so TCP flow control slows its client) until a part in flight is stored and gives its bytes back.
 
 Deadlock-free by construction as long as every holder can finish what it holds without asking for more: a writer
-takes the whole of a part's buffer before it starts filling it (never byte by byte), and a request larger than the
-whole budget is served as the whole budget (one such holder at a time).
+takes the whole of a part's buffer before it starts filling it (never byte by byte), the small objects a holder
+writes meanwhile (records) take nothing from the budget, and a request larger than the whole budget is served as
+the whole budget (one such holder at a time).
 """
 
 from __future__ import annotations

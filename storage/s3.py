@@ -84,6 +84,9 @@ from storage.parts import plan_part_size
 
 T = TypeVar("T")
 MAX_PRESIGN_SECONDS = 7 * 24 * 3600  # SigV4 presigned URLs live at most 7 days
+# a writer's buffer up to this size is outside the part-buffer budget (see S3Writer._reserve): at most this much per
+# upload in flight comes on top of the budget
+UNBUDGETED = 1 << 20
 
 # S3 error codes -> our storage errors (the s3fs errors.py idea); anything else is BackendUnavailable.
 _ERROR_TABLE: dict[str, type[StorageError]] = {
@@ -300,8 +303,14 @@ class S3Writer(WriterContext):
 
     async def _reserve(self, incoming: int) -> None:
         """Hold the budget for the part being filled before filling it: all of it at once (a part, or what the size
-        hint says is left), never byte by byte, so every holder can finish its part without asking for more."""
+        hint says is left), never byte by byte, so every holder can finish its part without asking for more.
+
+        A buffer of at most :data:`UNBUDGETED` bytes takes nothing from the budget: the small objects a request
+        writes while it holds part of the budget for its large one (its upload record, its usage record) must
+        never wait for the budget, or uploads holding all of it would wait for each other for ever."""
         budget = self._s.buffers
+        if self._held == 0 and len(self._buf) + incoming <= UNBUDGETED:
+            return
         if self._held == 0:
             left = self._part_size if self._size_hint is None else self._size_hint - self._written
             want = min(self._part_size, max(left, incoming, 1))

@@ -104,3 +104,31 @@ async def test_concurrent_uploads_share_one_budget(s3_endpoint: Any, s3_bucket: 
     finally:
         await backend.close()
     assert in_progress_uploads(s3_endpoint, s3_bucket) == []
+
+
+@pytest.mark.s3
+async def test_uploads_holding_the_whole_budget_still_write_their_records(s3_endpoint: Any, s3_bucket: str) -> None:
+    """Three large writers and a budget of two parts: the two that hold it each write a small object (a record,
+    as every upload does before it finishes) — that must not wait for the budget, or all three wait for ever."""
+    backend = S3Storage(s3_config(s3_endpoint, s3_bucket, part_size=5 * MiB, buffer_budget=10 * MiB))
+    await backend.start()
+    data = os.urandom(2 * MiB)
+
+    async def upload(i: int) -> None:
+        async with backend.create(f"files/big{i}") as writer:
+            await writer.write(data[:MiB])
+            await writer.write(data[MiB:])  # past the unbudgeted first MiB: this one holds a part of the budget
+            await asyncio.sleep(0.2)  # all three are holding or waiting now
+            async with backend.create(f"records/r{i}") as record:
+                await record.write(b'{"n": %d}' % i)
+                await record.commit({})
+            await writer.commit({})
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(upload(i) for i in range(3))), 120)
+        for i in range(3):
+            assert await read_all(backend, f"files/big{i}") == data
+            assert await read_all(backend, f"records/r{i}") == b'{"n": %d}' % i
+        assert backend.buffers.in_use == 0
+    finally:
+        await backend.close()

@@ -25,7 +25,7 @@ import pytest
 import xxhash
 from httpx_sse import aconnect_sse
 
-from benchmarks.e2e import service
+from benchmarks.replicas import serve_unpinned
 from devtools.ceph import CephCluster
 from devtools.s3server import s3_client
 from tests.rrproxy import RoundRobinProxy
@@ -86,7 +86,7 @@ def replicas(ceph: CephCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
             }
             workdir = root / name
             workdir.mkdir()
-            url, _pid = stack.enter_context(service(workdir, env=env))
+            url, _pid = stack.enter_context(serve_unpinned(workdir, env))  # two minutes to start under load
             urls.append(url)
         proxy.backends.extend((u.hostname or "", u.port or 0) for u in map(urlsplit, urls))
         yield Replicas(urls[0], urls[1], proxy)

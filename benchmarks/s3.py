@@ -151,6 +151,7 @@ def concurrent_memory(
                 rows.append(
                     {
                         "budget": budget,
+                        "budget_bytes": int(run_env.get("TRANSFER_S3_BUFFER_BUDGET", 96 << 20)),
                         "clients": n,
                         "size": size,
                         "peak_rss": peak_rss_bytes(pid),
@@ -171,7 +172,11 @@ def concurrent_memory_table(report: dict[str, Any]) -> str:
         "|---|---|---|---|---|",
     ]
     for r in report["rows"]:
-        budget = "one budget (96 MiB)" if r["budget"] == "default" else "per upload (no budget)"
+        budget = (
+            f"one budget ({r.get('budget_bytes', 96 << 20) >> 20} MiB)"
+            if r["budget"] == "default"
+            else "per upload (no budget)"
+        )
         lines.append(
             f"| {budget} | {r['clients']} × {r['size'] >> 20} MiB | {r['peak_rss'] / 1e6:.0f} MB | "
             f"{r['MBps']:.0f} | {r['failed']} |"

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from contextlib import ExitStack
 from pathlib import Path
@@ -107,6 +108,80 @@ def run_s3(size: int, reps: int, workdir: Path, endpoint: Any = None, memory_siz
             big.unlink()
         src.unlink()
         return report
+
+
+def concurrent_memory(
+    endpoint: Any, workdir: Path, counts: tuple[int, ...] = (1, 8, 32), size: int = 128 << 20
+) -> dict[str, Any]:
+    """The service's peak RSS (VmHWM of a fresh process) while ``n`` clients upload ``size`` bytes each into S3 at
+    once, for each ``n`` of ``counts``: with the process-wide part-buffer budget (the default) and without it (a
+    budget larger than every upload together, what each upload had before: its own ten parts), the latter at the
+    largest count only. Files of 128 MiB
+    hold more than one upload's ten 8 MiB parts, so each upload fills its buffers as a 1 GiB one would."""
+    from benchmarks.replicas import serve_unpinned
+    from devtools.s3server import s3_client
+
+    bucket = f"benchmem-{uuid.uuid4().hex[:12]}"
+    s3_client(endpoint).create_bucket(Bucket=bucket)
+    env = {
+        **os.environ,
+        "TRANSFER_STORAGE": "s3",
+        "TRANSFER_S3_BUCKET": bucket,
+        "TRANSFER_S3_ENDPOINT_URL": endpoint.url,
+        "TRANSFER_S3_ADDRESSING_STYLE": "path",
+        "TRANSFER_SINGLE_REPLICA": "true",
+        "TRANSFER_S3_ATOMIC_IF_MATCH": "true" if endpoint.engine != "swift" else "false",
+        "AWS_ACCESS_KEY_ID": endpoint.access_key,
+        "AWS_SECRET_ACCESS_KEY": endpoint.secret_key,
+        "AWS_REGION": endpoint.region,
+    }
+    src = workdir / "s3-concurrent.bin"
+    make_file(src, size)
+    rows = []
+    for budget, runs in (("default", counts), (str(64 << 30), counts[-1:])):
+        for n in runs:
+            run_env = dict(env) if budget == "default" else {**env, "TRANSFER_S3_BUFFER_BUDGET": budget}
+            where = workdir / f"s3conc-{budget}-{n}"
+            where.mkdir(exist_ok=True)
+            with serve_unpinned(where, run_env) as (url, pid):
+                start = time.monotonic()
+                clients = [subprocess.Popen(curl_upload(src, f"{url}/v1/files", where / f"{i}.json")) for i in range(n)]
+                codes = [c.wait() for c in clients]
+                seconds = time.monotonic() - start
+                rows.append(
+                    {
+                        "budget": budget,
+                        "budget_bytes": int(run_env.get("TRANSFER_S3_BUFFER_BUDGET", 96 << 20)),
+                        "clients": n,
+                        "size": size,
+                        "peak_rss": peak_rss_bytes(pid),
+                        "seconds": seconds,
+                        "MBps": n * size / seconds / 1e6,
+                        "failed": sum(code != 0 for code in codes),
+                    }
+                )
+    src.unlink()
+    return {"engine": endpoint.engine, "rows": rows}
+
+
+def concurrent_memory_table(report: dict[str, Any]) -> str:
+    lines = [
+        f"Concurrent uploads into S3 ({report['engine']}), peak RSS of a fresh service:",
+        "",
+        "| part buffers | clients × size | peak RSS | aggregate MB/s | failed |",
+        "|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        budget = (
+            f"one budget ({r.get('budget_bytes', 96 << 20) >> 20} MiB)"
+            if r["budget"] == "default"
+            else "per upload (no budget)"
+        )
+        lines.append(
+            f"| {budget} | {r['clients']} × {r['size'] >> 20} MiB | {r['peak_rss'] / 1e6:.0f} MB | "
+            f"{r['MBps']:.0f} | {r['failed']} |"
+        )
+    return "\n".join(lines)
 
 
 def s3_table(report: dict[str, Any]) -> str:

@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip",
         default="",
-        help="comma-separated: kernels,codecs,e2e,memory,bombs,wan,small,concurrency,scale,http2,dedup_whole,dedup",
+        help="comma-separated: kernels,codecs,e2e,memory,bombs,wan,small,concurrency,scale,http2,dedup_whole,dedup,"
+        "s3_concurrent,replicas (the last two: with --s3)",
     )
     parser.add_argument(
         "--scale-counts", help="stored-object counts for the scale table (default 0,10000,100000; --quick: 0,2000)"
@@ -121,6 +122,18 @@ def main(argv: list[str] | None = None) -> int:
             report["s3"] = run_s3(size, reps, work, memory_size=2 * size)
             sections.append(s3_table(report["s3"]))
             chart_rows += report["s3"]["cases"]
+            if "s3_concurrent" not in skip:
+                from benchmarks.s3 import concurrent_memory, concurrent_memory_table
+                from devtools.s3server import swift_s3_server
+
+                with swift_s3_server() as endpoint:
+                    report["s3_concurrent"] = concurrent_memory(endpoint, work)
+                sections.append(concurrent_memory_table(report["s3_concurrent"]))
+            if "replicas" not in skip:
+                from benchmarks.replicas import replicas_table, run_replicas
+
+                report["replicas"] = run_replicas(work)
+                sections.append(replicas_table(report["replicas"]))
     report["summary"] = summarize(report)
     profile = f"{'--quick' if args.quick else 'full'} profile: {size >> 20} MiB files, {reps} runs per case."
     sections.insert(0, summary_table(report["summary"], report["cpu"], profile))

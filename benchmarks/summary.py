@@ -69,6 +69,9 @@ GOALS: dict[str, Goal] = {
     "memory_peak": Goal("server peak RSS, largest file", 200, "MB", at_most=True),
     "memory_growth": Goal("server peak RSS, largest file / smallest file", 1.1, at_most=True),
     "memory_s3": Goal("server peak RSS, upload into S3", 200, "MB", at_most=True),
+    "memory_s3_concurrent": Goal("server peak RSS, 1 / 8 / 32 concurrent uploads into S3", 200, "MB", at_most=True),
+    "replicas_small": Goal("4 KiB uploads/s through 1 / 2 / 3 replicas on Ceph", unit="uploads/s"),
+    "replicas_large": Goal("64 MiB uploads, MB/s through 1 / 2 / 3 replicas on Ceph", unit="MB/s"),
 }
 
 
@@ -200,6 +203,28 @@ def _memory_s3(report: dict[str, Any]) -> Figure | None:
     return Figure(round(m["peak_rss_after_upload"] / 1e6), runs=1, detail=detail)
 
 
+def _memory_s3_concurrent(report: dict[str, Any]) -> Figure | None:
+    rows = [r for r in (report.get("s3_concurrent") or {}).get("rows", []) if r["budget"] == "default"]
+    if not rows:
+        return None
+    text = " / ".join(f"{r['peak_rss'] / 1e6:.0f}" for r in rows) + " MB"
+    detail = f"{' / '.join(str(r['clients']) for r in rows)} clients × {rows[0]['size'] // MiB} MiB each"
+    return Figure(round(max(r["peak_rss"] for r in rows) / 1e6), runs=1, detail=detail, text=text)
+
+
+def _replicas(key: str, unit: str) -> Callable[[dict[str, Any]], Figure | None]:
+    def find(report: dict[str, Any]) -> Figure | None:
+        rows = (report.get("replicas") or {}).get("rows") or []
+        if not rows:
+            return None
+        text = " / ".join(f"{r[key]:,.0f}" for r in rows) + f" {unit}"
+        loads = " / ".join(f"{r['load_average']:.1f}" for r in rows)
+        detail = f"HAProxy, one Ceph bucket; load average {loads}"
+        return Figure(round(rows[-1][key]), runs=1, detail=detail, text=text)
+
+    return find
+
+
 # Where each goal row's figure comes from in the report (section and case).
 ROWS: dict[str, Callable[[dict[str, Any]], Figure | None]] = {
     "download_full": _case("e2e", "download full body"),
@@ -225,6 +250,9 @@ ROWS: dict[str, Callable[[dict[str, Any]], Figure | None]] = {
     "memory_peak": _memory_peak,
     "memory_growth": _memory_growth,
     "memory_s3": _memory_s3,
+    "memory_s3_concurrent": _memory_s3_concurrent,
+    "replicas_small": _replicas("small_per_s", "uploads/s"),
+    "replicas_large": _replicas("large_MBps", "MB/s"),
 }
 
 

@@ -5,11 +5,13 @@ Layout in the bucket, under an optional prefix::
     data/<key>         the bytes; multipart uploads for anything of at least one part, PutObject below that
     meta/<key>.json    the metadata, written before the bytes are published
 
-Publishing: parts are uploaded while the bytes arrive (at most ``part_buffers`` parts in memory per upload, each
-of the planned part size), then the metadata object is written, then CompleteMultipartUpload (or the PutObject of a
-small object) makes the bytes visible. Abort — on any failure, cancellation or a failed verification upstream —
-aborts the multipart upload, so no orphaned upload remains. Reads pass the range to GetObject with ``If-Match`` on
-the ETag seen when the reader was opened, so a reader never mixes two versions.
+Publishing: parts are uploaded while the bytes arrive (at most ``part_buffers`` parts in flight per upload, each of
+the planned part size, and every part buffer of every upload taken from one process-wide ``buffer_budget``, so
+concurrency cannot multiply them: see :mod:`storage.budget`), then the metadata object is written, then
+CompleteMultipartUpload (or the PutObject of a small object) makes the bytes visible. Abort — on any failure,
+cancellation or a failed verification upstream — aborts the multipart upload, so no orphaned upload remains. Reads
+pass the range to GetObject with ``If-Match`` on the ETag seen when the reader was opened, so a reader never mixes
+two versions.
 
 Compare-and-set: ``ObjectInfo.etag`` is the data object's ETag; ``create(key, if_match=etag)`` publishes the bytes
 with ``If-Match`` on PutObject / CompleteMultipartUpload (AWS S3 since 2024, MinIO, Ceph RGW), then the metadata, so
@@ -24,6 +26,14 @@ ATOMIC_IF_MATCH then: the service refuses to run as one of several replicas on i
 boto3 calls run in a thread pool of ``max_concurrency`` threads (the event loop never blocks); transient errors
 (503 SlowDown, resets, timeouts) are retried by botocore's ``standard`` retry mode; every other error is translated
 by one table into ``storage.errors``.
+
+Bounded in time, not only in count: a retry is attempted only if it could end within ``call_budget`` seconds of the
+call's start (its backoff plus one whole attempt, ``connect_timeout + read_timeout``, must fit), so a call to a
+gateway that never answers fails — ``BackendUnavailable``, the service's 503 ``storage_unavailable`` — within
+``call_budget`` (30 s by default: one 20 s read timeout and no second attempt), where botocore alone would spend up
+to ``max_attempts`` × (connect + read timeout) plus its backoff (5 × 65 s). A call that keeps receiving bytes (a long
+CompleteMultipartUpload with AWS's whitespace keep-alive) is not cut: the budget only refuses retries. The service
+retries nothing but lost compare-and-set races, so it does not multiply this.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import contextlib
 import hashlib
 import json
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -56,6 +67,7 @@ from storage.base import (
     WriterContext,
     validate_key,
 )
+from storage.budget import ByteBudget
 from storage.errors import (
     BackendUnavailable,
     ChecksumRejected,
@@ -72,6 +84,9 @@ from storage.parts import S3Rules, plan_part_size
 
 T = TypeVar("T")
 MAX_PRESIGN_SECONDS = 7 * 24 * 3600  # SigV4 presigned URLs live at most 7 days
+# a writer's buffer up to this size is outside the part-buffer budget (see S3Writer._reserve): at most this much per
+# upload in flight comes on top of the budget
+UNBUDGETED = 1 << 20
 
 # S3 error codes -> our storage errors (the s3fs errors.py idea); anything else is BackendUnavailable.
 _ERROR_TABLE: dict[str, type[StorageError]] = {
@@ -139,7 +154,10 @@ class S3Config:
     addressing_style: str = "auto"  # "path" for MinIO and Swift
     prefix: str = ""
     part_size: int = 8 << 20
-    part_buffers: int = 10  # parts in memory (and in flight) per upload: as many as boto3's upload_file sends
+    part_buffers: int = 10  # parts in flight per upload: as many as boto3's upload_file sends
+    # bytes of part buffers (filling and in flight) for every upload of the process together: 10 parts of 8 MiB in
+    # flight and one filling, what one upload uses at full speed; more uploads share it (and wait for it)
+    buffer_budget: int = 96 << 20
     max_concurrency: int = 16  # threads (and HTTP connections) for boto3 calls, shared by every transfer
     max_object_size: int = 64 << 30
     buffer_size: int = 1 << 20  # bytes per read call
@@ -151,7 +169,8 @@ class S3Config:
     # PUTs (501 NotImplemented): there the ETag is compared by a HEAD before the put, which is not atomic.
     atomic_if_match: bool = True
     connect_timeout: float = 5.0
-    read_timeout: float = 60.0
+    read_timeout: float = 20.0  # seconds without a byte (urllib3's socket timeout), per attempt
+    call_budget: float = 30.0  # seconds one call may take with its retries (see the module's docstring)
     # learn at start() what the engine really does (see :class:`EngineProfile`); the two ``atomic_*`` flags above
     # can then only take an ability away (an operator's "no"), never grant one the engine was seen not to have
     probe: bool = True
@@ -250,7 +269,9 @@ class S3Writer(WriterContext):
         self._part_size = plan_part_size(
             size_hint, max_size=storage.config.max_object_size, preferred=storage.config.part_size
         )
+        self._size_hint = size_hint
         self._buf = bytearray()
+        self._held = 0  # bytes of the storage's buffer budget that _buf may fill
         self._upload_id: str | None = None
         self._next_part = 1
         self._etags: dict[int, str] = {}
@@ -270,17 +291,50 @@ class S3Writer(WriterContext):
             raise BackendUnavailable("write after commit or abort")
         if self._failure is not None:
             raise self._failure
+        await self._reserve(len(data))
         self._buf += data
         self._written += len(data)
         while len(self._buf) > self._part_size:  # an object of at most one part is a single PutObject
-            part = bytes(memoryview(self._buf)[: self._part_size])  # one copy (a slice of a bytearray is another)
-            del self._buf[: self._part_size]
-            await self._submit(part)
+            # the filled buffer itself becomes the part (no copy of it); what is past the part starts the next one
+            part, self._buf = self._buf, bytearray(memoryview(self._buf)[self._part_size :])
+            del part[self._part_size :]
+            held, self._held = self._held, 0
+            await self._submit(part, held)
+            await self._reserve(len(self._buf))
 
-    async def _submit(self, part: bytes) -> None:
-        await self._slots.acquire()  # bounded: at most part_buffers parts in flight
+    async def _reserve(self, incoming: int) -> None:
+        """Hold the budget for the part being filled before filling it: all of it at once (a part, or what the size
+        hint says is left), never byte by byte, so every holder can finish its part without asking for more.
+
+        A buffer of at most :data:`UNBUDGETED` bytes takes nothing from the budget: the small objects a request
+        writes while it holds part of the budget for its large one (its upload record, its usage record) must
+        never wait for the budget, or uploads holding all of it would wait for each other for ever."""
+        budget = self._s.buffers
+        if self._held == 0 and len(self._buf) + incoming <= UNBUDGETED:
+            return
+        if self._held == 0:
+            left = self._part_size if self._size_hint is None else self._size_hint - self._written
+            want = min(self._part_size, max(left, incoming, 1))
+            self._held = await budget.acquire(want)
+        elif len(self._buf) + incoming > self._held and self._held < budget.clamp(self._part_size):
+            # more bytes than the size hint said: the rest of a whole part
+            self._held += await budget.acquire(self._part_size - self._held)
+
+    def _give_back(self) -> None:
+        if self._held:
+            self._s.buffers.release(self._held)
+            self._held = 0
+
+    async def _submit(self, part: bytearray, held: int) -> None:
+        """Upload ``part`` in the background; the ``held`` bytes of the budget go back when it is stored."""
+        try:
+            await self._slots.acquire()  # bounded: at most part_buffers parts in flight
+        except BaseException:
+            self._s.buffers.release(held)
+            raise
         if self._failure is not None:
             self._slots.release()
+            self._s.buffers.release(held)
             raise self._failure
         try:
             if self._upload_id is None:
@@ -293,14 +347,15 @@ class S3Writer(WriterContext):
                 self._upload_id = str(response["UploadId"])
         except BaseException:
             self._slots.release()
+            self._s.buffers.release(held)
             raise
         number = self._next_part
         self._next_part += 1
-        task = asyncio.create_task(self._upload_part(number, part))
+        task = asyncio.create_task(self._upload_part(number, part, held))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _upload_part(self, number: int, body: bytes) -> None:
+    async def _upload_part(self, number: int, body: bytearray, held: int) -> None:
         try:
             response = await self._s.call(
                 f"uploading part {number}",
@@ -317,6 +372,7 @@ class S3Writer(WriterContext):
             self._failure = self._failure or exc
         finally:
             self._slots.release()
+            self._s.buffers.release(held)
 
     async def _drain(self) -> None:
         while self._tasks:
@@ -328,8 +384,9 @@ class S3Writer(WriterContext):
         s = self._s
         try:
             if self._upload_id is not None and self._buf:
-                await self._submit(bytes(self._buf))
-                self._buf.clear()
+                part, self._buf = self._buf, bytearray()
+                held, self._held = self._held, 0
+                await self._submit(part, held)
             await self._drain()
             if self._failure is not None:
                 raise self._failure
@@ -367,6 +424,7 @@ class S3Writer(WriterContext):
             raise
         self._done = True
         self._buf = bytearray()
+        self._give_back()
         # what was just published, from the PUT's own answer: no HEAD and metadata GET to learn it again
         return ObjectInfo(self._key, self._written, datetime.now(UTC), dict(metadata), etag=etag)
 
@@ -392,7 +450,7 @@ class S3Writer(WriterContext):
                     s.client.put_object,
                     Bucket=s.config.bucket,
                     Key=s.data_key(self._key),
-                    Body=bytes(self._buf),
+                    Body=self._buf,
                     **conditional,
                 )
             else:
@@ -426,6 +484,7 @@ class S3Writer(WriterContext):
             return
         self._done = True
         self._buf = bytearray()
+        self._give_back()
         await self._drain()  # never leave a part upload running behind an abort
         s = self._s
         if self._upload_id is not None:
@@ -487,8 +546,11 @@ class S3Storage:
     """Objects in an S3 bucket. Capabilities: ranged reads, presigned URLs, multipart, compose."""
 
     def __init__(self, config: S3Config) -> None:
+        if config.connect_timeout + config.read_timeout > config.call_budget:
+            raise ValueError("one attempt (connect_timeout + read_timeout) must fit in call_budget")
         self.config = config
         self.compare_locks = KeyedLocks()  # if_match without a conditional PUT: compare and put one at a time
+        self.buffers = ByteBudget(config.buffer_budget)  # every part buffer of every upload of this storage
         self.executor = ThreadPoolExecutor(max_workers=config.max_concurrency, thread_name_prefix="s3")
         session = boto3.session.Session(
             aws_access_key_id=config.access_key_id,
@@ -514,6 +576,23 @@ class S3Storage:
         self.on_retry: Callable[[str], None] | None = None
         self.engine: EngineProfile | None = None  # what start() saw the engine do
         self.client.meta.events.register("request-created.s3", self._request_created)
+        self.client.meta.events.register("before-call.s3", self._call_started)
+        # runs before the standard retry handler: a False here is the first non-None answer, so no retry
+        self.client.meta.events.register_first("needs-retry.s3", self._retry_fits)
+
+    def _call_started(self, context: dict[str, Any], **_: Any) -> None:
+        context["transfer_call_started"] = time.monotonic()
+
+    def _retry_fits(self, attempts: int, request_dict: dict[str, Any], **_: Any) -> bool | None:
+        """False (no retry) when the next attempt could not end within the call's budget: the longest backoff
+        standard mode may pick before attempt ``attempts + 1`` (2^(attempts-1) s, at most 20) plus one whole
+        attempt. None leaves the decision to botocore's retry handler."""
+        started = request_dict.get("context", {}).get("transfer_call_started")
+        if started is None:
+            return None
+        c = self.config
+        longest = time.monotonic() - started + min(20.0, 2.0 ** (attempts - 1)) + c.connect_timeout + c.read_timeout
+        return False if longest > c.call_budget else None
 
     def _request_created(self, request: Any, operation_name: str = "", **_: Any) -> None:
         attempt = getattr(request, "context", {}).get("retries", {}).get("attempt", 1)

@@ -1,7 +1,9 @@
-"""Two ``transfer serve`` processes (A and B) on one S3 bucket behind a round-robin proxy on loopback: what one
-replica starts, the other continues. An upload through A is followed through B (the AIFlowy SSE stream, with the
-same event ids and ``Last-Event-ID`` resume); tus PATCHes and chunk PUTs alternate between A and B; sessions
-complete on B; every SHA-256 is checked on the bytes downloaded back. Another key gets 404 on either replica."""
+"""Two ``transfer serve`` processes (A and B) on one Ceph bucket, each on its own RADOS Gateway of the session's
+cluster, behind a round-robin proxy on loopback: what one replica starts, the other continues, on an engine whose
+compare-and-set is atomic (no TRANSFER_SINGLE_REPLICA here). An upload through A is followed through B (the AIFlowy
+SSE stream, with the same event ids and ``Last-Event-ID`` resume); tus PATCHes and chunk PUTs alternate between A
+and B; sessions complete on B; racing deletes through both refund once; every SHA-256 is checked on the bytes
+downloaded back. Another key gets 404 on either replica. (Three replicas behind HAProxy: ``test_replicas_ceph.py``.)"""
 
 from __future__ import annotations
 
@@ -11,10 +13,10 @@ import concurrent.futures
 import hashlib
 import json
 import os
+import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,17 +25,18 @@ import pytest
 import xxhash
 from httpx_sse import aconnect_sse
 
-from benchmarks.e2e import service
-from tests.conftest import S3_ENV
+from benchmarks.replicas import serve_unpinned
+from devtools.ceph import CephCluster
+from devtools.s3server import s3_client
 from tests.rrproxy import RoundRobinProxy
 from transfer.core import aiflowy
 from transfer.core.auth import new_token, token_hash
 
-pytestmark = [pytest.mark.s3, pytest.mark.slow, pytest.mark.e2e]
+pytestmark = [pytest.mark.s3, pytest.mark.ceph, pytest.mark.slow, pytest.mark.e2e]
 
 MiB = 1 << 20
 CHUNK = 5 * MiB  # the smallest part S3 composes
-OWNER, OTHER, ADMIN = new_token(), new_token(), new_token()
+OWNER, OTHER, ADMIN, RACER = new_token(), new_token(), new_token(), new_token()
 TUS = {"tus-resumable": "1.0.0"}
 
 
@@ -48,27 +51,42 @@ class Replicas:
     proxy: RoundRobinProxy
 
 
-@pytest.fixture
-def replicas(s3_env: dict[str, str], tmp_path: Path) -> Iterator[Replicas]:
+@pytest.fixture(scope="module")
+def replicas(ceph: CephCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
+    """A and B for the whole module (the tests use their own ids and keys), on the session's one cluster."""
+    root = tmp_path_factory.mktemp("replicas")
+    bucket = f"replicas-{uuid.uuid4().hex[:12]}"
+    s3_client(ceph.endpoint).create_bucket(Bucket=bucket)
     keys = {
         "owner": {"sha256": token_hash(OWNER), "scopes": ["upload", "read"]},
         "other": {"sha256": token_hash(OTHER), "scopes": ["upload", "read"]},
+        "racer": {"sha256": token_hash(RACER), "scopes": ["upload", "read"]},
         "admin": {"sha256": token_hash(ADMIN), "scopes": ["admin"]},
     }
     with ExitStack() as stack:
         proxy = stack.enter_context(RoundRobinProxy([]))
-        env = {
-            **os.environ,
-            "TRANSFER_PUBLIC_URL": proxy.url,  # descriptors point at the balancer, as in a deployment
-            "TRANSFER_SIGNING_KEYS": json.dumps({"t": "0123456789abcdef0123"}),
-            "TRANSFER_API_KEYS": json.dumps(keys),
-            "TRANSFER_ALLOWED_HOSTS": json.dumps(["127.0.0.1"]),
-        }
         urls = []
-        for name in ("a", "b"):
-            workdir = tmp_path / name
+        for i, name in enumerate(("a", "b")):
+            gateway = ceph.gateways[i % len(ceph.gateways)]  # A and B on different gateways
+            env = {
+                **os.environ,
+                "TRANSFER_STORAGE": "s3",
+                "TRANSFER_S3_BUCKET": bucket,
+                "TRANSFER_S3_ENDPOINT_URL": gateway.url,
+                "TRANSFER_S3_ADDRESSING_STYLE": "path",
+                "TRANSFER_S3_PART_SIZE": str(5 * MiB),
+                "TRANSFER_SINGLE_REPLICA": "false",  # the engine's compare-and-set makes replicas safe
+                "AWS_ACCESS_KEY_ID": gateway.access_key,
+                "AWS_SECRET_ACCESS_KEY": gateway.secret_key,
+                "AWS_REGION": gateway.region,
+                "TRANSFER_PUBLIC_URL": proxy.url,  # descriptors point at the balancer, as in a deployment
+                "TRANSFER_SIGNING_KEYS": json.dumps({"t": "0123456789abcdef0123"}),
+                "TRANSFER_API_KEYS": json.dumps(keys),
+                "TRANSFER_ALLOWED_HOSTS": json.dumps(["127.0.0.1"]),
+            }
+            workdir = root / name
             workdir.mkdir()
-            url, _pid = stack.enter_context(service(workdir, env=env))
+            url, _pid = stack.enter_context(serve_unpinned(workdir, env))  # two minutes to start under load
             urls.append(url)
         proxy.backends.extend((u.hostname or "", u.port or 0) for u in map(urlsplit, urls))
         yield Replicas(urls[0], urls[1], proxy)
@@ -214,19 +232,14 @@ def test_tus_patches_alternate_between_replicas(replicas: Replicas) -> None:
         assert hashlib.sha256(got.content).hexdigest() == sha
 
 
-@pytest.mark.skipif(
-    not os.environ.get(S3_ENV),
-    reason="Swift's s3api (the suite's own S3 server) has no atomic compare-and-set, so it runs one replica; this "
-    "needs an engine that has one, named by TRANSFER_TEST_S3_ENDPOINT",
-)
 def test_racing_deletes_through_both_replicas_refund_once(replicas: Replicas) -> None:
     """Eight DELETEs of one file through A and B at once: one 204, seven 404, one refund (the claim in the usage
     record is a compare-and-set both replicas take part in)."""
     with httpx.Client(timeout=60) as http:
-        kept = http.post(f"{replicas.a}/v1/files", content=os.urandom(MiB // 2), headers=auth(OWNER))
+        kept = http.post(f"{replicas.a}/v1/files", content=os.urandom(MiB // 2), headers=auth(RACER))
         assert kept.status_code == 201, kept.text
         for _ in range(5):
-            r = http.post(f"{replicas.b}/v1/files", content=os.urandom(MiB), headers=auth(OWNER))
+            r = http.post(f"{replicas.b}/v1/files", content=os.urandom(MiB), headers=auth(RACER))
             assert r.status_code == 201, r.text
             doomed = r.json()["metadata"]["file_id"]
 
@@ -238,5 +251,5 @@ def test_racing_deletes_through_both_replicas_refund_once(replicas: Replicas) ->
             with concurrent.futures.ThreadPoolExecutor(8) as pool:
                 codes = sorted(pool.map(delete, range(8)))
             assert codes == [204] + [404] * 7, codes
-            used = http.get(f"{replicas.a}/v1/usage", headers=auth(OWNER)).json()
+            used = http.get(f"{replicas.a}/v1/usage", headers=auth(RACER)).json()
             assert used["bytes_used"] == MiB // 2 and used["files"] == 1

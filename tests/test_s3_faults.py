@@ -21,7 +21,7 @@ import pytest
 
 from storage.errors import BackendUnavailable, ObjectNotFound
 from storage.s3 import S3Storage
-from tests.conftest import ON_ENGINES, in_progress_uploads, running, s3_config
+from tests.conftest import ON_ENGINES, in_progress_uploads, operator_says_atomic, running, s3_config
 from tests.faultproxy import FaultProxy
 from tests.storage_conformance import put, read_all
 from transfer.settings import Settings
@@ -47,6 +47,10 @@ class _Via:
             endpoint.region,
             endpoint.engine,
         )
+
+
+class _Nowhere:
+    url, access_key, secret_key, region, engine = "http://127.0.0.1:9", "k", "s", "us-east-1", "swift"
 
 
 @pytest.fixture
@@ -101,12 +105,80 @@ async def test_complete_that_keeps_failing_is_a_clear_error(storage: S3Storage, 
     assert any(op == "AbortMultipartUpload" for op, _ in proxy.log)
 
 
-async def test_an_endpoint_that_never_answers_fails_in_bounded_time(storage: S3Storage, proxy: FaultProxy) -> None:
-    proxy.add("PutObject", "stall", times=-1)
-    with pytest.raises(BackendUnavailable):
-        await put(storage, "files/stuck", os.urandom(1000))
-    with pytest.raises(ObjectNotFound):
-        await storage.stat("files/stuck")
+async def test_an_endpoint_that_never_answers_fails_in_bounded_time(
+    s3_endpoint: Any, s3_bucket: str, proxy: FaultProxy
+) -> None:
+    # botocore alone would make all 20 attempts, 1 s of read timeout each plus a backoff of up to 20 s between
+    # them: minutes. The call budget (6 s) lets a retry start only if it can end in time: one or two attempts.
+    config = s3_config(
+        _Via(s3_endpoint, proxy.url), s3_bucket, read_timeout=1.0, connect_timeout=1.0, max_attempts=20, call_budget=6.0
+    )
+    storage = S3Storage(config)
+    await storage.start()
+    try:
+        proxy.add("PutObject", "stall", times=-1)
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable):
+            await put(storage, "files/stuck", os.urandom(1000))
+        elapsed = time.monotonic() - started
+        attempts = sum(1 for op, fault in proxy.log if (op, fault) == ("PutObject", "stall"))
+        assert 1 <= attempts <= 2, proxy.log
+        assert elapsed < 30, elapsed  # generous (the budget is 6 s), and far below botocore's own minutes
+        proxy.rules.clear()
+        with pytest.raises(ObjectNotFound):
+            await storage.stat("files/stuck")
+    finally:
+        await storage.close()
+
+
+def test_a_budget_that_cannot_hold_one_attempt_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="call_budget"):
+        S3Storage(s3_config(_Via(_Nowhere(), "http://127.0.0.1:9"), "b", read_timeout=20.0, call_budget=10.0))
+    with pytest.raises(ValueError, match="TRANSFER_S3_CALL_BUDGET"):
+        Settings(data_dir=tmp_path, s3_read_timeout=40.0, s3_call_budget=30.0)
+
+
+async def test_service_answers_503_in_bounded_time_when_the_gateway_hangs(
+    s3_endpoint: Any, s3_bucket: str, proxy: FaultProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": s3_endpoint.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3_endpoint.secret_key,
+        "AWS_REGION": s3_endpoint.region,
+    }.items():
+        monkeypatch.setenv(k, v)
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        storage="s3",
+        s3_bucket=s3_bucket,
+        s3_endpoint_url=proxy.url,
+        s3_addressing_style="path",
+        s3_atomic_if_absent=operator_says_atomic(s3_endpoint),
+        s3_atomic_if_match=operator_says_atomic(s3_endpoint),
+        single_replica=not operator_says_atomic(s3_endpoint),
+        s3_connect_timeout=1.0,
+        s3_read_timeout=1.0,
+        s3_max_attempts=20,
+        s3_call_budget=6.0,
+        signing_keys={"t": "0123456789abcdef0123"},
+    )
+    with running(settings) as live:
+        for op in ("PutObject", "GetObject", "HeadObject", "UploadPart", "CreateMultipartUpload"):
+            proxy.add(op, "stall", times=-1)
+        before = len(proxy.log)
+        async with httpx.AsyncClient(timeout=120) as http:
+            started = time.monotonic()
+            response = await http.post(f"{live.url}/v1/files", params={"name": "x.bin"}, content=os.urandom(100_000))
+            elapsed = time.monotonic() - started
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["code"] == "storage_unavailable"
+        seen = zip(proxy.log[before:], proxy.targets[before:], strict=True)
+        # (the sweeps' listings may stall meanwhile too: not the request's)
+        stalled = [op for (op, fault), (_, target) in seen if fault == "stall" and "list-type" not in target]
+        # every storage call of the request (the publication and its clean-up) gets at most two attempts, and
+        # the service retries none of them (botocore alone: 20 attempts per call, 43 requests in 79 s)
+        assert 1 <= len(stalled) <= 6, stalled
+        assert elapsed < 60, elapsed
 
 
 async def test_service_answers_503_and_stores_nothing(

@@ -41,7 +41,13 @@ class Settings(BaseSettings):
     s3_prefix: str = Field(default="", description="key prefix inside the bucket")
     s3_part_size: int = Field(default=8 << 20, ge=5 << 20, le=5 << 30, description="preferred multipart part size")
     # 10 parts of one upload in flight: boto3's upload_file runs 10 threads of 8 MiB parts (4 lost to it, 0.77x)
-    s3_part_buffers: int = Field(default=10, ge=1, le=64, description="parts in memory per upload")
+    s3_part_buffers: int = Field(default=10, ge=1, le=64, description="parts in flight per upload")
+    s3_buffer_budget: int = Field(
+        default=96 << 20,
+        ge=5 << 20,
+        description="bytes of S3 part buffers for all uploads of the process together (concurrent uploads share "
+        "them and wait for them: memory does not grow with the number of uploads)",
+    )
     s3_max_concurrency: int = Field(default=16, ge=1, le=256, description="threads/connections for boto3")
     s3_atomic_if_absent: bool = Field(
         default=True,
@@ -57,7 +63,13 @@ class Settings(BaseSettings):
     )
     s3_max_attempts: int = Field(default=5, ge=1, le=20, description="attempts per S3 call (resets, 503, timeouts)")
     s3_connect_timeout: float = Field(default=5.0, gt=0, description="seconds to connect to the S3 endpoint")
-    s3_read_timeout: float = Field(default=60.0, gt=0, description="seconds without a byte from S3 before a retry")
+    s3_read_timeout: float = Field(default=20.0, gt=0, description="seconds without a byte from S3 before a retry")
+    s3_call_budget: float = Field(
+        default=30.0,
+        gt=0,
+        description="seconds one S3 call may take with its retries: a gateway that never answers is a 503 "
+        "storage_unavailable by then (must hold one attempt: s3_connect_timeout + s3_read_timeout)",
+    )
     s3_abandoned_upload_age: float = Field(
         default=24 * 3600,
         gt=0,
@@ -259,6 +271,15 @@ class Settings(BaseSettings):
         if v not in BACKENDS:
             raise ValueError(f"unknown storage backend {v!r}: one of {', '.join(BACKENDS)}")
         return v
+
+    @model_validator(mode="after")
+    def _s3_attempt_fits_the_budget(self) -> Settings:
+        if self.s3_connect_timeout + self.s3_read_timeout > self.s3_call_budget:
+            raise ValueError(
+                "TRANSFER_S3_CALL_BUDGET must hold one attempt: at least TRANSFER_S3_CONNECT_TIMEOUT + "
+                "TRANSFER_S3_READ_TIMEOUT seconds"
+            )
+        return self
 
     @field_validator("public_url")
     @classmethod

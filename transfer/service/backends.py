@@ -44,6 +44,7 @@ def _s3(settings: Settings) -> Storage:
             prefix=settings.s3_prefix,
             part_size=settings.s3_part_size,
             part_buffers=settings.s3_part_buffers,
+            buffer_budget=settings.s3_buffer_budget,
             max_concurrency=settings.s3_max_concurrency,
             atomic_if_absent=settings.s3_atomic_if_absent,
             atomic_if_match=settings.s3_atomic_if_match,
@@ -52,6 +53,7 @@ def _s3(settings: Settings) -> Storage:
             max_attempts=settings.s3_max_attempts,
             connect_timeout=settings.s3_connect_timeout,
             read_timeout=settings.s3_read_timeout,
+            call_budget=settings.s3_call_budget,
             abandoned_upload_age=settings.s3_abandoned_upload_age,
         )
     )

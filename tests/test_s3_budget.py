@@ -1,0 +1,134 @@
+"""One budget of part buffers for every S3 upload of a process: concurrent uploads share it and wait for it (so the
+memory they hold does not grow with their number), first come first served, without deadlock, and a cancelled
+waiter gives back what it held or was about to get."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import threading
+from typing import Any
+
+import pytest
+
+from storage.budget import ByteBudget
+from storage.s3 import S3Storage
+from tests.conftest import in_progress_uploads, s3_config
+from tests.storage_conformance import read_all
+
+pytestmark = [pytest.mark.anyio]
+MiB = 1 << 20
+
+
+async def test_waiters_are_served_in_arrival_order_and_nobody_overtakes() -> None:
+    budget = ByteBudget(10)
+    assert await budget.acquire(8) == 8
+    order: list[str] = []
+
+    async def take(name: str, n: int) -> None:
+        await budget.acquire(n)
+        order.append(name)
+
+    big = asyncio.create_task(take("big", 5))
+    await asyncio.sleep(0)
+    small = asyncio.create_task(take("small", 1))  # would fit now, but arrived after "big"
+    await asyncio.sleep(0.01)
+    assert order == [] and budget.in_use == 8
+    budget.release(8)
+    await asyncio.gather(big, small)
+    assert order == ["big", "small"] and budget.in_use == 6 and budget.peak <= 10
+
+
+async def test_a_request_larger_than_the_budget_holds_the_whole_budget() -> None:
+    budget = ByteBudget(10)
+    assert await budget.acquire(25) == 10
+    budget.release(10)
+    assert budget.in_use == 0
+
+
+async def test_a_cancelled_waiter_takes_nothing_and_lets_the_next_one_in() -> None:
+    budget = ByteBudget(10)
+    await budget.acquire(6)
+    stuck = asyncio.create_task(budget.acquire(8))
+    await asyncio.sleep(0)
+    behind = asyncio.create_task(budget.acquire(4))
+    await asyncio.sleep(0)
+    assert not behind.done()  # behind the head of the queue
+    stuck.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stuck
+    assert await asyncio.wait_for(behind, 5) == 4
+    assert budget.in_use == 10
+    with pytest.raises(RuntimeError):
+        budget.release(11)
+
+
+@pytest.mark.s3
+async def test_concurrent_uploads_share_one_budget(s3_endpoint: Any, s3_bucket: str) -> None:
+    """Six uploads of 16 MiB at once (four parts of 5 MiB each) with a budget of two parts: at no moment are more
+    than two parts' bytes on their way to S3 or being filled, and every object is stored whole. (Without the budget
+    each upload keeps up to 10 parts of its own in flight: 12 or more at once here.)"""
+    backend = S3Storage(s3_config(s3_endpoint, s3_bucket, part_size=5 * MiB, buffer_budget=10 * MiB))
+    await backend.start()
+    lock = threading.Lock()
+    sending = {"now": 0, "peak": 0}
+    upload_part = backend.client.upload_part
+
+    def counted(**kwargs: Any) -> Any:
+        with lock:
+            sending["now"] += len(kwargs["Body"])
+            sending["peak"] = max(sending["peak"], sending["now"])
+        try:
+            return upload_part(**kwargs)
+        finally:
+            with lock:
+                sending["now"] -= len(kwargs["Body"])
+
+    backend.client.upload_part = counted  # type: ignore[method-assign]
+    blobs = [os.urandom(16 * MiB) for _ in range(6)]
+
+    async def upload(i: int) -> None:
+        async with backend.create(f"files/b{i}") as writer:
+            for at in range(0, len(blobs[i]), MiB):
+                await writer.write(blobs[i][at : at + MiB])
+            await writer.commit({})
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(upload(i) for i in range(6))), 300)
+        assert 0 < sending["peak"] <= 10 * MiB, sending
+        assert backend.buffers.peak <= 10 * MiB and backend.buffers.in_use == 0
+        for i, blob in enumerate(blobs):
+            stored = await read_all(backend, f"files/b{i}")
+            assert hashlib.sha256(stored).digest() == hashlib.sha256(blob).digest()
+    finally:
+        await backend.close()
+    assert in_progress_uploads(s3_endpoint, s3_bucket) == []
+
+
+@pytest.mark.s3
+async def test_uploads_holding_the_whole_budget_still_write_their_records(s3_endpoint: Any, s3_bucket: str) -> None:
+    """Three large writers and a budget of two parts: the two that hold it each write a small object (a record,
+    as every upload does before it finishes) — that must not wait for the budget, or all three wait for ever."""
+    backend = S3Storage(s3_config(s3_endpoint, s3_bucket, part_size=5 * MiB, buffer_budget=10 * MiB))
+    await backend.start()
+    data = os.urandom(2 * MiB)
+
+    async def upload(i: int) -> None:
+        async with backend.create(f"files/big{i}") as writer:
+            await writer.write(data[:MiB])
+            await writer.write(data[MiB:])  # past the unbudgeted first MiB: this one holds a part of the budget
+            await asyncio.sleep(0.2)  # all three are holding or waiting now
+            async with backend.create(f"records/r{i}") as record:
+                await record.write(b'{"n": %d}' % i)
+                await record.commit({})
+            await writer.commit({})
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(upload(i) for i in range(3))), 120)
+        for i in range(3):
+            assert await read_all(backend, f"files/big{i}") == data
+            assert await read_all(backend, f"records/r{i}") == b'{"n": %d}' % i
+        assert backend.buffers.in_use == 0
+    finally:
+        await backend.close()

@@ -53,6 +53,7 @@ class Chunk:
     sha256: str
 
     def to_json(self) -> dict[str, Any]:
+        """The chunk as a manifest entry."""
         return {"offset": self.offset, "length": self.length, "sha256": self.sha256}
 
 
@@ -69,6 +70,7 @@ class Manifest:
         return {c.sha256: c.length for c in self.chunks}
 
     def to_json(self) -> dict[str, Any]:
+        """The manifest as clients send it (``size``, ``checksum``, ``chunks`` with offsets)."""
         return {
             "size": self.size,
             "checksum": "sha256:" + self.sha256,
@@ -81,6 +83,7 @@ class Manifest:
 
     @classmethod
     def from_compact(cls, doc: Mapping[str, Any]) -> Manifest:
+        """A manifest from its compact form (``chunks``: ``[length, sha256]`` pairs, offsets implied)."""
         chunks: list[Chunk] = []
         at = 0
         for length, sha in doc["chunks"]:

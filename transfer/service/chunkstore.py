@@ -94,14 +94,17 @@ def key_folder(owner: str | None) -> str:
 
 
 def chunk_key(owner: str | None, sha: str) -> str:
+    """Where the key ``owner`` keeps the chunk whose SHA-256 is ``sha`` (its own folder: never shared)."""
     return f"{key_folder(owner)}chunks/{sha}"
 
 
 def manifest_key(owner: str | None, file_id: str) -> str:
+    """Where the manifest of ``owner``'s file ``file_id`` is kept, for resolvers with a chunk cache."""
     return f"{key_folder(owner)}manifests/{file_id}.json"
 
 
 def upload_key(owner: str | None, uid: str) -> str:
+    """The record of ``owner``'s open chunked upload ``uid``."""
     return f"{key_folder(owner)}uploads/{uid}.json"
 
 
@@ -124,6 +127,7 @@ class ChunkedUpload:
     file_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """The upload's record (JSON), as stored."""
         return {
             "id": self.id,
             "owner": self.owner,
@@ -142,6 +146,7 @@ class ChunkedUpload:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> ChunkedUpload:
+        """The upload as read back from its record."""
         return cls(
             id=str(doc["id"]),
             owner=doc.get("owner"),

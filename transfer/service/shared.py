@@ -77,6 +77,7 @@ class Content:
     dead_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """The content record (JSON), as stored; ``v``: its format version."""
         return {
             "v": 1,
             "location": self.location,
@@ -91,6 +92,7 @@ class Content:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Content:
+        """The content record as read back from storage."""
         return cls(
             location=str(doc["location"]),
             refs={str(k): float(v) for k, v in doc["refs"].items()},

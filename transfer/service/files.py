@@ -42,9 +42,9 @@ from transfer.errors import (
 )
 from transfer.service.backends import load_signing_keys
 from transfer.service.documents import unindex_file
-from transfer.service.ingest import UploadRequest, ingest
+from transfer.service.ingest import UploadRequest, ingest, request_candidate
 from transfer.service.lifecycle import Lifecycle
-from transfer.service.publisher import Candidate, Publisher
+from transfer.service.publisher import Publisher
 from transfer.service.records import FileRecord, is_file_id, new_file_id, object_key, owner_files_prefix
 from transfer.settings import MAX_URL_TTL, Settings
 
@@ -181,20 +181,14 @@ class FileService:
         file_id = new_file_id()
         if body_pending and with_body is None and request.checksum and request.expected_size is not None:
             known = await self.publisher.publish_known(
-                Candidate(
-                    owner=request.owner,
-                    upload_id=file_id,
+                request_candidate(
+                    request,
+                    file_id,
                     size=request.expected_size,
                     sha256=request.checksum.removeprefix("sha256:"),
                     head=b"",
                     source=source + " (shared)",
-                    name=request.name,
-                    content_type=request.content_type,
-                    hinted_type=request.hinted_type,
-                    role=request.role,
-                    description=request.description,
                     lifetime=lifetime,
-                    encoding=request.store_encoding,
                 )
             )
             if known is not None:

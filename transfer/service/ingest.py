@@ -19,6 +19,7 @@ import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from storage.base import ObjectWriter, Storage, flushes_earlier_writes
 from transfer.core.content import ContentEncoding, FileRole, checksum_hex
@@ -265,21 +266,15 @@ async def ingest(
         _verify(request, digests, received)
         head = bytes(digests.head)
         original_hex = digests.original.hexdigest()
-        candidate = Candidate(
-            owner=request.owner,
-            upload_id=file_id,
-            file_id=file_id,
+        candidate = request_candidate(
+            request,
+            file_id,
             size=digests.size,
             sha256=original_hex,
             head=head,
             source=source,
-            name=request.name,
-            content_type=request.content_type,
-            hinted_type=request.hinted_type,
-            role=request.role,
-            description=request.description,
             lifetime=lifetime,
-            encoding=request.store_encoding,
+            file_id=file_id,
             encoded_size=writer.bytes_written,
             encoded_sha256=digests.stored.hexdigest() if digests.stored is not None else original_hex,
             # a small object's group commit flushes the charge written just before it: one wait on the disk
@@ -287,6 +282,37 @@ async def ingest(
         )
         record = await publisher.publish(candidate, lambda record: writer.commit(record.to_metadata()))
     return record, head if digests.size <= len(head) else None
+
+
+def request_candidate(
+    request: UploadRequest,
+    upload_id: str,
+    *,
+    size: int,
+    sha256: str,
+    head: bytes,
+    source: str,
+    lifetime: int | None,
+    **extra: Any,
+) -> Candidate:
+    """What an upload of ``request`` hands the publisher: its bytes' ``size``, ``sha256`` and first bytes, and the
+    request's own fields (name, types, role, description, stored encoding); ``extra``: other candidate fields."""
+    return Candidate(
+        owner=request.owner,
+        upload_id=upload_id,
+        size=size,
+        sha256=sha256,
+        head=head,
+        source=source,
+        name=request.name,
+        content_type=request.content_type,
+        hinted_type=request.hinted_type,
+        role=request.role,
+        description=request.description,
+        lifetime=lifetime,
+        encoding=request.store_encoding,
+        **extra,
+    )
 
 
 def _quota_exceeded(room: int) -> QuotaExceeded:

@@ -193,6 +193,27 @@ def _segment_key(uid: str, offset: int) -> str:
     return f"tus/{uid}/seg/{offset:016d}"
 
 
+def _candidate(upload: Upload, sha256: str, head: bytes, source: str) -> Candidate:
+    """What upload ``upload`` (complete, or declaring content its key stores) hands the publisher."""
+    # ``filetype`` is the browser's guess from the extension (Uppy sends application/octet-stream when it has none):
+    # a hint, like a Content-Type header; ``content_type`` is the client's word. Either one from an upload created
+    # before create() checked it is dropped: sniff instead
+    declared, hinted = upload.metadata.get("content_type"), upload.metadata.get("filetype")
+    return Candidate(
+        owner=upload.owner,
+        upload_id=upload.id,
+        size=upload.length or 0,
+        sha256=sha256,
+        head=head,
+        source=source,
+        name=upload.metadata.get("filename") or upload.metadata.get("name"),
+        content_type=declared if declared and is_media_type(declared) else None,
+        hinted_type=hinted if hinted and is_media_type(hinted) else None,
+        lifetime=upload.file_ttl,
+        republishable_until=upload.expires_at,
+    )
+
+
 class TusService:
     def __init__(
         self,
@@ -316,36 +337,11 @@ class TusService:
         declared = upload.metadata[DECLARED_SHA256].lower().removeprefix("sha256:")
         if len(declared) != 64 or any(c not in "0123456789abcdef" for c in declared):
             return upload  # not a SHA-256: the upload goes on, and its end reports the mismatch
-        content_type, hinted = upload.metadata.get("content_type"), upload.metadata.get("filetype")
         async with self.engine.locks.hold(upload.id):
-            record = await self.publisher.publish_known(
-                Candidate(
-                    owner=upload.owner,
-                    upload_id=upload.id,
-                    size=upload.length or 0,
-                    sha256=declared,
-                    head=b"",
-                    source="tus (shared)",
-                    name=upload.metadata.get("filename") or upload.metadata.get("name"),
-                    content_type=content_type if content_type and is_media_type(content_type) else None,
-                    hinted_type=hinted if hinted and is_media_type(hinted) else None,
-                    lifetime=upload.file_ttl,
-                    republishable_until=upload.expires_at,
-                )
-            )
+            record = await self.publisher.publish_known(_candidate(upload, declared, b"", "tus (shared)"))
             if record is None:
                 return upload
-            file_id = record.id
-
-            def finished(current: Upload) -> Upload | None:
-                if current.file_id == file_id:
-                    return None
-                return current.after(UploadEvent.COMPLETE, self.clock(), file_id=file_id)
-
-            done = await self._update(upload.id, finished)
-            await self.quota.release(upload.owner, upload.id)
-            self.engine.forget(upload.id)
-            return done
+            return await self._completed(upload, record.id)
 
     async def create_from_request(
         self,
@@ -593,24 +589,7 @@ class TusService:
                 raise ChecksumMismatch(
                     f"the upload's SHA-256 {sha_hex} is not the declared {declared}", actual="sha256:" + sha_hex
                 )
-            name = latest.metadata.get("filename") or latest.metadata.get("name")
-            # ``filetype`` is the browser's guess from the extension (Uppy sends application/octet-stream when it has
-            # none): a hint, like a Content-Type header; ``content_type`` is the client's word. Either one from an
-            # upload created before create() checked it is dropped: sniff instead
-            declared, hinted = latest.metadata.get("content_type"), latest.metadata.get("filetype")
-            candidate = Candidate(
-                owner=latest.owner,
-                upload_id=upload.id,
-                size=latest.length or 0,
-                sha256=sha_hex,
-                head=bytes(hasher.head),
-                source="tus",
-                name=name,
-                content_type=declared if declared and is_media_type(declared) else None,
-                hinted_type=hinted if hinted and is_media_type(hinted) else None,
-                lifetime=latest.file_ttl,
-                republishable_until=latest.expires_at,
-            )
+            candidate = _candidate(latest, sha_hex, bytes(hasher.head), "tus")
             if latest.concat == "final":
                 # its bytes are its parts': their reservations give way to this file's charge (else they would
                 # count twice against the quota while it is checked)
@@ -619,22 +598,27 @@ class TusService:
             record = await self.publisher.publish(
                 candidate, lambda record: publish_composed(self.storage, record, sources)
             )
-            file_id = record.id
-
-            def finished(current: Upload) -> Upload | None:
-                if current.file_id == file_id:
-                    return None
-                return current.after(UploadEvent.COMPLETE, self.clock(), file_id=file_id)
-
-            done = await self._update(upload.id, finished)
-            await self.quota.release(latest.owner, upload.id)
-            self.engine.forget(upload.id)
+            done = await self._completed(latest, record.id)
             # the file is published and the record says so: its segments are copies now (or were composed into it
             # server-side) and go at once, not at expiry. A crash before this line leaves them to the sweep.
             # Partial uploads stay: tus lets several final uploads reuse them, and they expire like any upload.
             if latest.concat != "final":
                 await self._free_segments(done)
             return done
+
+    async def _completed(self, upload: Upload, file_id: str) -> Upload:
+        """Upload ``upload``'s file ``file_id`` is published: its record says so (once, whoever comes second), its
+        reservation goes, and the engine forgets it."""
+
+        def finished(current: Upload) -> Upload | None:
+            if current.file_id == file_id:
+                return None
+            return current.after(UploadEvent.COMPLETE, self.clock(), file_id=file_id)
+
+        done = await self._update(upload.id, finished)
+        await self.quota.release(upload.owner, upload.id)
+        self.engine.forget(upload.id)
+        return done
 
     async def _truncate(self, upload: Upload, at: int) -> None:
         """Drop the segments from offset ``at`` on (their bytes are not what was acknowledged, or follow such):

@@ -30,7 +30,7 @@ def meta(**values: str) -> str:
 
 
 def descriptor_of(server: LiveServer, upload_url: str) -> dict[str, Any]:
-    r = httpx.get(upload_url, headers={"accept": "application/json"})
+    r = httpx.get(upload_url, headers={"accept": "application/json"}, timeout=60)
     assert r.status_code == 200, r.text
     d: dict[str, Any] = r.json()
     return d
@@ -51,7 +51,7 @@ def test_tuspy_upload_with_checksums(server: LiveServer, tmp_path: Path) -> None
     d = descriptor_of(server, uploader.url)
     assert d["name"] == "photo.jpg" and d["content_type"] == "image/jpeg"
     assert d["size"] == len(data) and d["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
-    assert httpx.get(d["url"]).content == data
+    assert httpx.get(d["url"], timeout=60).content == data
 
 
 RESUMER = textwrap.dedent(
@@ -88,7 +88,7 @@ def test_interrupted_upload_is_resumed_by_a_new_client_process(server: LiveServe
     )
     assert first.returncode == 0, first.stderr
     url = first.stdout.strip()
-    head = httpx.head(url, headers=V)
+    head = httpx.head(url, headers=V, timeout=60)  # an S3 completion on a loaded machine outlasts 5 s
     assert head.headers["upload-offset"] == str(2 * MiB)  # the first process stopped part way
     second = subprocess.run(
         [sys.executable, str(script), f"{server.url}/tus/files", str(src), db, "0"],

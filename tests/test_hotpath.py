@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import socket
 import pytest
 import xxhash
 
@@ -282,3 +282,16 @@ def test_what_the_lean_path_leaves_to_the_stack(paths: Paths) -> None:
     site = {**alice, "origin": "https://app.example"}
     allowed = paths.fallback(lambda h: h.post("/v1/files", content=data, headers=site))
     assert allowed.status_code == 201 and allowed.headers["access-control-allow-origin"] == "https://app.example"
+
+
+def test_the_signature_index_answers_each_head_for_itself() -> None:
+    """An upload asks the signature index about its head twice and the second answer is the one kept: a different
+    head must never get it (a PNG after a text head, and back)."""
+    from transfer.core.naming import _MAGIC, resolve_content_type
+
+    text, png = b"plain words " * 40, b"\x89PNG\r\n\x1a\n" + bytes(64)
+    assert _MAGIC.may_match(text) is False and _MAGIC.may_match(text) is False
+    assert _MAGIC.may_match(png) is True
+    assert resolve_content_type(png, None, declared=None, hinted=None) == "image/png"
+    assert _MAGIC.may_match(bytes(text)) is False
+    assert resolve_content_type(text, None, declared=None, hinted=None) == "text/plain"

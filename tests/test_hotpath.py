@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ def live(tmp_path: Path) -> Iterator[LiveServer]:
         inline_threshold=1024,
         session_chunk_size=64 << 10,
         cors_allow_origins=["https://app.example"],
+        max_upload_size=1 << 20,
     )
     with running(settings) as server:
         yield server
@@ -136,6 +138,60 @@ def test_uploads_answer_the_same(paths: Paths) -> None:
     assert stored.headers["location"] == f"/v1/files/{descriptor['metadata']['file_id']}"
 
 
+def raw_exchange(live: LiveServer, head: bytes, body: bytes) -> httpx.Response:
+    """``head`` and ``body`` on a fresh connection, then the sending side closed (a client gone mid-body when the
+    body is shorter than its Content-Length); the server's answer as read until it closes, or none (status 0)."""
+    host, port = live.url.rsplit("/", 1)[1].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head + body)
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    if not answer:
+        return httpx.Response(0)
+    top, _, content = answer.partition(b"\r\n\r\n")
+    status_line, *fields = top.decode("latin-1").split("\r\n")
+    headers = [tuple(f.split(": ", 1)) for f in fields]
+    return httpx.Response(int(status_line.split(" ")[1]), headers=headers, content=content)
+
+
+def test_bad_uploads_answer_the_same(live: LiveServer, paths: Paths) -> None:
+    """Refusals the lean path itself meets (the service's, on requests it took): the same status and error JSON."""
+    data = b"z" * 4096
+    wrong_digest = "sha-256=:" + base64.b64encode(hashlib.sha256(b"other bytes").digest()).decode() + ":"
+    for send in (
+        lambda h: h.post("/v1/files", content=b"o" * ((1 << 20) + 1), headers=key("alice")),  # over the limit
+        lambda h: h.post("/v1/files", content=data, headers={**key("alice"), "content-digest": wrong_digest}),
+        lambda h: h.post("/v1/files", content=data, headers={**key("alice"), "repr-digest": wrong_digest}),
+        lambda h: h.post("/v1/files", content=data, headers={**key("alice"), "content-digest": "md5=:AAAA:"}),
+        lambda h: h.post("/v1/files", content=data, headers={**key("alice"), "content-encoding": "gzip"}),  # not gzip
+        lambda h: h.post("/v1/files", content=data, headers={**key("alice"), "expires-in": "-5"}),
+        lambda h: h.post("/v1/files", content=data, headers={**key("alice"), "expires-in": str(10**12)}),
+        lambda h: h.post("/v1/files", content=data, headers={**key("alice"), "expect": "something-else"}),
+        lambda h: h.post(
+            "/v1/files", content=data, headers={**key("alice"), "content-disposition": "attachment; filename*=x''%ZZ"}
+        ),
+        lambda h: h.post("/v1/files", content=data, headers={**key("alice"), "content-type": "not a type"}),
+        lambda h: h.post("/v1/files", content=data, headers={"authorization": "Bearer"}),
+        lambda h: h.post("/v1/files", content=data, headers={"authorization": f"bearer {TOKENS['alice']}x"}),
+    ):
+        lean, full = paths.lean(send), paths.full(send)
+        assert lean.status_code >= 400 or lean.status_code == 201, lean.text
+        assert_same(lean, full)
+    # a body cut short: the client closes after half of its Content-Length
+    head = (
+        f"POST /v1/files HTTP/1.1\r\nHost: {live.url.rsplit('/', 1)[1]}\r\nAuthorization: Bearer {TOKENS['alice']}\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n"
+    ).encode()
+    lean = paths.lean(lambda h: raw_exchange(live, head, data[:2048]))
+    full = paths.full(lambda h: raw_exchange(live, head, data[:2048]))
+    assert lean.status_code == full.status_code
+    if lean.status_code:
+        assert_same(lean, full)
+    assert live.leftovers() == []  # nothing half-written on either path
+
+
 def test_signed_downloads_answer_the_same(paths: Paths) -> None:
     data = bytes(range(256)) * 16
     up = paths.http.post("/v1/files?name=d.bin", content=data, headers=key("alice")).json()
@@ -212,6 +268,7 @@ def test_what_the_lean_path_leaves_to_the_stack(paths: Paths) -> None:
         (lambda h: h.post("/v1/files?name=a&role=attachment", content=data, headers=alice), 201),  # query options
         (lambda h: h.post("/v1/files?size=x", content=data, headers=alice), 400),  # the framework's validation
         (lambda h: h.post("/v1/files?inline=maybe", content=data, headers=alice), 400),
+        (lambda h: h.put("/v1/files/" + "n" * 1025, content=data, headers=alice), 400),  # name over its limit
         (lambda h: h.post("/v1/files?name=a&name=b", content=data, headers=alice), 201),
         (lambda h: h.post("/v1/files", content=data, headers={**alice, "host": "evil.example"}), 400),
         (lambda h: h.post("/v1/files", content=data, headers={**alice, "origin": "https://evil.example"}), 403),
@@ -225,3 +282,16 @@ def test_what_the_lean_path_leaves_to_the_stack(paths: Paths) -> None:
     site = {**alice, "origin": "https://app.example"}
     allowed = paths.fallback(lambda h: h.post("/v1/files", content=data, headers=site))
     assert allowed.status_code == 201 and allowed.headers["access-control-allow-origin"] == "https://app.example"
+
+
+def test_the_signature_index_answers_each_head_for_itself() -> None:
+    """An upload asks the signature index about its head twice and the second answer is the one kept: a different
+    head must never get it (a PNG after a text head, and back)."""
+    from transfer.core.naming import _MAGIC, resolve_content_type
+
+    text, png = b"plain words " * 40, b"\x89PNG\r\n\x1a\n" + bytes(64)
+    assert _MAGIC.may_match(text) is False and _MAGIC.may_match(text) is False
+    assert _MAGIC.may_match(png) is True
+    assert resolve_content_type(png, None, declared=None, hinted=None) == "image/png"
+    assert _MAGIC.may_match(bytes(text)) is False
+    assert resolve_content_type(text, None, declared=None, hinted=None) == "text/plain"

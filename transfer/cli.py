@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
+import gc
 import json
 import os
 import signal
@@ -191,6 +192,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = GracefulServer(
         config, app.state.observability, drain=settings.shutdown_drain, grace=settings.shutdown_grace
     )
+    # the start-up heap (modules, the application, its routes and models: ~150,000 objects) lives as long as the
+    # process: frozen, the collector no longer walks it on each old-generation pass (~100-180 ms each; under 4 KiB
+    # uploads ×64 one every ~750 requests, ~0.2 ms of server CPU per request)
+    gc.freeze()
     server.run(sockets=[sock])
     return 0
 

@@ -138,6 +138,7 @@ class _MagicIndex:
 
     def __init__(self) -> None:
         self.ready = False
+        self.last: tuple[bytes | None, bool] = (None, True)
         try:
             from puremagic import main as tables
 
@@ -160,6 +161,14 @@ class _MagicIndex:
         reports extends one of these)."""
         if not self.ready:
             return True
+        last = self.last  # one answer kept: an upload asks about its head twice (sniff_is_cheap, then the sniff)
+        if last[0] is head:
+            return last[1]
+        found = self._may_match(head)
+        self.last = (head, found)
+        return found
+
+    def _may_match(self, head: bytes) -> bool:
         header, footer = head[: self.max_head], head[-self.max_foot :]
         for offset, by_first in self.by_offset.items():
             if offset < len(header) and (candidates := by_first.get(header[offset])):

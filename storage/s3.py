@@ -270,7 +270,11 @@ class S3Writer(WriterContext):
             size_hint, max_size=storage.config.max_object_size, preferred=storage.config.part_size
         )
         self._size_hint = size_hint
+        # the part being filled: its first _fill bytes. A budgeted part is allocated once at its full size and
+        # filled in place, never grown by appending (a bytearray grown by += carries up to 1/8 more as slack, and
+        # each growth may copy it), so what a part occupies is what it holds of the budget
         self._buf = bytearray()
+        self._fill = 0
         self._held = 0  # bytes of the storage's buffer budget that _buf may fill
         self._upload_id: str | None = None
         self._next_part = 1
@@ -291,16 +295,39 @@ class S3Writer(WriterContext):
             raise BackendUnavailable("write after commit or abort")
         if self._failure is not None:
             raise self._failure
-        await self._reserve(len(data))
-        self._buf += data
-        self._written += len(data)
-        while len(self._buf) > self._part_size:  # an object of at most one part is a single PutObject
-            # the filled buffer itself becomes the part (no copy of it); what is past the part starts the next one
-            part, self._buf = self._buf, bytearray(memoryview(self._buf)[self._part_size :])
-            del part[self._part_size :]
+        view = memoryview(data).cast("B")
+        while True:
+            await self._reserve(len(view))
+            room = self._part_size - self._fill
+            if len(view) <= room:  # an object of at most one part is a single PutObject
+                self._put(view)
+                return
+            # fill the part to its end and hand it over (the buffer itself, no copy); the rest starts the next one
+            self._put(view[:room])
+            view = view[room:]
             held, self._held = self._held, 0
-            await self._submit(part, held)
-            await self._reserve(len(self._buf))
+            await self._submit(self._take_part(), held)
+
+    def _put(self, view: memoryview) -> None:
+        end = self._fill + len(view)
+        if end <= len(self._buf):
+            self._buf[self._fill : end] = view
+        elif self._held == 0 and self._fill == len(self._buf):  # small, outside the budget: grows as it comes
+            self._buf += view
+        else:  # once, at the size held (more only if the size hint was short)
+            grown = bytearray(max(end, self._held))
+            grown[: self._fill] = memoryview(self._buf)[: self._fill]
+            grown[self._fill : end] = view
+            self._buf = grown
+        self._fill = end
+        self._written += len(view)
+
+    def _take_part(self) -> bytearray:
+        """The filled bytes as the part's body (the buffer itself, cut to its fill); the next part starts empty."""
+        part, self._buf = self._buf, bytearray()
+        del part[self._fill :]
+        self._fill = 0
+        return part
 
     async def _reserve(self, incoming: int) -> None:
         """Hold the budget for the part being filled before filling it: all of it at once (a part, or what the size
@@ -310,13 +337,13 @@ class S3Writer(WriterContext):
         writes while it holds part of the budget for its large one (its upload record, its usage record) must
         never wait for the budget, or uploads holding all of it would wait for each other for ever."""
         budget = self._s.buffers
-        if self._held == 0 and len(self._buf) + incoming <= UNBUDGETED:
+        if self._held == 0 and self._next_part == 1 and self._fill + incoming <= UNBUDGETED:
             return
         if self._held == 0:
-            left = self._part_size if self._size_hint is None else self._size_hint - self._written
-            want = min(self._part_size, max(left, incoming, 1))
+            left = self._part_size if self._size_hint is None else self._fill + self._size_hint - self._written
+            want = min(self._part_size, max(left, self._fill + incoming, 1))
             self._held = await budget.acquire(want)
-        elif len(self._buf) + incoming > self._held and self._held < budget.clamp(self._part_size):
+        elif self._fill + incoming > self._held and self._held < budget.clamp(self._part_size):
             # more bytes than the size hint said: the rest of a whole part
             self._held += await budget.acquire(self._part_size - self._held)
 
@@ -383,10 +410,9 @@ class S3Writer(WriterContext):
             raise BackendUnavailable("commit after commit or abort")
         s = self._s
         try:
-            if self._upload_id is not None and self._buf:
-                part, self._buf = self._buf, bytearray()
+            if self._upload_id is not None and self._fill:
                 held, self._held = self._held, 0
-                await self._submit(part, held)
+                await self._submit(self._take_part(), held)
             await self._drain()
             if self._failure is not None:
                 raise self._failure
@@ -423,7 +449,7 @@ class S3Writer(WriterContext):
             await self.abort()
             raise
         self._done = True
-        self._buf = bytearray()
+        self._buf, self._fill = bytearray(), 0
         self._give_back()
         # what was just published, from the PUT's own answer: no HEAD and metadata GET to learn it again
         return ObjectInfo(self._key, self._written, datetime.now(UTC), dict(metadata), etag=etag)
@@ -445,6 +471,7 @@ class S3Writer(WriterContext):
         s = self._s
         try:
             if self._upload_id is None:  # small: one PutObject is the moment of publication
+                del self._buf[self._fill :]
                 response = await s.call(
                     "publishing",
                     s.client.put_object,
@@ -483,7 +510,7 @@ class S3Writer(WriterContext):
         if self._done and self._upload_id is None and not self._meta_written:
             return
         self._done = True
-        self._buf = bytearray()
+        self._buf, self._fill = bytearray(), 0
         self._give_back()
         await self._drain()  # never leave a part upload running behind an abort
         s = self._s

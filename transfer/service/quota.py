@@ -2,9 +2,11 @@
 replica changes by compare-and-set; the same counter, in records of their own, bounds a key's open direct upload
 plans (``plans``), upload authorisations (``authorizations``) and chunked uploads (``chunked``).
 
-The record ``owners/<key hash>/open/<folder>`` holds ``{"ids": [...]}``, the ids holding a slot, never more than the
-limit. Acquiring adds an id below the limit; only at the limit are the ids checked against their uploads (finished
-or expired ones are dropped, in the same compare-and-set that adds the new id). Releasing removes the id. Both are
+The record ``owners/<key hash>/open/<folder>`` holds ``{"ids": [...], "since": {id: acquired at}}``, the ids holding
+a slot, never more than the limit. Acquiring adds an id below the limit; only at the limit are the ids checked
+against their uploads (finished or expired ones are dropped, in the same compare-and-set that adds the new id); an
+id acquired less than FRESH seconds ago counts as open without asking, since its upload's record may not be written
+yet (a replica racing the creation would otherwise take it for finished). Releasing removes the id. Both are
 idempotent (an id already in, or already out, changes nothing) and neither lists anything: one record read and one
 conditional write at most, and on a replica that wrote the record last, the write alone (:class:`RecordStore`
 remembers the version). Two replicas racing for the last slot: one write wins, the other reads the record again
@@ -18,6 +20,7 @@ uploads open at the upgrade a key may briefly hold up to twice its limit; releas
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -29,6 +32,7 @@ from transfer.service.recordstore import RecordStore
 
 IsOpen = Callable[[str], Awaitable[bool]]
 EMPTY: dict[str, Any] = {"ids": []}
+FRESH = 60.0  # seconds an id counts as open without asking: its record may not be written yet (claim's block)
 
 
 class _Full(Exception):
@@ -44,8 +48,11 @@ def _ids(doc: Any) -> list[str]:
     return [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
 
 
-def _doc(ids: list[str]) -> dict[str, Any]:
-    return {"ids": ids}
+def _since(doc: Any) -> dict[str, float]:
+    since = doc.get("since") if isinstance(doc, dict) else None
+    if not isinstance(since, dict):
+        return {}
+    return {k: float(v) for k, v in since.items() if isinstance(k, str) and isinstance(v, (int, float))}
 
 
 class SessionQuota:
@@ -61,7 +68,10 @@ class SessionQuota:
         noun: str = "open sessions",
         error: type[TransferError] = TooManySessions,
         records: RecordStore | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        self.clock = clock
+        self._since: dict[str, float] = {}  # when each id in the last record read was acquired
         self.storage = storage
         self.records = records or RecordStore(storage)
         self.limit = limit
@@ -84,9 +94,27 @@ class SessionQuota:
                 return await is_open(session_id)
         return False
 
+    async def _still_open(self, sid: str) -> bool:
+        """Whether ``sid`` holds its slot: recorded as acquired less than FRESH seconds ago (its upload's record may
+        still be on its way: a replica racing the creation must not take it for finished), or open by its service."""
+        return self.clock() - self._since.get(sid, 0.0) < FRESH or await self._is_open(sid)
+
     async def _change(self, owner: str, change: Callable[[list[str]], list[str] | None]) -> list[str]:
         # not durable: a record lost in a power cut only forgets slots (the limit is a guard, not an account)
-        return await self.records.update(self.record_key(owner), _ids, change, _doc, absent=EMPTY, durable=False)
+        since: dict[str, float] = {}
+
+        def decode(doc: Any) -> list[str]:
+            since.clear()
+            since.update(_since(doc))
+            return _ids(doc)
+
+        def encode(ids: list[str]) -> dict[str, Any]:
+            now = self.clock()
+            return {"ids": ids, "since": {i: since.get(i, now) for i in ids}}
+
+        ids = await self.records.update(self.record_key(owner), decode, change, encode, absent=EMPTY, durable=False)
+        self._since = dict(since)
+        return ids
 
     async def open_ids(self, owner: str) -> list[str]:
         """The ids holding a slot of ``owner``'s (as recorded: finished ones stay until the limit is reached)."""
@@ -116,7 +144,7 @@ class SessionQuota:
             except _Full as full:
                 taken = full.ids
             # at the limit: ask each holder whether it is still open, and drop the others with the same write
-            closed = frozenset([sid for sid in taken if not await self._is_open(sid)])
+            closed = frozenset([sid for sid in taken if not await self._still_open(sid)])
             try:
                 await self._change(owner, add(closed))
             except _Full as full:

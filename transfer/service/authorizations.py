@@ -141,6 +141,7 @@ class Authorizations:
             folder="authorizations",
             noun="open upload authorisations",
             error=TooManyAuthorizations,
+            clock=files.clock,
         )
         self.open_grants.register(is_authorization_id, self._is_open)
 

@@ -189,7 +189,11 @@ class ChunkService:
         self._uploads: dict[str, ChunkedUpload] = {}
         # open chunked uploads per key, bounded like its open sessions: a marker each (quota.py)
         self.open_uploads = SessionQuota(
-            self.storage, self.settings.max_open_sessions_per_key, folder="chunked", noun="open chunked uploads"
+            self.storage,
+            self.settings.max_open_sessions_per_key,
+            folder="chunked",
+            noun="open chunked uploads",
+            clock=clock,
         )
         self.open_uploads.register(lambda uid: is_id(uid, "c_"), self._is_open)
 

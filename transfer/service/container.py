@@ -80,7 +80,7 @@ class Services:
         """The one set of services of a process over ``storage`` (default: the one the settings name), every
         backend operation counted in the metrics (:mod:`transfer.service.metered`)."""
         files = FileService(metered(storage or make_storage(settings)), settings, clock=clock)
-        quota = SessionQuota(files.storage, settings.max_open_sessions_per_key)
+        quota = SessionQuota(files.storage, settings.max_open_sessions_per_key, clock=clock)
         engine = UploadEngine(files.storage)  # one engine (records, locks, hashers): tus, sessions, plans, grants
         sessions = SessionService(
             files.storage,

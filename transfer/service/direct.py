@@ -181,6 +181,7 @@ class DirectService:
             folder="plans",
             noun="open upload plans",
             error=TooManyPlans,
+            clock=clock,
         )
         self.open_plans.register(is_plan_id, self._is_open)
         # recently loaded plans and the record version each was read at, for part URLs only (see part_urls)

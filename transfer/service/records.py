@@ -27,7 +27,7 @@ def object_key(file_id: str) -> str:
 
 
 def owner_folder(owner: str) -> str:
-    """``owners/<key hash>/``: what is kept per API key (open-session markers, the file index)."""
+    """``owners/<key hash>/``: what is kept per API key (the open-upload records, the file index)."""
     return f"owners/{hashlib.sha256(owner.encode('utf-8')).hexdigest()[:32]}/"
 
 

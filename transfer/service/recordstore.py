@@ -4,8 +4,9 @@ bounded retry policy for every record the service keeps (upload records, usage, 
     read(key)                        the record and its etag (a record replaced between open and read: read again)
     create(key, doc)                 publish a new record (Conflict if the key is taken)
     write(key, doc, etag)            one compare-and-set write (``etag`` None: if absent); VersionConflict if lost
-    update(key, decode, change, encode)
+    update(key, decode, change, encode, absent=...)
                                      read, change, write ``if_match``, again on a lost race, within the policy
+                                     (``absent``: the record an absent key stands for, created ``if_absent``)
 
 Every retry loop here is bounded twice: in rounds and in time (:class:`RetryPolicy`, 2 s by default, with
 jittered exponential backoff). On a busy record a request gives up at once with VersionConflict (409
@@ -27,9 +28,10 @@ from typing import Any, TypeVar
 from storage.base import ObjectInfo, Storage
 from storage.errors import ObjectChanged
 from storage.keyed import KeyedLocks
-from transfer.errors import TransferError, VersionConflict, storage_errors_translated
+from transfer.errors import Conflict, NotFound, TransferError, VersionConflict, storage_errors_translated
 
 T = TypeVar("T")
+_REQUIRED: Any = object()  # update() without ``absent``: an absent record is NotFound
 SEEN_RECORDS = 4096  # record versions remembered per process (an optimistic start for updates; bounded)
 
 
@@ -144,9 +146,11 @@ class RecordStore:
         """Publish a new record; Conflict if the key is taken."""
         await self._write(key, doc, if_absent=True)
 
-    async def _write(self, key: str, doc: Any, *, if_absent: bool = False, if_match: str | None = None) -> None:
+    async def _write(
+        self, key: str, doc: Any, *, if_absent: bool = False, if_match: str | None = None, durable: bool = True
+    ) -> None:
         try:
-            info = await write_record(self.storage, key, doc, if_absent=if_absent, if_match=if_match)
+            info = await write_record(self.storage, key, doc, if_absent=if_absent, if_match=if_match, durable=durable)
         except BaseException:
             self._seen.pop(key, None)
             raise
@@ -158,18 +162,33 @@ class RecordStore:
         decode: Callable[[Any], T],
         change: Callable[[T], T | None],
         encode: Callable[[T], Any],
+        *,
+        absent: Any = _REQUIRED,
+        durable: bool = True,
     ) -> T:
         """Apply ``change`` to the record at ``key`` with compare-and-set and return the record as written.
         ``change`` is pure and may run more than once (it sees the latest record each time); it returns None to
         leave the record as it is, or raises to refuse. Between processes the backend's ``if_match`` decides and
-        the loser tries again, within the policy; then VersionConflict."""
+        the loser tries again, within the policy; then VersionConflict.
+
+        ``absent``: the stored form of the record an absent key stands for (else NotFound); a change of it creates
+        the record ``if_absent``, and a creation lost to another writer is a lost race like any other.
+        ``durable=False``: a record whose loss in a power cut is harmless skips the backend's flush."""
         async with self.locks.hold(key):
             retry = self.policy.start()
             first = True
             while True:
                 seen = self._seen.get(key) if first else None
                 first = False
-                doc, etag = seen if seen is not None else await self.read(key)
+                if seen is not None:
+                    doc, etag = seen
+                elif absent is _REQUIRED:
+                    doc, etag = await self.read(key)
+                else:
+                    try:
+                        doc, etag = await self.read(key)
+                    except NotFound:
+                        doc, etag = absent, None
                 current = decode(doc)
                 try:
                     changed = change(current)
@@ -182,7 +201,10 @@ class RecordStore:
                         continue  # the same: only the stored version may say "nothing to do"
                     return current
                 try:
-                    await self._write(key, encode(changed), if_match=etag)
+                    if etag is None:
+                        await self._write(key, encode(changed), if_absent=True, durable=durable)
+                    else:
+                        await self._write(key, encode(changed), if_match=etag, durable=durable)
                     return changed
-                except VersionConflict:
+                except Conflict:  # VersionConflict (if_match lost) or Conflict (if_absent lost)
                     await retry.again(lambda: VersionConflict(f"{key} kept changing; try again"))

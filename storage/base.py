@@ -317,7 +317,7 @@ class StoreRules:
     ``min_part_size``, ``max_part_size``, ``max_parts``, ``preferred_part_size``: the parts of a direct
     (client-sent) upload. ``abandoned_upload_age``: seconds after which an unfinished upload of a writer that died
     is aborted (None: the backend leaves none behind). ``max_compose_source``: the largest source a server-side
-    ``compose`` moves in one piece (S3's UploadPartCopy: 5 GiB; None: no limit)."""
+    ``compose`` moves in one piece (S3's UploadPartCopy: 5 GiB; None: no limit); a larger one it moves in ranges."""
 
     min_compose_part: int = 0
     max_compose_source: int | None = None

@@ -248,6 +248,17 @@ class EngineProfile:
 _PROBED: dict[tuple[str | None, str | None, str | None], EngineProfile] = {}
 
 
+def copy_ranges(size: int, limit: int | None) -> list[tuple[int, int] | None]:
+    """How one UploadPartCopy source of ``size`` bytes is copied: ``[None]`` (whole) when one copy may move it
+    (``limit``: the largest, None: any), else the fewest near-equal ``(start, end)`` ranges within the limit (each
+    at least half of it, so never below S3's part minimum for a limit of 10 MiB or more)."""
+    if limit is None or size <= limit:
+        return [None]
+    count = -(-size // limit)
+    bounds = [size * i // count for i in range(count + 1)]
+    return [(bounds[i], bounds[i + 1]) for i in range(count)]
+
+
 def quoted(etag: str) -> str:
     return etag if etag.startswith('"') else f'"{etag}"'
 
@@ -858,16 +869,28 @@ class S3Storage:
         return S3Writer(self, key, size_hint, if_absent, if_match)
 
     async def compose(self, key: str, sources: list[str], metadata: Mapping[str, str]) -> ObjectInfo:
-        """Concatenate ``sources`` server-side: one UploadPartCopy per source (every source but the last at least
-        5 MiB, S3's part minimum), then the metadata, then CompleteMultipartUpload."""
+        """Concatenate ``sources`` server-side: one UploadPartCopy per source, or for a source larger than one
+        copy moves (``max_compose_source``, 5 GiB) one per range of it (``CopySourceRange``, near-equal ranges:
+        each at least half the limit, so at least 5 MiB), every part but the last at least 5 MiB (S3's part
+        minimum); then the metadata, then CompleteMultipartUpload."""
         bucket = self.config.bucket
+        sizes = []
+        for source in sources:
+            head = await self.call(f"stat {source}", self.client.head_object, Bucket=bucket, Key=self.data_key(source))
+            sizes.append(int(head["ContentLength"]))
+        pieces = [
+            (source, piece)
+            for source, size in zip(sources, sizes, strict=True)
+            for piece in copy_ranges(size, self.rules.max_compose_source)
+        ]
         response = await self.call(
             "starting a compose", self.client.create_multipart_upload, Bucket=bucket, Key=self.data_key(key)
         )
         upload_id = str(response["UploadId"])
         limit = asyncio.Semaphore(self.config.max_concurrency)
 
-        async def copy(number: int, source: str) -> dict[str, Any]:
+        async def copy(number: int, source: str, piece: tuple[int, int] | None) -> dict[str, Any]:
+            ranged = {} if piece is None else {"CopySourceRange": f"bytes={piece[0]}-{piece[1] - 1}"}
             async with limit:
                 result = await self.call(
                     f"copying {source}",
@@ -877,18 +900,13 @@ class S3Storage:
                     UploadId=upload_id,
                     PartNumber=number,
                     CopySource={"Bucket": bucket, "Key": self.data_key(source)},
+                    **ranged,
                 )
             return {"PartNumber": number, "ETag": result["CopyPartResult"]["ETag"]}
 
         try:
-            parts = await asyncio.gather(*(copy(i + 1, src) for i, src in enumerate(sources)))
-            size = 0
-            for source in sources:
-                head = await self.call(
-                    f"stat {source}", self.client.head_object, Bucket=bucket, Key=self.data_key(source)
-                )
-                size += int(head["ContentLength"])
-            await self.put_meta(key, {"metadata": dict(metadata), "size": size})
+            parts = await asyncio.gather(*(copy(i + 1, src, piece) for i, (src, piece) in enumerate(pieces)))
+            await self.put_meta(key, {"metadata": dict(metadata), "size": sum(sizes)})
             await self.call(
                 "completing a compose",
                 self.client.complete_multipart_upload,

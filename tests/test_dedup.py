@@ -10,10 +10,12 @@ import base64
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ from transfer.service.records import object_key
 from transfer.service.shared import SWEEP_GRACE, content_key
 from transfer.settings import Settings
 
-TOKENS = {name: new_token() for name in ("alice", "bob", "root")}
+TOKENS = {name: new_token() for name in ("alice", "bob", "carol", "root")}
 MIN = 64 << 10  # dedup_min_size of these tests: files this large share bytes
 TUS = {"tus-resumable": "1.0.0"}
 
@@ -399,3 +401,222 @@ def test_direct_plan_declaring_stored_content_is_completed_at_once(
         bob = httpx.post(f"{live.url}/v1/direct", json=plan_body, headers=key("bob"))
         assert bob.status_code == 201 and bob.json()["state"] == "open" and bob.json()["file_id"] is None
         assert sorted(bob.json()) == sorted(plan.json())
+
+
+# --- the operator's sharing group: keys of one group share content as one key does --------------------------
+
+GROUPS = {"team": ["alice", "carol"]}  # bob stays outside
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def grouped(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Iterator[Stored]:
+    extra: dict[str, Any] = {"dedup_groups": GROUPS}
+    bucket = None
+    if request.param == "s3":
+        request.getfixturevalue("s3_env")
+        extra["storage"] = "s3"
+        bucket = (request.getfixturevalue("s3_endpoint"), request.getfixturevalue("s3_bucket"))
+    with running(tenant_settings(tmp_path, **extra), clock) as live:
+        yield Stored(live, bucket)
+
+
+def tus_create(url: str, who: str, data: bytes) -> httpx.Response:
+    digest = base64.b64encode(hashlib.sha256(data).hexdigest().encode()).decode()
+    meta = f"filename {base64.b64encode(b'tus.bin').decode()},sha256 {digest}"
+    headers = {**TUS, **key(who), "upload-length": str(len(data)), "upload-metadata": meta}
+    return httpx.post(f"{url}/tus/files", headers=headers, timeout=60)
+
+
+def ietf_create(url: str, who: str, data: bytes) -> httpx.Response:
+    digest = base64.b64encode(hashlib.sha256(data).digest()).decode()
+    headers = {"upload-length": str(len(data)), "upload-complete": "?0", "repr-digest": f"sha-256=:{digest}:"}
+    return httpx.post(f"{url}/v1/uploads", headers={**key(who), **headers}, timeout=60)
+
+
+def direct_plan(url: str, who: str, data: bytes) -> httpx.Response:
+    body = {"size": len(data), "checksum": checksum(data), "name": "direct.bin"}
+    return httpx.post(f"{url}/v1/direct", json=body, headers=key(who), timeout=60)
+
+
+async def mcp_authorize(url: str, who: str, data: bytes) -> dict[str, Any]:
+    from mcp import Client
+
+    from tests.test_mcp import _bearer, structured
+
+    declared = {"name": "mcp.bin", "checksum": checksum(data), "size": len(data)}
+    async with Client(_bearer(f"{url}/mcp", TOKENS[who])) as client:
+        return structured(await client.call_tool("authorize_upload", declared))
+
+
+def test_keys_of_one_group_share_what_either_stored_on_every_door(grouped: Stored) -> None:
+    url = grouped.url
+    data = os.urandom(MIN + 17)
+    origin = upload(url, "alice", data, name="first.bin")
+    assert origin.status_code == 201, origin.text
+    # carol, alice's group, is answered before her body, as alice would be
+    status, plain, sent = upload_expecting(url, "carol", data)
+    assert status == 201 and not sent
+    tus = tus_create(url, "carol", data)
+    assert tus.status_code == 201 and tus.headers["upload-offset"] == str(len(data))
+    ietf = ietf_create(url, "carol", data)
+    assert ietf.status_code == 201 and ietf.headers["upload-complete"] == "?1"
+    mcp = asyncio.run(mcp_authorize(url, "carol", data))
+    assert mcp["complete"] is True
+    made = [file_id(plain), tus.headers["upload-file-id"], file_id(ietf.json())]
+    if grouped.bucket is not None:  # direct plans exist on S3 only
+        plan = direct_plan(url, "carol", data)
+        assert plan.status_code == 201 and plan.json()["state"] == "completed"
+        made.append(plan.json()["file_id"])
+    for new in made:
+        assert download(url, "carol", new) == data
+    # one copy of the bytes, in the group's record; and the other way round: alice shares what carol stored
+    assert len(grouped.under("content/")) == 1 and grouped.under("content/g-")
+    other = os.urandom(MIN + 18)
+    assert upload(url, "carol", other).status_code == 201
+    status, back, sent = upload_expecting(url, "alice", other)
+    assert status == 201 and not sent and download(url, "alice", file_id(back)) == other
+    # ownership stays per key: the group shares bytes, not files
+    assert descriptor_of(url, "alice", made[0]).status_code == 404
+    assert descriptor_of(url, "carol", file_id(origin.json())).status_code == 404
+    # quota: every file counts its full size for the key that made it (the MCP file too, confirmed or not)
+    assert used(url, "carol") == (len(made) + 1) * len(data) + len(other)
+
+
+MASKS = [
+    (re.compile(r"[0-9a-f]{64}"), "<hex>"),  # checksums
+    (re.compile(r"[A-Za-z0-9+/]{43}="), "<b64>"),  # Repr-Digest values
+    (re.compile(r"\b[a-z]{1,4}_[A-Za-z0-9_-]{16,}"), "<id>"),  # file, upload, plan and authorisation ids
+    (re.compile(r"\d{4}-\d\d-\d\dT[0-9:.]+Z?"), "<time>"),
+    (re.compile(r"(sig|signature|expires|X-Amz-[A-Za-z-]+)=[^&\"\s]+"), r"\1=<v>"),
+    (re.compile(r"\d{9,}"), "<n>"),  # expiry instants in seconds
+]
+
+
+def masked(value: Any) -> str:
+    """What of an answer may not differ between two contents: its text with every id, digest and instant masked."""
+    text = json.dumps(value, sort_keys=True)
+    for pattern, mask in MASKS:
+        text = pattern.sub(mask, text)
+    return text
+
+
+def answer(response: httpx.Response) -> str:
+    headers = {k: v for k, v in response.headers.items() if k not in ("date", "content-length", "x-request-id")}
+    body = response.json() if response.content and "json" in response.headers.get("content-type", "") else None
+    return masked({"status": response.status_code, "headers": headers, "body": body})
+
+
+def test_a_key_outside_the_group_is_answered_as_for_unknown_content_on_every_door(grouped: Stored) -> None:
+    url = grouped.url
+    data = os.urandom(MIN + 33)
+    assert upload(url, "alice", data).status_code == 201
+    assert upload_expecting(url, "carol", data)[2] is False  # the group stores it
+    unknown = os.urandom(len(data))  # the same size, never stored by anyone
+    # plain: bob must send his body either way, and the answers differ only in ids, digests and instants
+    status_known, known, sent_known = upload_expecting(url, "bob", data)
+    status_fresh, fresh, sent_fresh = upload_expecting(url, "bob", unknown)
+    assert sent_known and sent_fresh and status_known == status_fresh == 201
+    assert masked(known) == masked(fresh)
+    bob_data = os.urandom(MIN + 34)  # tus, IETF, MCP, direct: compared on content nobody in his scope has
+    group_data = os.urandom(len(bob_data))
+    assert upload(url, "carol", group_data).status_code == 201
+    for door in (tus_create, ietf_create) + ((direct_plan,) if grouped.bucket is not None else ()):
+        known_answer, fresh_answer = door(url, "bob", group_data), door(url, "bob", bob_data)
+        assert known_answer.status_code == 201, known_answer.text
+        assert answer(known_answer) == answer(fresh_answer), door.__name__
+    assert masked(asyncio.run(mcp_authorize(url, "bob", group_data))) == masked(
+        asyncio.run(mcp_authorize(url, "bob", bob_data))
+    )
+    # his file is his own bytes: a record of his own scope, not the group's
+    assert download(url, "bob", file_id(known)) == data
+    assert len([k for k in grouped.under("content/") if not k.startswith("content/g-")]) == 2
+
+
+def test_deleting_one_members_file_keeps_the_bytes_another_members_file_uses(grouped: Stored) -> None:
+    url = grouped.url
+    data = os.urandom(MIN + 5)
+    origin = file_id(upload(url, "alice", data).json())
+    _, carols, sent = upload_expecting(url, "carol", data)
+    assert not sent
+    assert httpx.delete(f"{url}/v1/files/{origin}", headers=key("root")).status_code == 204
+    assert len(grouped.under("blobs/")) == 1 and grouped.under(object_key(origin)) == []
+    assert download(url, "carol", file_id(carols)) == data
+    assert httpx.delete(f"{url}/v1/files/{file_id(carols)}", headers=key("root")).status_code == 204
+    assert grouped.under("blobs/") == [] and grouped.under("content/") == []
+    assert [k for k in grouped.keys() if k.startswith("files/")] == []
+
+
+@pytest.mark.anyio
+async def test_a_file_shared_in_a_group_keeps_its_bytes_after_the_groups_change(tmp_path: Path, clock: Clock) -> None:
+    data = os.urandom(MIN + 9)
+    sha = hashlib.sha256(data).hexdigest()
+    request = UploadRequest(checksum="sha256:" + sha, expected_size=len(data), owner="alice")
+    before = tenant_settings(tmp_path, dedup_groups=GROUPS)
+    service = FileService(_storage(before), before, clock=clock)
+    await service.start()
+    try:
+        origin = await service.upload(_body(data), request)
+        pointer = await service.upload(_body(b""), replace(request, owner="carol"), body_pending=True)
+        assert pointer.content is not None and pointer.content == origin.shared_as
+    finally:
+        await service.close()
+    after = tenant_settings(tmp_path)  # the operator dissolved the group: alice's scope is her own again
+    service = FileService(_storage(after), after, clock=clock)
+    await service.start()
+    try:
+        await service.delete(origin.id, TRUSTED)  # the origin still finds the record it is the location of
+        async with await service.publisher.shared.open(pointer) as reader:
+            assert b"".join([piece async for piece in reader.read()]) == data
+    finally:
+        await service.close()
+
+
+def test_a_key_in_two_groups_or_an_unknown_key_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="is in"):
+        tenant_settings(tmp_path, dedup_groups={"a": ["alice"], "b": ["alice", "carol"]})
+    with pytest.raises(ValueError, match="not a key"):
+        tenant_settings(tmp_path, dedup_groups={"a": ["alice", "mallory"]})
+
+
+@pytest.mark.s3
+@pytest.mark.anyio
+async def test_a_file_larger_than_one_copy_moves_is_shared_and_moved_in_ranges_on_s3(
+    s3_env: dict[str, str], tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import storage.s3 as s3
+    from storage.parts import S3Rules
+
+    # one UploadPartCopy moves at most 6 MiB here (5 GiB on AWS): the 16 MiB origin moves in three ranges
+    limit = 6 << 20
+    monkeypatch.setattr(
+        s3.S3Storage,
+        "rules",
+        property(lambda self: S3Rules(preferred_part_size=self.config.part_size, max_compose_source=limit)),
+    )
+    planned: list[list[tuple[int, int] | None]] = []
+    plan = s3.copy_ranges
+
+    def ranges(size: int, most: int | None) -> list[tuple[int, int] | None]:
+        planned.append(plan(size, most))
+        return planned[-1]
+
+    monkeypatch.setattr(s3, "copy_ranges", ranges)
+    settings = tenant_settings(tmp_path, storage="s3")
+    service = FileService(_storage(settings), settings, clock=clock)
+    await service.start()
+    try:
+        data = os.urandom((16 << 20) + 3)
+        sha = hashlib.sha256(data).hexdigest()
+        request = UploadRequest(checksum="sha256:" + sha, expected_size=len(data), owner="alice")
+        origin = await service.upload(_body(data), request)
+        pointer = await service.upload(_body(b""), request, body_pending=True)
+        assert pointer.content is not None  # shared although larger than one copy moves
+        await service.delete(origin.id, TRUSTED)  # its bytes move to a blob, range by range
+        assert [len(p) for p in planned] == [3]
+        doc, _ = await service.publisher.shared.records.read(pointer.content)
+        assert doc["location"].startswith("blobs/")
+        async with await service.publisher.shared.open(pointer) as reader:
+            moved = b"".join([piece async for piece in reader.read()])
+        assert len(moved) == len(data) and hashlib.sha256(moved).hexdigest() == sha
+    finally:
+        await service.close()

@@ -150,6 +150,12 @@ class Settings(BaseSettings):
     dedup_min_size: int = Field(
         default=8 << 20, ge=1, description="smallest file whose bytes are shared (smaller: always stored whole)"
     )
+    dedup_groups: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description='JSON {"group": ["key name", ...]}: the keys of one group share stored content as one key does '
+        "(an upload by one completes without its body when another stored it); a key is in one group at most, and "
+        "keys outside a group never learn what it stores",
+    )
     max_ranges: int = Field(default=64, ge=1, description="ranges per request after coalescing; more: 200 whole")
     buffer_size: int = Field(default=1 << 20, ge=16 << 10, le=64 << 20, description="bytes per read/write call")
     gzip_level: int = Field(default=1, ge=0, le=3, description="python-isal level for gzip/deflate")
@@ -279,6 +285,20 @@ class Settings(BaseSettings):
                 "TRANSFER_S3_CALL_BUDGET must hold one attempt: at least TRANSFER_S3_CONNECT_TIMEOUT + "
                 "TRANSFER_S3_READ_TIMEOUT seconds"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _dedup_groups_name_keys(self) -> Settings:
+        seen: dict[str, str] = {}
+        for group, members in self.dedup_groups.items():
+            if not group:
+                raise ValueError("TRANSFER_DEDUP_GROUPS: a group needs a name")
+            for name in members:
+                if name in seen:
+                    raise ValueError(f"TRANSFER_DEDUP_GROUPS: key {name!r} is in {seen[name]!r} and {group!r}")
+                if self.api_keys is not None and name not in self.api_keys:
+                    raise ValueError(f"TRANSFER_DEDUP_GROUPS: {group!r} names {name!r}, not a key of TRANSFER_API_KEYS")
+                seen[name] = group
         return self
 
     @field_validator("public_url")

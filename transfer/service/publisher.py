@@ -108,7 +108,13 @@ class Publisher:
         self.settings = settings
         self.lifecycle = lifecycle
         self.clock = clock
-        self.shared = SharedContent(storage, min_size=settings.dedup_min_size, enabled=settings.dedup, clock=clock)
+        self.shared = SharedContent(
+            storage,
+            min_size=settings.dedup_min_size,
+            enabled=settings.dedup,
+            clock=clock,
+            groups=settings.dedup_groups,
+        )
 
     def check_fields(
         self,
@@ -173,6 +179,7 @@ class Publisher:
             owner=c.owner,
             expires_at=self.lifecycle.expiry(created, c.lifetime),
             content=c.content,
+            shared_as=None if c.content is not None else self.shared.key_for(c.owner, c.sha256, c.size, c.encoding),
         )
 
     async def publish(self, candidate: Candidate, place: Callable[[FileRecord], Awaitable[object]]) -> FileRecord:

@@ -62,6 +62,10 @@ class FileRecord:
     # a file sharing bytes another file of its key stored: the content record saying where they are (its own
     # object has no body); None: its bytes are its object's (see transfer.service.shared)
     content: str | None = None
+    # a file with bytes of its own large enough to share them: the content record those bytes may be the location
+    # of, fixed at publication (its scope then), so that its removal finds the record even after its key changed
+    # sharing group; None: not shared, or published before this field (its key's own scope)
+    shared_as: str | None = None
 
     def to_metadata(self) -> dict[str, str]:
         """ASCII-only string metadata (fits S3 user metadata)."""
@@ -73,6 +77,8 @@ class FileRecord:
         doc["expires_at"] = None if self.expires_at is None else self.expires_at.isoformat()
         if self.content is None:
             del doc["content"]  # the records of files with bytes of their own stay as they were
+        if self.shared_as is None:
+            del doc["shared_as"]
         doc["v"] = RECORD_VERSION
         return {RECORD_KEY: json.dumps(doc, ensure_ascii=True, separators=(",", ":"))}
 

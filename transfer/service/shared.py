@@ -8,8 +8,11 @@
     files/<id>      a *pointer* file (``FileRecord.content`` set) has an empty body; its bytes are at the
                     record's location
 
-A scope is one API key (open mode: one scope for all): across keys, "this content exists" would tell one tenant
-what another stores, so a lookup never leaves the caller's scope.
+A scope is one API key (open mode: one scope for all), or the sharing group the operator put the key in
+(``TRANSFER_DEDUP_GROUPS``): across scopes, "this content exists" would tell one tenant what another stores, so a
+lookup never leaves the caller's scope. A file with bytes of its own notes the record it may be the location of
+(``FileRecord.shared_as``) when it is published, so a key that changes group later never leaves a record pointing
+at bytes its removal took.
 
 Invariants, each kept by the order of the steps (a crash between two steps leaks at most an orphan the sweep
 removes, never a reference to bytes that are gone):
@@ -31,11 +34,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from storage.base import Capability, ObjectReader, Storage, SupportsCompose, capable, rules_of
+from storage.base import Capability, ObjectReader, Storage, SupportsCompose, capable
 from storage.errors import ObjectNotFound
 from transfer.core.content import ContentEncoding
 from transfer.errors import Conflict, NotFound, TransferError, VersionConflict, storage_errors_translated
@@ -51,16 +54,20 @@ BLOB_PREFIX = "blobs/"
 SWEEP_GRACE = 3600.0
 
 
-def scope_of(owner: str | None) -> str:
-    """The sharing scope of an owner: its key (hashed, as its folder); open mode is one scope."""
+def scope_of(owner: str | None, group: str | None = None) -> str:
+    """The sharing scope of an owner: its group's (``g-`` and the group name hashed, never a key's folder), else
+    its key's (hashed, as its folder); open mode is one scope."""
     if owner is None:
         return "open"
+    if group is not None:
+        return "g-" + hashlib.sha256(group.encode("utf-8")).hexdigest()[:32]
     return hashlib.sha256(owner.encode("utf-8")).hexdigest()[:32]
 
 
-def content_key(owner: str | None, sha256: str, size: int, encoding: ContentEncoding) -> str:
-    """The content record of ``sha256``/``size`` stored with ``encoding`` in ``owner``'s scope."""
-    return f"{CONTENT_PREFIX}{scope_of(owner)}/{sha256}-{size}-{encoding.value}"
+def content_key(owner: str | None, sha256: str, size: int, encoding: ContentEncoding, group: str | None = None) -> str:
+    """The content record of ``sha256``/``size`` stored with ``encoding`` in the scope of ``owner`` (of its
+    sharing ``group`` if it is in one)."""
+    return f"{CONTENT_PREFIX}{scope_of(owner, group)}/{sha256}-{size}-{encoding.value}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,21 +115,48 @@ class Content:
 class SharedContent:
     """The content records of every scope: lookup and reference on publication, release on removal, the sweep."""
 
-    def __init__(self, storage: Storage, *, min_size: int, enabled: bool, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        min_size: int,
+        enabled: bool,
+        clock: Callable[[], float],
+        groups: Mapping[str, Iterable[str]] | None = None,
+    ) -> None:
         self.storage = storage
+        # key name -> its sharing group (TRANSFER_DEDUP_GROUPS; settings checked a key is in one group at most)
+        self.group_of = {name: group for group, names in (groups or {}).items() for name in names}
         self.records = RecordStore(storage)
         self.min_size = min_size
         self.clock = clock
         self.composer = capable(storage, Capability.COMPOSE, SupportsCompose)
         # the origin's bytes move by a server-side compose when it goes first: without one, nothing is shared
         self.enabled = enabled and self.composer is not None
-        # a compose may move each source in one piece only (S3's UploadPartCopy: at most 5 GiB), so larger files
-        # are not shared there (their origin could not move)
-        self.max_size = rules_of(storage).max_compose_source
+        # (a source larger than one copy moves, S3's UploadPartCopy above 5 GiB, is composed in ranges: any size
+        # is shared)
 
     def tracks(self, size: int) -> bool:
         """Whether files of ``size`` bytes are shared at all (small ones cost more in records than they save)."""
-        return self.enabled and size >= self.min_size and (self.max_size is None or size <= self.max_size)
+        return self.enabled and size >= self.min_size
+
+    def key_for(self, owner: str | None, sha256: str, size: int, encoding: ContentEncoding) -> str | None:
+        """The content record this content would have in ``owner``'s scope now (None: files of ``size`` bytes are
+        not shared)."""
+        if not self.tracks(size):
+            return None
+        group = None if owner is None else self.group_of.get(owner)
+        return content_key(owner, sha256, size, encoding, group)
+
+    def _own_key(self, record: FileRecord) -> str | None:
+        """The content record a file with bytes of its own may be the location of: the one noted at its
+        publication (even if sharing is off or its size below the minimum now: files may use its bytes), else
+        (published before the note) its key's own scope."""
+        if record.shared_as is not None:
+            return record.shared_as
+        if not self.tracks(record.size):
+            return None
+        return content_key(record.owner, record.sha256, record.size, record.encoding)
 
     async def _read(self, key: str) -> Content | None:
         try:
@@ -141,9 +175,9 @@ class SharedContent:
     ) -> tuple[str, Content] | None:
         """Add ``file_id`` (about to be published as a pointer) to the live content record of this content in
         ``owner``'s scope; None when the scope stores no such content (the door takes the body as usual)."""
-        if not self.tracks(size):
+        key = self.key_for(owner, sha256, size, encoding)
+        if key is None:
             return None
-        key = content_key(owner, sha256, size, encoding)
         now = self.clock()
 
         def add(current: Content) -> Content | None:
@@ -161,9 +195,9 @@ class SharedContent:
     async def track(self, record: FileRecord) -> None:
         """A file just published with bytes of its own: its content record is created (its object the location)
         unless the scope has one already. Best effort: a file left untracked just is not shared."""
-        if record.content is not None or not self.tracks(record.size):
+        key = None if record.content is not None else self._own_key(record)
+        if key is None:
             return
-        key = content_key(record.owner, record.sha256, record.size, record.encoding)
         content = Content(
             location=object_key(record.id),
             refs={record.id: self.clock()},
@@ -218,9 +252,9 @@ class SharedContent:
         to finish with :meth:`after_removal` (None: nothing to do)."""
         if record.content is not None:
             return record.content  # a pointer: its reference goes after its object
-        if not self.tracks(record.size):
+        key = self._own_key(record)
+        if key is None:
             return None
-        key = content_key(record.owner, record.sha256, record.size, record.encoding)
         own = object_key(record.id)
         content = await self._read(key)
         if content is None or content.location != own:

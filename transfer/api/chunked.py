@@ -7,6 +7,9 @@ POST   /v1/chunked                          the manifest {size, checksum, chunks
                                             indexes this key lacks], missing_bytes, …}
 PUT    /v1/chunked/{id}/chunks/{index}      the bytes of chunk ``index`` (``?count=n``: of n consecutive chunks, back
                                             to back) -> 200 {stored, stored_bytes}; each verified on arrival
+PUT    /v1/chunked/{id}/missing?start=k&count=n  the bytes of the chunks at positions k..k+n-1 of the creation's
+                                            ``missing`` list, back to back: one body (one pack) for chunks that
+                                            need not be consecutive -> 200 {stored, stored_bytes}
 POST   /v1/chunked/{id}/complete            assemble, verify the whole SHA-256, publish -> 201 the FileContent
 DELETE /v1/chunked/{id}                     abort (the chunks stay for a retry, within their grace)
 GET    /v1/files/{file_id}/chunks           the chunk manifest of a file uploaded this way, for its key
@@ -57,6 +60,7 @@ def upload_document(upload: ChunkedUpload) -> dict[str, Any]:
         "missing_bytes": sum(chunks[i].length for i in upload.missing),
         "expires_at": _timestamp(upload.expires_at),
         "chunks_url": f"/v1/chunked/{upload.id}/chunks/{{index}}",
+        "missing_url": f"/v1/chunked/{upload.id}/missing",
         "complete_url": f"/v1/chunked/{upload.id}/complete",
     }
 
@@ -123,6 +127,24 @@ def add_chunked_routes(
         stored, stored_bytes = await chunks.put_chunks(
             uid,
             index,
+            count,
+            request_body(request),
+            caller_of(request),
+            length=None if declared is None else parse_count(declared, "Content-Length"),
+        )
+        return {"stored": stored, "stored_bytes": stored_bytes}
+
+    @app.put("/v1/chunked/{uid}/missing", dependencies=upload, tags=["chunked"], summary="Send the missing chunks")
+    async def put_missing(
+        request: Request,
+        uid: str,
+        start: Annotated[int, Query(ge=0, le=MAX_CHUNKS)] = 0,
+        count: Annotated[int, Query(ge=1, le=MAX_CHUNKS)] = 1,
+    ) -> dict[str, Any]:
+        declared = request.headers.get("content-length")
+        stored, stored_bytes = await chunks.put_missing(
+            uid,
+            start,
             count,
             request_body(request),
             caller_of(request),

@@ -19,7 +19,7 @@ import asyncio
 import hashlib
 import os
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -35,7 +35,8 @@ from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, 
 from transfer.errors import ChecksumMismatch, ChunksMissing, InvalidDescriptor, RemoteError, TransferError
 
 AUTO_DEDUP_THRESHOLD = 1 << 20  # `transfer upload` cuts files from this size on (smaller: one request is cheaper)
-RUN_BYTES = 8 << 20  # bytes of consecutive missing chunks sent in one PUT
+RUN_BYTES = 64 << 20  # bytes of missing chunks sent in one body (the service stores one body as one pack)
+READ_BYTES = 1 << 20  # bytes read from the file per piece of a body
 FETCH_RUN_BYTES = 8 << 20  # bytes of consecutive missing chunks fetched in one ranged GET
 COMPLETE_ATTEMPTS = 3
 
@@ -140,29 +141,83 @@ async def upload_deduplicated(
     gate = asyncio.Semaphore(max(1, connections))
     fd = os.open(path, os.O_RDONLY)
 
-    async def send(first: int, count: int) -> None:
-        nonlocal sent_chunks, sent_bytes
-        start = manifest.chunks[first].offset
-        end = manifest.chunks[first + count - 1].offset + manifest.chunks[first + count - 1].length
+    limit = RUN_BYTES  # the service's max_run_bytes (64 MiB) too
+    todo = sum(manifest.chunks[i].length for i in missing) or None
+
+    def spans(indexes: list[int]) -> list[tuple[int, int]]:
+        """File ranges of the chunks ``indexes`` in order, neighbours merged."""
+        out: list[tuple[int, int]] = []
+        for i in indexes:
+            c = manifest.chunks[i]
+            if out and out[-1][1] == c.offset:
+                out[-1] = (out[-1][0], c.offset + c.length)
+            else:
+                out.append((c.offset, c.offset + c.length))
+        return out
+
+    async def stream(indexes: list[int]) -> AsyncIterator[bytes]:
+        """The bytes of the chunks ``indexes``, back to back, read from the file as they are sent."""
+        nonlocal sent_bytes
+        for start, end in spans(indexes):
+            at = start
+            while at < end:
+                data = await asyncio.to_thread(os.pread, fd, min(READ_BYTES, end - at), at)
+                if not data:
+                    raise ChecksumMismatch(f"{path} changed while it was being uploaded")
+                at += len(data)
+                sent_bytes += len(data)
+                if progress:
+                    progress(sent_bytes, todo)
+                yield data
+
+    async def put(url: str, params: dict[str, int], indexes: list[int]) -> None:
+        nonlocal sent_chunks
+        size = sum(manifest.chunks[i].length for i in indexes)
         async with gate:
-            data = await asyncio.to_thread(os.pread, fd, end - start, start)
-            if len(data) != end - start:
-                raise ChecksumMismatch(f"{path} changed while it was being uploaded")
-            put = await http.put(
-                f"{server}/v1/chunked/{uid}/chunks/{first}",
-                params={"count": count},
-                content=data,
-                headers={"content-type": "application/octet-stream"},
+            response = await http.put(
+                url,
+                params=params,
+                content=stream(indexes),
+                headers={"content-type": "application/octet-stream", "content-length": str(size)},
             )
-            await raise_for_error(put)
-            sent_chunks += count
-            sent_bytes += len(data)
-            if progress:
-                progress(sent_bytes, sum(manifest.chunks[i].length for i in missing) or None)
+            await raise_for_error(response)
+            sent_chunks += len(indexes)
+
+    def packs(indexes: list[int]) -> list[tuple[int, int]]:
+        """Positions in ``indexes`` grouped into bodies of at most ``limit`` bytes: (start, count)."""
+        out: list[tuple[int, int]] = []
+        size = 0
+        for k, i in enumerate(indexes):
+            length = manifest.chunks[i].length
+            if out and size + length <= limit:
+                out[-1] = (out[-1][0], out[-1][1] + 1)
+                size += length
+            else:
+                out.append((k, 1))
+                size = length
+        return out
+
+    first_round: list[Callable[[], Awaitable[None]]] = [
+        partial(put, f"{server}/v1/chunked/{uid}/missing", {"start": k, "count": n}, missing[k : k + n])
+        for k, n in packs(missing)
+    ]
 
     try:
         for attempt in range(COMPLETE_ATTEMPTS):
-            await _all([partial(send, first, count) for first, count in runs(missing, manifest.chunks, RUN_BYTES)])
+            if attempt == 0:  # the creation's missing list: one body per pack, the chunks in any order
+                await _all(first_round)
+            else:  # what a completion found missing: runs of consecutive chunks
+                await _all(
+                    [
+                        partial(
+                            put,
+                            f"{server}/v1/chunked/{uid}/chunks/{first}",
+                            {"count": count},
+                            list(range(first, first + count)),
+                        )
+                        for first, count in runs(missing, manifest.chunks, limit)
+                    ]
+                )
             params = {k: v for k, v in {"download_method": download_method, "ttl": ttl}.items() if v is not None}
             done = await http.post(f"{server}/v1/chunked/{uid}/complete", params=params)
             try:

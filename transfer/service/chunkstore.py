@@ -34,14 +34,12 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
-from storage.base import Capability, Storage, SupportsCompose, capable
-from storage.errors import ObjectNotFound
+from storage.base import Storage
 from storage.keyed import KeyedLocks
 from transfer.core.auth import TRUSTED, Grant
-from transfer.core.chunking import CHUNKING, MAX_CHUNK, MAX_CHUNKS, Manifest, parse_manifest
+from transfer.core.chunking import CHUNKING, MAX_CHUNK, MAX_CHUNKS, Chunk, Manifest, parse_manifest
 from transfer.core.content import FileRole
 from transfer.core.ids import is_id, new_id
 from transfer.errors import (
@@ -70,15 +68,19 @@ log = logging.getLogger("transfer.chunks")
 PREFIX = "cdc/"
 CHUNK_GRACE = 24 * 3600.0  # seconds a chunk no live file names stays (an upload that stopped may come back)
 MAX_RUN_BYTES = 64 << 20  # bytes of one PUT of a run of chunks
-LOOKUPS_IN_FLIGHT = 32  # concurrent existence checks of one manifest (S3: HEADs)
-READ_AHEAD = 16  # chunks read ahead while an assembly hashes (memory: READ_AHEAD x MAX_CHUNK at most)
-MIN_COMPOSE_PART = 5 << 20  # S3's part minimum: compose only where every part but the last reaches it
-STORES_IN_FLIGHT = 8  # verified chunks of one run being written at once (memory: that many chunks)
+SEGMENT_BYTES = 8 << 20  # bytes of one ranged read of a pack while assembling (memory: two of them)
+HASH_BATCH = 4 << 20  # bytes of arrived chunks hashed in one thread hop
+INDEX_SHARDS = 16  # index records per key (by the first hex digit of a chunk's SHA-256)
+INDEX_ATTEMPTS = 40  # compare-and-set rounds of one index shard before giving up
 UPLOAD_CACHE = 1024  # upload records kept per process for chunk PUTs (their fields never change while open)
 
 
 def _sha_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _hash_all(batch: list[tuple[Chunk, bytes]]) -> list[str]:
+    return [_sha_hex(data) for _, data in batch]
 
 
 def new_upload_id() -> str:
@@ -93,9 +95,28 @@ def key_folder(owner: str | None) -> str:
     return PREFIX + "k" + hashlib.sha256(owner.encode("utf-8")).hexdigest()[:40] + "/"
 
 
-def chunk_key(owner: str | None, sha: str) -> str:
-    """Where the key ``owner`` keeps the chunk whose SHA-256 is ``sha`` (its own folder: never shared)."""
-    return f"{key_folder(owner)}chunks/{sha}"
+def pack_key(owner: str | None, pack: str) -> str:
+    """Where the key ``owner`` keeps the pack ``pack``: chunks of one upload's body, back to back."""
+    return f"{key_folder(owner)}packs/{pack}"
+
+
+def shard_of(sha: str) -> str:
+    """The index shard that holds the chunk ``sha`` (one of INDEX_SHARDS)."""
+    return f"{int(sha[:2], 16) % INDEX_SHARDS:02x}"
+
+
+def index_key(owner: str | None, shard: str) -> str:
+    """The index record ``shard`` of ``owner``'s chunks: sha256 -> [pack, offset, length, stored_at]."""
+    return f"{key_folder(owner)}index/{shard}.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """Where a stored chunk's bytes are: a range of one pack."""
+
+    pack: str
+    offset: int
+    length: int
 
 
 def manifest_key(owner: str | None, file_id: str) -> str:
@@ -164,15 +185,37 @@ class ChunkedUpload:
         )
 
 
-async def _bounded(jobs: Iterable[Callable[[], Any]], limit: int) -> list[Any]:
-    """Run the coroutine factories ``jobs`` with at most ``limit`` in flight; their results in order."""
-    gate = asyncio.Semaphore(limit)
-
-    async def one(job: Callable[[], Any]) -> Any:
-        async with gate:
-            return await job()
-
-    return list(await asyncio.gather(*(one(job) for job in jobs)))
+async def _batches(
+    body: AsyncIterator[bytes], run: list[Chunk], positions: list[int], total: int
+) -> AsyncIterator[list[tuple[Chunk, bytes]]]:
+    """The chunks of ``run`` cut from ``body``, a batch of about HASH_BATCH bytes at a time (one thread hop hashes
+    a batch); ContentLengthMismatch when the body ends early or runs on."""
+    buffer = bytearray()
+    pieces = body.__aiter__()
+    batch: list[tuple[Chunk, bytes]] = []
+    batched = 0
+    for chunk, at in zip(run, positions, strict=True):
+        while len(buffer) < chunk.length:
+            try:
+                piece = await pieces.__anext__()
+            except StopAsyncIteration:
+                if batch:
+                    yield batch
+                raise ContentLengthMismatch(f"the body ended inside chunk {at}; {total} bytes were due") from None
+            buffer += piece
+        batch.append((chunk, bytes(buffer[: chunk.length])))
+        del buffer[: chunk.length]
+        batched += chunk.length
+        if batched >= HASH_BATCH:
+            yield batch
+            batch, batched = [], 0
+    if batch:
+        yield batch
+    if buffer:
+        raise ContentLengthMismatch(f"the body is longer than the {total} bytes of its chunks")
+    async for piece in pieces:
+        if piece:
+            raise ContentLengthMismatch(f"the body is longer than the {total} bytes of its chunks")
 
 
 class ChunkService:
@@ -213,24 +256,100 @@ class ChunkService:
             "max_size": self.settings.max_upload_size,
         }
 
-    # -- lookups (the caller's own folder only) ----------------------------------------------------------------
+    # -- the index (the caller's own folder only) ---------------------------------------------------------------
 
-    async def _has(self, owner: str | None, sha: str) -> bool:
-        try:
-            with storage_errors_translated():
-                await self.storage.stat(chunk_key(owner, sha))
-        except NotFound:
-            return False
-        return True
+    async def _shards(self, owner: str | None, shas: Iterable[str]) -> dict[str, dict[str, list[Any]]]:
+        """The index shards that hold ``shas`` (a bounded number of records: at most INDEX_SHARDS)."""
+        names = sorted({shard_of(sha) for sha in shas})
+
+        async def read(name: str) -> dict[str, list[Any]]:
+            try:
+                doc, _ = await read_record(self.storage, index_key(owner, name))
+            except NotFound:
+                return {}
+            entries = doc.get("chunks") if isinstance(doc, dict) else None
+            return entries if isinstance(entries, dict) else {}
+
+        return dict(zip(names, await asyncio.gather(*(read(n) for n in names)), strict=True))
+
+    async def _locate(self, owner: str | None, shas: Iterable[str]) -> dict[str, Located]:
+        """Where ``owner``'s store keeps each of ``shas`` that it has (absent: it has not)."""
+        wanted = set(shas)
+        shards = await self._shards(owner, wanted)
+        out: dict[str, Located] = {}
+        for sha in wanted:
+            entry = shards[shard_of(sha)].get(sha)
+            if isinstance(entry, list) and len(entry) >= 3:
+                out[sha] = Located(str(entry[0]), int(entry[1]), int(entry[2]))
+        return out
+
+    async def _update_shards(
+        self, folder: str, shas: Iterable[str], change: Callable[[dict[str, list[Any]], str], bool]
+    ) -> set[str]:
+        """Apply ``change`` (True: it changed the entries) to the entries of each of ``shas`` in its shard, one
+        compare-and-set per shard touched, read again and redone when another writer got there first."""
+        by_shard: dict[str, list[str]] = {}
+        for sha in shas:
+            by_shard.setdefault(shard_of(sha), []).append(sha)
+
+        async def one(name: str, members: list[str]) -> set[str]:
+            key = f"{folder}index/{name}.json"
+            for _ in range(INDEX_ATTEMPTS):
+                try:
+                    doc, etag = await read_record(self.storage, key)
+                except NotFound:
+                    doc, etag = {}, None
+                entries = doc.get("chunks") if isinstance(doc, dict) else None
+                entries = dict(entries) if isinstance(entries, dict) else {}
+                changed = {sha for sha in members if change(entries, sha)}
+                if not changed:
+                    return changed
+                try:
+                    await write_record(self.storage, key, {"chunks": entries}, if_absent=etag is None, if_match=etag)
+                except Conflict:  # VersionConflict too: another pack or sweep changed the shard; redo
+                    continue
+                return changed
+            raise StorageUnavailable(f"the chunk index {key} kept changing; try again")
+
+        done = await asyncio.gather(*(one(n, m) for n, m in by_shard.items()))
+        return set().union(*done) if done else set()
+
+    async def _index_add(self, owner: str | None, placed: dict[str, Located]) -> set[str]:
+        """Index the chunks of a pack just stored; the ones another pack holds already are left to it (their
+        bytes in this pack are garbage its sweep reclaims with the pack). Returns the shas indexed here."""
+        stamp = int(self.clock())
+
+        def add(entries: dict[str, list[Any]], sha: str) -> bool:
+            if sha in entries:
+                return False
+            at = placed[sha]
+            entries[sha] = [at.pack, at.offset, at.length, stamp]
+            return True
+
+        return await self._update_shards(key_folder(owner), placed, add)
+
+    async def _index_drop(self, folder: str, shas: Iterable[str], *, older_than: float | None = None) -> set[str]:
+        """Remove the index entries of ``shas`` from the key folder ``folder`` (only those stored before
+        ``older_than`` when given)."""
+
+        def drop(entries: dict[str, list[Any]], sha: str) -> bool:
+            entry = entries.get(sha)
+            if entry is None:
+                return False
+            if older_than is not None and len(entry) >= 4 and float(entry[3]) >= older_than:
+                return False
+            del entries[sha]
+            return True
+
+        return await self._update_shards(folder, shas, drop)
 
     async def _lacking(self, owner: str | None, manifest: Manifest) -> list[int]:
         """Indexes of the first occurrence of each distinct chunk ``owner``'s store lacks."""
         first: dict[str, int] = {}
         for i, chunk in enumerate(manifest.chunks):
             first.setdefault(chunk.sha256, i)
-        shas = list(first)
-        present = await _bounded([partial(self._has, owner, sha) for sha in shas], LOOKUPS_IN_FLIGHT)
-        return sorted(first[sha] for sha, have in zip(shas, present, strict=True) if not have)
+        known = await self._locate(owner, first)
+        return sorted(i for sha, i in first.items() if sha not in known)
 
     # -- create ------------------------------------------------------------------------------------------------
 
@@ -320,84 +439,87 @@ class ChunkService:
         each checked against the manifest's SHA-256 as it arrives. Returns (chunks newly stored, bytes newly
         stored). A chunk the key holds already is checked and not stored again."""
         upload = await self._open_upload(uid, caller)
-        chunks = upload.manifest.chunks
-        if count < 1 or index < 0 or index + count > len(chunks):
+        n = len(upload.manifest.chunks)
+        if count < 1 or index < 0 or index + count > n:
             raise ChunkNotInManifest(
-                f"chunks {index}..{index + count - 1} are not in the manifest of {uid} (0..{len(chunks) - 1})",
-                chunks=len(chunks),
+                f"chunks {index}..{index + count - 1} are not in the manifest of {uid} (0..{n - 1})", chunks=n
             )
-        run = chunks[index : index + count]
+        return await self._put(upload, list(range(index, index + count)), body, length)
+
+    async def put_missing(
+        self, uid: str, start: int, count: int, body: AsyncIterator[bytes], caller: Grant, *, length: int | None
+    ) -> tuple[int, int]:
+        """Store the chunks ``start .. start+count-1`` of the list the upload's creation answered as missing, from
+        ``body`` (their bytes back to back, in that order): one request and one pack for chunks that need not be
+        consecutive in the file."""
+        upload = await self._open_upload(uid, caller)
+        n = len(upload.missing)
+        if count < 1 or start < 0 or start + count > n:
+            raise ChunkNotInManifest(
+                f"missing chunks {start}..{start + count - 1} are not in the list of {uid} (0..{n - 1})", chunks=n
+            )
+        return await self._put(upload, list(upload.missing[start : start + count]), body, length)
+
+    async def _put(
+        self, upload: ChunkedUpload, positions: list[int], body: AsyncIterator[bytes], length: int | None
+    ) -> tuple[int, int]:
+        """Verify the chunks at ``positions`` of the manifest as they arrive in ``body`` and write the ones the key
+        lacks into one new pack, streamed; then index them (one compare-and-set per index shard touched). A chunk
+        that does not hash to its name stops the body: the verified chunks before it are kept, it and the rest
+        not."""
+        chunks = upload.manifest.chunks
+        run = [chunks[i] for i in positions]
         total = sum(c.length for c in run)
         if total > MAX_RUN_BYTES:
-            raise TooLarge(f"a run of chunks is at most {MAX_RUN_BYTES} bytes; this one is {total}")
+            raise TooLarge(f"one body of chunks is at most {MAX_RUN_BYTES} bytes; this one is {total}")
         if length is not None and length != total:
-            raise ContentLengthMismatch(f"chunks {index}..{index + count - 1} are {total} bytes, the body {length}")
+            raise ContentLengthMismatch(f"those {len(run)} chunks are {total} bytes, the body {length}")
         owner = upload.owner
+        known = await self._locate(owner, {c.sha256 for c in run})
         await self.lifecycle.usage.count_bytes(owner, total)  # counted before stored: never below what is stored
-        stored_chunks = stored_bytes = 0
-        gate = asyncio.Semaphore(STORES_IN_FLIGHT)
-        stores: list[asyncio.Task[None]] = []
-
-        async def store(sha: str, data: bytes) -> None:
-            nonlocal stored_chunks, stored_bytes
-            async with gate:
-                if await self._store(owner, sha, data):
-                    stored_chunks += 1
-                    stored_bytes += len(data)
-
-        try:
-            buffer = bytearray()
-            pieces = body.__aiter__()
-            for at, chunk in enumerate(run, start=index):
-                while len(buffer) < chunk.length:
-                    try:
-                        piece = await pieces.__anext__()
-                    except StopAsyncIteration:
-                        raise ContentLengthMismatch(
-                            f"the body ended inside chunk {at}; {total} bytes were due"
-                        ) from None
-                    buffer += piece
-                data = bytes(buffer[: chunk.length])
-                del buffer[: chunk.length]
-                digest = await asyncio.to_thread(_sha_hex, data)
-                if digest != chunk.sha256:
-                    raise ChunkChecksumMismatch(
-                        f"chunk at offset {chunk.offset} does not hash to the manifest's SHA-256; it was not stored",
-                        offset=chunk.offset,
-                        expected=chunk.sha256,
-                        actual=digest,
-                    )
-                stores.append(asyncio.create_task(store(chunk.sha256, data)))
-            if buffer:
-                raise ContentLengthMismatch(f"the body is longer than the {total} bytes of its chunks")
-            async for piece in pieces:
-                if piece:
-                    raise ContentLengthMismatch(f"the body is longer than the {total} bytes of its chunks")
-            await asyncio.gather(*stores)
-        finally:
-            # the verified chunks already on their way are stored whatever happens to the rest of the run
-            await asyncio.gather(*stores, return_exceptions=True)
-            if total - stored_bytes:
-                try:
-                    await self.lifecycle.usage.refund(owner, total - stored_bytes, files=0)
-                except TransferError as exc:
-                    log.warning("%d bytes of %s stay counted: %s", total - stored_bytes, uid, exc)
-        return stored_chunks, stored_bytes
-
-    async def _store(self, owner: str | None, sha: str, data: bytes) -> bool:
-        """Keep one verified chunk in ``owner``'s store; False when it is there already."""
-        meta = {"owner": owner or "", "stored_at": str(int(self.clock()))}
+        placed: dict[str, Located] = {}
+        pack = new_id("p_")
+        written = 0
+        failure: TransferError | None = None
         try:
             with storage_errors_translated():
-                # not flushed: an assembly hashes what it reads and drops a chunk that lost its bytes
                 async with self.storage.create(
-                    chunk_key(owner, sha), size_hint=len(data), if_absent=True, durable=False
-                ) as writer:
-                    await writer.write(data)
-                    await writer.commit(meta)
-        except Conflict:
-            return False
-        return True
+                    pack_key(owner, pack), size_hint=total, durable=False
+                ) as writer:  # not flushed: an assembly hashes what it reads and drops a chunk that lost its bytes
+                    try:
+                        async for batch in _batches(body, run, positions, total):
+                            digests = await asyncio.to_thread(_hash_all, batch)
+                            for (chunk, data), digest in zip(batch, digests, strict=True):
+                                if digest != chunk.sha256:
+                                    raise ChunkChecksumMismatch(
+                                        f"chunk at offset {chunk.offset} does not hash to the manifest's SHA-256; "
+                                        "it and the rest of its body were not stored",
+                                        offset=chunk.offset,
+                                        expected=chunk.sha256,
+                                        actual=digest,
+                                    )
+                                if chunk.sha256 in known or chunk.sha256 in placed:
+                                    continue
+                                await writer.write(data)
+                                placed[chunk.sha256] = Located(pack, written, len(data))
+                                written += len(data)
+                    except (ChunkChecksumMismatch, ContentLengthMismatch) as exc:
+                        failure = exc  # the verified chunks before it are kept
+                    if not placed:
+                        await writer.abort()
+                    else:
+                        meta = {"owner": owner or "", "stored_at": str(int(self.clock())), "chunks": str(len(placed))}
+                        await writer.commit(meta)
+            indexed = await self._index_add(owner, placed) if placed else set()
+        finally:
+            if total - written:
+                try:
+                    await self.lifecycle.usage.refund(owner, total - written, files=0)
+                except TransferError as exc:
+                    log.warning("%d bytes of %s stay counted: %s", total - written, upload.id, exc)
+        if failure is not None:
+            raise failure
+        return len(indexed), sum(placed[sha].length for sha in indexed)
 
     # -- complete ----------------------------------------------------------------------------------------------
 
@@ -439,33 +561,9 @@ class ChunkService:
             return record
 
     async def _assemble(self, upload: ChunkedUpload) -> FileRecord:
-        """Hash the chunks in order, compare with the manifest, publish: by compose where it may, else streamed.
-        A chunk that is not stored raises ChunksMissing or NotFound (the caller finds them all)."""
-        owner, manifest = upload.owner, upload.manifest
-        compose = self._composer(manifest)
-        if compose is None:
-            return await self._stream_publish(upload)
-        sha_hex, head = await self._hash_chunks(owner, manifest)
-        self._require_checksum(manifest, sha_hex)
-        keys = [chunk_key(owner, c.sha256) for c in manifest.chunks]
-
-        async def place(record: FileRecord) -> None:
-            with storage_errors_translated():
-                await compose.compose(object_key(record.id), keys, record.to_metadata())
-
-        return await self._publish(upload, sha_hex, head, place)
-
-    def _composer(self, manifest: Manifest) -> SupportsCompose | None:
-        """The backend's compose, where part sizes allow it: a filesystem backend (copy_file_range takes any
-        length) or chunks that all reach S3's part minimum (but the last)."""
-        compose = capable(self.storage, Capability.COMPOSE, SupportsCompose)
-        if compose is None or not manifest.chunks:
-            return None
-        if Capability.WRITE_AT_OFFSET in self.storage.capabilities:
-            return compose
-        if all(c.length >= MIN_COMPOSE_PART for c in manifest.chunks[:-1]):
-            return compose
-        return None
+        """Hash the chunks in order (ranges of packs), compare with the manifest, publish. A chunk that is not
+        stored raises ChunksMissing (the caller finds them all)."""
+        return await self._stream_publish(upload)
 
     def _require_checksum(self, manifest: Manifest, sha_hex: str) -> None:
         if sha_hex != manifest.sha256:
@@ -475,91 +573,95 @@ class ChunkService:
                 actual="sha256:" + sha_hex,
             )
 
-    async def _chunks_in_order(self, owner: str | None, manifest: Manifest) -> AsyncIterator[bytes]:
-        """The bytes of every chunk of ``manifest`` in order, READ_AHEAD chunks fetched ahead. A chunk that is
-        gone, or whose bytes are not what its name says (lost in a crash), is dropped and reported missing."""
+    async def _segments(self, owner: str | None, manifest: Manifest) -> list[tuple[str, int, int]]:
+        """The manifest as ranges of packs, in order, consecutive chunks of one pack merged into one range:
+        (pack, start, end). ChunksMissing names every chunk the index lacks."""
+        where = await self._locate(owner, manifest.distinct())
+        missing = [i for i, c in enumerate(manifest.chunks) if c.sha256 not in where]
+        if missing:
+            raise ChunksMissing(
+                f"{len(missing)} chunk(s) are not stored; send them and complete again", missing=missing
+            )
+        out: list[tuple[str, int, int]] = []
+        for chunk in manifest.chunks:
+            at = where[chunk.sha256]
+            if at.length != chunk.length:
+                await self._index_drop(key_folder(owner), [chunk.sha256])
+                raise ChunksMissing("a stored chunk has another length than its name says", missing=[0])
+            if out and out[-1][0] == at.pack and out[-1][2] == at.offset and out[-1][2] - out[-1][1] < SEGMENT_BYTES:
+                out[-1] = (at.pack, out[-1][1], at.offset + at.length)
+            else:
+                out.append((at.pack, at.offset, at.offset + at.length))
+        return out
 
-        async def fetch(i: int) -> bytes:
-            chunk = manifest.chunks[i]
+    async def _chunks_in_order(self, owner: str | None, manifest: Manifest) -> AsyncIterator[bytes]:
+        """The bytes of the file ``manifest`` describes, read as ranges of packs (one open per pack, the next range
+        read while this one is hashed). A pack that is gone or short (lost in a crash) has its entries dropped
+        and its chunks reported missing."""
+        segments = await self._segments(owner, manifest)
+        readers: dict[str, Any] = {}
+
+        async def fetch(pack: str, start: int, end: int) -> bytes:
             try:
                 with storage_errors_translated():
-                    async with await self.storage.open(chunk_key(owner, chunk.sha256)) as reader:
-                        data = b"".join([piece async for piece in reader.read()])
-            except NotFound:
-                raise ChunksMissing(f"chunk {i} is no longer stored; send it and complete again", missing=[i]) from None
-            if len(data) != chunk.length:
-                await self._drop_chunk(owner, chunk.sha256)
-                raise ChunksMissing(f"chunk {i} was damaged in storage; send it and complete again", missing=[i])
+                    reader = readers.get(pack)
+                    if reader is None:
+                        reader = readers[pack] = await self.storage.open(pack_key(owner, pack))
+                    data = b"".join([piece async for piece in reader.read(start, end)])
+            except (NotFound, StorageUnavailable):
+                data = b""
+            if len(data) != end - start:
+                await self._drop_pack_entries(owner, manifest, pack)
+                raise ChunksMissing("a pack of stored chunks was damaged; send them and complete again", missing=[0])
             return data
 
-        pending: list[asyncio.Task[bytes]] = []
-        n = len(manifest.chunks)
+        pending: asyncio.Task[bytes] | None = None
         try:
-            for i in range(n):
-                while len(pending) < READ_AHEAD and i + len(pending) < n:
-                    pending.append(asyncio.create_task(fetch(i + len(pending))))
-                yield await pending.pop(0)
+            for k, segment in enumerate(segments):
+                task = pending or asyncio.create_task(fetch(*segment))
+                pending = asyncio.create_task(fetch(*segments[k + 1])) if k + 1 < len(segments) else None
+                yield await task
         finally:
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            if pending is not None:
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
+            for reader in readers.values():
+                await reader.close()
 
-    async def _hash_chunks(self, owner: str | None, manifest: Manifest) -> tuple[str, bytes]:
-        """SHA-256 of the chunks in order and the file's first bytes (hashed off the event loop, in batches)."""
-        sha = hashlib.sha256()
-        head = b""
-        batch: list[bytes] = []
-        batched = 0
-
-        def update(pieces: list[bytes]) -> None:
-            for piece in pieces:
-                sha.update(piece)
-
-        async for data in self._chunks_in_order(owner, manifest):
-            if len(head) < SNIFF_BYTES:
-                head += data[: SNIFF_BYTES - len(head)]
-            batch.append(data)
-            batched += len(data)
-            if batched >= 4 << 20:
-                await asyncio.to_thread(update, batch)
-                batch, batched = [], 0
-        await asyncio.to_thread(update, batch)
-        digest = sha.hexdigest()
-        if digest != manifest.sha256:
-            await self._drop_damaged(owner, manifest)
-        return digest, head
+    async def _drop_pack_entries(self, owner: str | None, manifest: Manifest, pack: str) -> None:
+        """Forget the chunks of ``manifest`` that ``pack`` held (it is gone or damaged)."""
+        where = await self._locate(owner, manifest.distinct())
+        await self._index_drop(key_folder(owner), [sha for sha, at in where.items() if at.pack == pack])
 
     async def _drop_damaged(self, owner: str | None, manifest: Manifest) -> None:
         """After a whole-file mismatch: re-hash each distinct chunk; one whose bytes are not its name (lost in a
-        crash) is removed and reported missing, so the client sends it again. None: the manifest itself lies."""
+        crash) is forgotten and reported missing, so the client sends it again. None: the manifest itself lies."""
+        where = await self._locate(owner, manifest.distinct())
         damaged: list[int] = []
+        bad: list[str] = []
         seen: set[str] = set()
         for i, chunk in enumerate(manifest.chunks):
             if chunk.sha256 in seen:
                 continue
             seen.add(chunk.sha256)
-            try:
-                with storage_errors_translated():
-                    async with await self.storage.open(chunk_key(owner, chunk.sha256)) as reader:
-                        data = b"".join([piece async for piece in reader.read()])
-            except NotFound:
-                damaged.append(i)
-                continue
+            at = where.get(chunk.sha256)
+            data = b""
+            if at is not None:
+                try:
+                    with storage_errors_translated():
+                        async with await self.storage.open(pack_key(owner, at.pack)) as reader:
+                            data = b"".join([p async for p in reader.read(at.offset, at.offset + at.length)])
+                except NotFound:
+                    pass
             if await asyncio.to_thread(_sha_hex, data) != chunk.sha256:
-                await self._drop_chunk(owner, chunk.sha256)
+                bad.append(chunk.sha256)
                 damaged.append(i)
         if damaged:
+            await self._index_drop(key_folder(owner), bad)
             raise ChunksMissing(
                 f"{len(damaged)} stored chunk(s) were damaged and removed; send them and complete again",
                 missing=damaged[:10_000],
             )
-
-    async def _drop_chunk(self, owner: str | None, sha: str) -> None:
-        try:
-            info = await self.storage.stat(chunk_key(owner, sha))
-            await self._remove_chunk(owner, sha, info.size)
-        except (ObjectNotFound, TransferError):
-            pass
 
     async def _stream_publish(self, upload: ChunkedUpload) -> FileRecord:
         """Assemble by streaming the chunks into a new object, hashed on the way, published only if it matches."""
@@ -657,24 +759,41 @@ class ChunkService:
 
     # -- sweep -------------------------------------------------------------------------------------------------
 
-    async def _remove_chunk(self, owner: str | None, sha: str, nbytes: int) -> bool:
-        """Remove one chunk and uncount its bytes, exactly once whatever the number of sweepers."""
-        claim = "chunk-" + sha
+    async def _remove_object(self, owner: str | None, key: str, claim: str, nbytes: int) -> bool:
+        """Remove one pack (or a chunk of the old layout) and uncount its bytes, exactly once whatever the number
+        of sweepers."""
         usage = self.lifecycle.usage
         if not await usage.claim_removal(owner, claim, nbytes):
             return False
         try:
             with storage_errors_translated():
-                await self.storage.delete(chunk_key(owner, sha))
+                await self.storage.delete(key)
         except BaseException:
             await usage.unclaim(owner, claim)
             raise
         await usage.removed(owner, claim, nbytes, files=0)
         return True
 
+    async def _sweepable(self, base: str, key: str, now: float) -> tuple[str | None, int] | None:
+        """(owner, size) of an object of the folder ``base`` older than CHUNK_GRACE that this service wrote for
+        that key; None for any other."""
+        try:
+            with storage_errors_translated():
+                info = await self.storage.stat(key)
+        except NotFound:
+            return None
+        if now - float(info.metadata.get("stored_at", "0") or 0) < CHUNK_GRACE:
+            return None
+        owner = info.metadata.get("owner") or None
+        if key_folder(owner) != base:
+            return None  # not written by this service for that key: left alone
+        return owner, info.size
+
     async def sweep_chunks(self) -> int:
-        """Drop ended upload records and the manifests of files that are gone; remove the chunks no live file or
-        open upload names once they are older than CHUNK_GRACE. Returns how many chunks were removed."""
+        """Drop ended upload records and the manifests of files that are gone; forget the chunks no live file or
+        open upload names once they are older than CHUNK_GRACE; remove the packs no index entry uses (and the
+        chunks of the old one-object-per-chunk layout, which nothing reads any more). Returns how many chunks
+        were forgotten or removed."""
         now = self.clock()
         folders: dict[str, dict[str, list[str]]] = {}
         with storage_errors_translated():
@@ -712,20 +831,28 @@ class ChunkService:
                     continue
                 with storage_errors_translated():
                     await self.storage.delete(base + "manifests/" + name)
-            for sha in kinds.get("chunks", []):
-                if sha in marked:
-                    continue
+            live_packs: set[str] = set()
+            for name in kinds.get("index", []):
                 try:
-                    with storage_errors_translated():
-                        info = await self.storage.stat(base + "chunks/" + sha)
+                    doc, _ = await read_record(self.storage, base + "index/" + name)
                 except NotFound:
                     continue
-                if now - float(info.metadata.get("stored_at", "0") or 0) < CHUNK_GRACE:
-                    continue
-                owner = info.metadata.get("owner") or None
-                if key_folder(owner) != base:
-                    continue  # not written by this service for that key: left alone
-                if await self._remove_chunk(owner, sha, info.size):
+                entries = doc.get("chunks", {}) if isinstance(doc, dict) else {}
+                stale = [sha for sha in entries if sha not in marked]
+                gone = await self._index_drop(base, stale, older_than=now - CHUNK_GRACE) if stale else set()
+                removed += len(gone)
+                live_packs.update(str(e[0]) for sha, e in entries.items() if sha not in gone)
+            for pack in kinds.get("packs", []):
+                if pack in live_packs:
+                    continue  # garbage inside a live pack stays until its last chunk is forgotten
+                found = await self._sweepable(base, base + "packs/" + pack, now)
+                if found is not None:
+                    await self._remove_object(found[0], base + "packs/" + pack, "pack-" + pack, found[1])
+            for sha in kinds.get("chunks", []):  # the old layout: migrated by being sent again, then swept
+                found = await self._sweepable(base, base + "chunks/" + sha, now)
+                if found is not None and await self._remove_object(
+                    found[0], base + "chunks/" + sha, "chunk-" + sha, found[1]
+                ):
                     removed += 1
         return removed
 

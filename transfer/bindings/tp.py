@@ -32,7 +32,7 @@ import json
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Query, Request, WebSocket
+from fastapi import APIRouter, Query, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from starlette.websockets import WebSocketDisconnect
 
@@ -120,7 +120,8 @@ def job_notice(event: ProgressEvent, rid: str, sender: str, receiver: Any, bindi
     return make_envelope("resource_notify", payload, sender=sender, receiver=receiver, binding=binding, timestamp=now)
 
 
-def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_url: Callable[[Request], str]) -> None:
+def tp_router(services: Services, auth: Authenticator, base_url: Callable[[Request], str]) -> APIRouter:
+    router = APIRouter()
     tp = services.tp
     settings = services.settings
     cap = settings.tp_max_envelope_size
@@ -170,23 +171,23 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
         responses={200: {"content": {MEDIA_TYPE: {}}}, 202: {"description": "accepted: {correlation_id}"}},
     )
 
-    @app.post("/tp/v1/resource/mount", summary="TP resource_mount (REST binding)", **rest_doc)
+    @router.post("/tp/v1/resource/mount", summary="TP resource_mount (REST binding)", **rest_doc)
     async def tp_mount(request: Request) -> Response:
         return await run_http(request, "resource_mount")
 
-    @app.post("/tp/v1/resource/unmount", summary="TP resource_unmount (REST binding)", **rest_doc)
+    @router.post("/tp/v1/resource/unmount", summary="TP resource_unmount (REST binding)", **rest_doc)
     async def tp_unmount(request: Request) -> Response:
         return await run_http(request, "resource_unmount")
 
-    @app.post("/tp/v1/resource/notify", summary="TP resource_notify (REST binding)", **rest_doc)
+    @router.post("/tp/v1/resource/notify", summary="TP resource_notify (REST binding)", **rest_doc)
     async def tp_notify(request: Request) -> Response:
         return await run_http(request, "resource_notify")
 
-    @app.post("/tp/v1", summary="TP native HTTP binding: any envelope, dispatched by message_type", **rest_doc)
+    @router.post("/tp/v1", summary="TP native HTTP binding: any envelope, dispatched by message_type", **rest_doc)
     async def tp_native(request: Request) -> Response:
         return await run_http(request, None)
 
-    @app.post(
+    @router.post(
         "/tp/v1/prompt",
         tags=["tp"],
         summary="TP prompt embedding: text with ```tp-envelope blocks in, the reply block out",
@@ -212,7 +213,7 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
             return tp_error_response(exc, related)
         return Response("\n".join(replies), media_type="text/plain; charset=utf-8")
 
-    @app.get(
+    @router.get(
         "/tp/v1/messages",
         tags=["tp"],
         summary="Messages waiting for a receiver (long poll; each delivered once): {messages: [envelope, ...]}",
@@ -239,7 +240,7 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
             return tp_error_response(exc)
         return JSONResponse({"messages": messages})
 
-    @app.post("/tp/v1/{area}/{rest:path}", tags=["tp"], summary="Other TP message types (not served here)")
+    @router.post("/tp/v1/{area}/{rest:path}", tags=["tp"], summary="Other TP message types (not served here)")
     async def tp_other(area: str, rest: str) -> Response:
         path = f"{area}/{rest}"
         known = _REST_PATHS.get(path) or next(
@@ -255,7 +256,7 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
 
     # -- A2A JSON-RPC 2.0 ------------------------------------------------------------------------------------------
 
-    @app.post(
+    @router.post(
         "/a2a",
         tags=["tp"],
         summary="A2A JSON-RPC 2.0: SendMessage / GetTask (A2A 1.0), message/send / tasks/get (A2A 0.3), and "
@@ -349,7 +350,7 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
 
     # -- native WebSocket ---------------------------------------------------------------------------------------------
 
-    @app.websocket("/tp/v1")
+    @router.websocket("/tp/v1")
     async def tp_websocket(ws: WebSocket) -> None:
         if WEBSOCKET_SUBPROTOCOL not in ws.scope.get("subprotocols", []):
             exc: TransferError = InvalidRequest(f"use the WebSocket subprotocol {WEBSOCKET_SUBPROTOCOL}")
@@ -482,6 +483,8 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
             for task in running:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
+
+    return router
 
 
 MAX_INBOXES = 100  # distinct senders whose messages one connection hears

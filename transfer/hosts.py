@@ -25,7 +25,7 @@ from transfer.api.app import build_routes, public_base_url, rest_app
 from transfer.api.protocol.server import uvicorn_config
 from transfer.bindings.a2a import a2a_router
 from transfer.bindings.mcp import add_mcp_endpoint, build_mcp
-from transfer.bindings.tp import tp_router
+from transfer.bindings.tp import tp_http_router, tp_jsonrpc_router, tp_websocket_router
 from transfer.core.auth import Authenticator, parse_keys
 from transfer.service.container import Services
 from transfer.settings import Settings
@@ -64,7 +64,9 @@ def create_app(
 
     app = rest_app(services, auth, lifespan=lifespan)
     base_url = public_base_url(settings)
-    app.include_router(tp_router(services, auth, base_url))
+    app.include_router(tp_http_router(services, auth, base_url))
+    app.include_router(tp_jsonrpc_router(services, auth, base_url))
+    app.include_router(tp_websocket_router(services, auth))
     app.include_router(a2a_router(services, auth, base_url))
     add_mcp_endpoint(app, services, auth)
     app.include_router(web_router(settings, keys_enabled=auth.enabled, title=app.title, openapi_url=app.openapi_url))

@@ -151,7 +151,7 @@ def rest_app(
         "RFC 9110 ranges, SHA-256 verified end to end.",
         lifespan=lifespan,
         default_response_class=AsciiJSONResponse,
-        docs_url=None,  # served by add_web_routes from local assets: the CDN defaults are blank offline
+        docs_url=None,  # served by transfer.web.web_router from local assets: the CDN defaults are blank offline
         redoc_url=None,
     )
     app.state.services = services

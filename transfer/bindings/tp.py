@@ -120,7 +120,9 @@ def job_notice(event: ProgressEvent, rid: str, sender: str, receiver: Any, bindi
     return make_envelope("resource_notify", payload, sender=sender, receiver=receiver, binding=binding, timestamp=now)
 
 
-def tp_router(services: Services, auth: Authenticator, base_url: Callable[[Request], str]) -> APIRouter:
+def tp_http_router(services: Services, auth: Authenticator, base_url: Callable[[Request], str]) -> APIRouter:
+    """TP over HTTP: the REST binding (``/tp/v1/<area>/<verb>``, §9.5), the native HTTP binding (``POST /tp/v1``,
+    §9.2.3), prompt embedding (``/tp/v1/prompt``) and the mailbox long poll (``/tp/v1/messages``)."""
     router = APIRouter()
     tp = services.tp
     settings = services.settings
@@ -254,6 +256,16 @@ def tp_router(services: Services, auth: Authenticator, base_url: Callable[[Reque
             )
         )
 
+    return router
+
+
+def tp_jsonrpc_router(services: Services, auth: Authenticator, base_url: Callable[[Request], str]) -> APIRouter:
+    """TP over A2A JSON-RPC 2.0 (``POST /a2a``, §9.3), beside the A2A methods themselves."""
+    router = APIRouter()
+    tp = services.tp
+    settings = services.settings
+    cap = settings.tp_max_envelope_size
+
     # -- A2A JSON-RPC 2.0 ------------------------------------------------------------------------------------------
 
     @router.post(
@@ -347,6 +359,16 @@ def tp_router(services: Services, auth: Authenticator, base_url: Callable[[Reque
         if answer is None:
             return Response(status_code=204)
         return Response(answer, media_type="application/json")
+
+    return router
+
+
+def tp_websocket_router(services: Services, auth: Authenticator) -> APIRouter:
+    """TP over its native WebSocket (``/tp/v1``, subprotocol ``tp.v1``, §9.2): envelopes both ways, subscriptions."""
+    router = APIRouter()
+    tp = services.tp
+    settings = services.settings
+    cap = settings.tp_max_envelope_size
 
     # -- native WebSocket ---------------------------------------------------------------------------------------------
 

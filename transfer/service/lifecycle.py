@@ -110,24 +110,28 @@ class Lifecycle:
         *,
         files: int = 1,
         before_delete: Callable[[], Awaitable[None]] | None = None,
+        refund_of: Callable[[int], int] | None = None,
     ) -> bool:
         """The one way charged bytes stored at ``key`` go (a file: delete, expiry sweep; a TP message: poll,
         sweep): True for the one caller that removed them, False for every other, whatever the number of callers
         and replicas racing. The removal is claimed under ``ledger_id`` in ``owner``'s usage record by
         compare-and-set (:meth:`UsageLedger.claim_removal`); the claimer checks the object is still there (a
         removal that ended before the claim leaves nothing), runs ``before_delete``, deletes it, and the write
-        that ends the claim refunds ``nbytes`` (and ``files``): a double delete refunds once. A crash after the
-        object went leaves the usage too high, never too low (``transfer usage repair`` recounts it)."""
+        that ends the claim refunds ``nbytes`` (or ``refund_of`` the object's stored size) and ``files``: a double
+        delete refunds once. A crash after the object went leaves the usage too high, never too low
+        (``transfer usage repair`` recounts it)."""
         if not await self.usage.claim_removal(owner, ledger_id, nbytes):
             return False  # another delete, poll or sweep is removing it right now
         try:
             with storage_errors_translated():
                 try:
-                    await self.storage.stat(key)
+                    info = await self.storage.stat(key)
                 except ObjectNotFound:
                     gone = True
                 else:
                     gone = False
+                    if refund_of is not None:
+                        nbytes = refund_of(info.size)
                     if before_delete is not None:
                         await before_delete()
                     await self.storage.delete(key)

@@ -20,8 +20,7 @@ from tests.conftest import Clock, LiveServer, running
 from tests.test_mcp import structured, tool_error
 from transfer.core.auth import Grant, parse_keys
 from transfer.errors import TooManyAuthorizations
-from transfer.service.authorizations import Authorizations
-from transfer.service.files import FileService
+from transfer.service.container import Services
 from transfer.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -107,7 +106,7 @@ async def test_expired_or_oversized_or_tampered_authorization_is_refused(live: L
         unknown = tool_error(await client.call_tool("authorize_download", {"file_id": "f_" + "0" * 32}))
         assert unknown["code"] == "not_found"
         clock.advance(24 * 3600)  # past the authorisation's life: the sweep removes its record
-        swept = await Authorizations(live.app.state.services.files).sweep_authorizations()
+        swept = await live.app.state.services.authorizations.sweep_authorizations()
         assert swept == 1
         gone = tool_error(await client.call_tool("confirm_upload", {"authorization_id": plan["authorization_id"]}))
         assert gone["code"] == "not_found"
@@ -157,10 +156,11 @@ async def test_a_key_may_hold_only_so_many_open_upload_authorizations(tmp_path: 
         api_keys=keys,
         max_open_authorizations_per_key=2,
     )
-    files = FileService(LocalStorage(settings.data_dir), settings, clock=clock)
+    services = Services.build(settings, LocalStorage(settings.data_dir), clock=clock)  # grants on its one engine
+    files = services.files
     await files.start()
     try:
-        authorizations = Authorizations(files)
+        authorizations = services.authorizations
         alice, bob = (Grant(parse_keys(keys)[name]) for name in ("alice", "bob"))
         for _ in range(2):
             await authorizations.authorize_upload(alice, "http://127.0.0.1")
@@ -220,7 +220,8 @@ async def test_an_authorization_lets_go_of_its_slot_when_it_receives_its_file(tm
     reaches its limit."""
     keys = {"alice": {"sha256": "0" * 64, "scopes": ["upload", "read"]}}
     settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"}, api_keys=keys)
-    files = FileService(LocalStorage(settings.data_dir), settings, clock=clock)
+    services = Services.build(settings, LocalStorage(settings.data_dir), clock=clock)  # grants on its one engine
+    files = services.files
     await files.start()
 
     async def markers() -> list[str]:
@@ -230,7 +231,7 @@ async def test_an_authorization_lets_go_of_its_slot_when_it_receives_its_file(tm
         yield data
 
     try:
-        authorizations = Authorizations(files)
+        authorizations = services.authorizations
         alice = Grant(parse_keys(keys)["alice"])
         plans = [await authorizations.authorize_upload(alice, "http://127.0.0.1") for _ in range(3)]
         assert len(await markers()) == 3

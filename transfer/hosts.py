@@ -21,15 +21,15 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from storage.base import Storage
-from transfer.api.app import public_base_url, rest_app
+from transfer.api.app import build_routes, public_base_url, rest_app
 from transfer.api.protocol.server import uvicorn_config
-from transfer.bindings.a2a import add_a2a_routes
+from transfer.bindings.a2a import a2a_router
 from transfer.bindings.mcp import add_mcp_endpoint, build_mcp
-from transfer.bindings.tp import add_tp_routes
+from transfer.bindings.tp import tp_http_router, tp_jsonrpc_router, tp_websocket_router
 from transfer.core.auth import Authenticator, parse_keys
 from transfer.service.container import Services
 from transfer.settings import Settings
-from transfer.web import add_web_routes
+from transfer.web import web_router
 
 log = logging.getLogger("transfer.api")
 
@@ -64,10 +64,13 @@ def create_app(
 
     app = rest_app(services, auth, lifespan=lifespan)
     base_url = public_base_url(settings)
-    add_tp_routes(app, services, auth, base_url)
-    add_a2a_routes(app, services, auth, base_url)
+    app.include_router(tp_http_router(services, auth, base_url))
+    app.include_router(tp_jsonrpc_router(services, auth, base_url))
+    app.include_router(tp_websocket_router(services, auth))
+    app.include_router(a2a_router(services, auth, base_url))
     add_mcp_endpoint(app, services, auth)
-    add_web_routes(app, settings, keys_enabled=auth.enabled)
+    app.include_router(web_router(settings, keys_enabled=auth.enabled, title=app.title, openapi_url=app.openapi_url))
+    build_routes(app)
     return app
 
 

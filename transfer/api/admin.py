@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, Query, Request
 
 from transfer.api.caller import caller_of
 from transfer.core.auth import Scope
@@ -22,11 +22,12 @@ from transfer.service import admin
 from transfer.service.container import Services
 
 
-def add_admin_routes(app: FastAPI, services: Services, needs: Callable[[Scope], Any]) -> None:
-    """Mount the usage and admin endpoints on ``app``."""
+def admin_router(services: Services, needs: Callable[[Scope], Any]) -> APIRouter:
+    """The usage and admin endpoints, as a router for the application to include."""
+    router = APIRouter()
     lifecycle = services.files.lifecycle
 
-    @app.get(
+    @router.get(
         "/v1/usage",
         dependencies=[needs(Scope.UPLOAD)],
         tags=["usage"],
@@ -36,7 +37,7 @@ def add_admin_routes(app: FastAPI, services: Services, needs: Callable[[Scope], 
         owner = caller_of(request).owner
         return {"key": owner, **(await lifecycle.usage.usage(owner)).to_json()}
 
-    @app.get(
+    @router.get(
         "/v1/admin/files",
         dependencies=[needs(Scope.ADMIN)],
         tags=["admin"],
@@ -50,7 +51,7 @@ def add_admin_routes(app: FastAPI, services: Services, needs: Callable[[Scope], 
         records, next_cursor = await admin.list_files(services, limit=limit, after=cursor, owner=owner)
         return {"files": [admin.record_summary(r) for r in records], "next_cursor": next_cursor}
 
-    @app.get(
+    @router.get(
         "/v1/admin/usage",
         dependencies=[needs(Scope.ADMIN)],
         tags=["admin"],
@@ -59,7 +60,7 @@ def add_admin_routes(app: FastAPI, services: Services, needs: Callable[[Scope], 
     async def admin_usage() -> dict[str, Any]:
         return {"keys": await admin.usage_of_keys(services)}
 
-    @app.post(
+    @router.post(
         "/v1/admin/usage/repair",
         dependencies=[needs(Scope.ADMIN)],
         tags=["admin"],
@@ -71,7 +72,7 @@ def add_admin_routes(app: FastAPI, services: Services, needs: Callable[[Scope], 
     ) -> dict[str, Any]:
         return await admin.repair_usage(services, fix=fix)
 
-    @app.post(
+    @router.post(
         "/v1/admin/gc",
         dependencies=[needs(Scope.ADMIN)],
         tags=["admin"],
@@ -79,3 +80,5 @@ def add_admin_routes(app: FastAPI, services: Services, needs: Callable[[Scope], 
     )
     async def gc() -> dict[str, Any]:
         return {"removed": await admin.run_sweeps(services)}
+
+    return router

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from transfer.api.responses import AsciiJSONResponse
@@ -18,8 +18,10 @@ from transfer.core.numerals import parse_count
 from transfer.service.authorizations import Authorizations
 
 
-def add_authorized_routes(app: FastAPI, authorizations: Authorizations, base_url: Callable[[Request], str]) -> None:
-    @app.put(
+def authorized_router(authorizations: Authorizations, base_url: Callable[[Request], str]) -> APIRouter:
+    router = APIRouter()
+
+    @router.put(
         "/v1/authorized/{aid}",
         tags=["files"],
         summary="Upload to a signed URL from authorize_upload (the URL is the capability)",
@@ -36,3 +38,5 @@ def add_authorized_routes(app: FastAPI, authorizations: Authorizations, base_url
         )
         body = await authorizations.descriptor(file_id, base_url(request))
         return AsciiJSONResponse(body, status_code=201, headers={"location": f"/v1/files/{file_id}"})
+
+    return router

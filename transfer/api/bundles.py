@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field
 
 from transfer.api.caller import caller_of
@@ -27,10 +27,12 @@ class BundleCreate(BaseModel):
     )
 
 
-def add_bundle_routes(
-    app: FastAPI, bundles: BundleService, base_url: Callable[[Request], str], needs: Callable[[Scope], Any]
-) -> None:
-    @app.post(
+def bundles_router(
+    bundles: BundleService, base_url: Callable[[Request], str], needs: Callable[[Scope], Any]
+) -> APIRouter:
+    router = APIRouter()
+
+    @router.post(
         "/v1/bundles",
         dependencies=[needs(Scope.UPLOAD)],
         status_code=201,
@@ -44,7 +46,7 @@ def add_bundle_routes(
         )
         return (await bundles.describe(bundle_id, base_url(request), caller, ttl=body.ttl)).to_json()
 
-    @app.get(
+    @router.get(
         "/v1/bundles/{bundle_id}",
         dependencies=[needs(Scope.READ)],
         tags=["bundles"],
@@ -53,7 +55,7 @@ def add_bundle_routes(
     async def get_bundle(request: Request, bundle_id: str, ttl: int | None = None) -> dict[str, Any]:
         return (await bundles.describe(bundle_id, base_url(request), caller_of(request), ttl=ttl)).to_json()
 
-    @app.delete(
+    @router.delete(
         "/v1/bundles/{bundle_id}",
         dependencies=[needs(Scope.ADMIN)],
         status_code=204,
@@ -63,3 +65,5 @@ def add_bundle_routes(
     async def delete_bundle(request: Request, bundle_id: str) -> Response:
         await bundles.delete(bundle_id, caller_of(request))
         return Response(status_code=204)
+
+    return router

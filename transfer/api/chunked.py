@@ -25,7 +25,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
@@ -84,21 +84,21 @@ async def _manifest_body(request: Request) -> Any:
         raise InvalidManifest(f"the manifest is not JSON: {exc}") from exc
 
 
-def add_chunked_routes(
-    app: FastAPI,
+def chunked_router(
     chunks: ChunkService,
     files: FileService,
     base_url: Callable[[Request], str],
     needs: Callable[[Scope], Any],
-) -> None:
-    """Mount the chunked-upload endpoints on ``app``."""
+) -> APIRouter:
+    """The chunked-upload endpoints, as a router for the application to include."""
+    router = APIRouter()
     upload = [needs(Scope.UPLOAD)]
 
-    @app.get("/v1/chunked", dependencies=upload, tags=["chunked"], summary="How to upload in content-defined chunks")
+    @router.get("/v1/chunked", dependencies=upload, tags=["chunked"], summary="How to upload in content-defined chunks")
     async def offer() -> dict[str, Any]:
         return chunks.offer()
 
-    @app.post("/v1/chunked", dependencies=upload, status_code=201, tags=["chunked"], summary="Send a manifest")
+    @router.post("/v1/chunked", dependencies=upload, status_code=201, tags=["chunked"], summary="Send a manifest")
     async def create(request: Request) -> dict[str, Any]:
         doc = await _manifest_body(request)
         if not isinstance(doc, dict):
@@ -119,7 +119,7 @@ def add_chunked_routes(
         )
         return upload_document(made)
 
-    @app.put("/v1/chunked/{uid}/chunks/{index}", dependencies=upload, tags=["chunked"], summary="Send chunks")
+    @router.put("/v1/chunked/{uid}/chunks/{index}", dependencies=upload, tags=["chunked"], summary="Send chunks")
     async def put_chunks(
         request: Request, uid: str, index: int, count: Annotated[int, Query(ge=1, le=MAX_CHUNKS)] = 1
     ) -> dict[str, Any]:
@@ -134,7 +134,7 @@ def add_chunked_routes(
         )
         return {"stored": stored, "stored_bytes": stored_bytes}
 
-    @app.put("/v1/chunked/{uid}/missing", dependencies=upload, tags=["chunked"], summary="Send the missing chunks")
+    @router.put("/v1/chunked/{uid}/missing", dependencies=upload, tags=["chunked"], summary="Send the missing chunks")
     async def put_missing(
         request: Request,
         uid: str,
@@ -152,7 +152,9 @@ def add_chunked_routes(
         )
         return {"stored": stored, "stored_bytes": stored_bytes}
 
-    @app.post("/v1/chunked/{uid}/complete", dependencies=upload, status_code=201, tags=["chunked"], summary="Publish")
+    @router.post(
+        "/v1/chunked/{uid}/complete", dependencies=upload, status_code=201, tags=["chunked"], summary="Publish"
+    )
     async def complete(
         request: Request,
         uid: str,
@@ -165,16 +167,20 @@ def add_chunked_routes(
         )
         return descriptor.to_json()
 
-    @app.delete("/v1/chunked/{uid}", dependencies=upload, status_code=204, tags=["chunked"], summary="Abort")
+    @router.delete("/v1/chunked/{uid}", dependencies=upload, status_code=204, tags=["chunked"], summary="Abort")
     async def abort(request: Request, uid: str) -> Response:
         await chunks.abort(uid, caller_of(request))
         return Response(status_code=204)
 
-    @app.get("/v1/files/{file_id}/chunks", dependencies=[needs(Scope.READ)], tags=["files"], summary="A file's chunks")
+    @router.get(
+        "/v1/files/{file_id}/chunks", dependencies=[needs(Scope.READ)], tags=["files"], summary="A file's chunks"
+    )
     async def file_chunks(request: Request, file_id: str) -> dict[str, Any]:
         return manifest_document(await chunks.manifest(file_id, caller_of(request)))
 
-    @app.get("/v1/files/{file_id}/manifest", tags=["files"], summary="A file's chunks, with its signed URL's query")
+    @router.get("/v1/files/{file_id}/manifest", tags=["files"], summary="A file's chunks, with its signed URL's query")
     async def signed_chunks(request: Request, file_id: str) -> dict[str, Any]:
         manifest = await chunks.signed_manifest(file_id, request.url.query, request.scope.get("raw_path"))
         return manifest_document(manifest)
+
+    return router

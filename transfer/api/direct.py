@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field, field_validator
 
@@ -73,17 +73,17 @@ def plan_document(plan: Plan) -> dict[str, Any]:
     }
 
 
-def add_direct_routes(
-    app: FastAPI,
+def direct_router(
     direct: DirectService,
     files: FileService,
     base_url: Callable[[Request], str],
     needs: Callable[[Scope], Any],
-) -> None:
-    """Mount the direct-upload endpoints on ``app``."""
+) -> APIRouter:
+    """The direct-upload endpoints, as a router for the application to include."""
+    router = APIRouter()
     upload = [needs(Scope.UPLOAD)]
 
-    @app.post("/v1/direct", dependencies=upload, status_code=201, tags=["direct"], summary="Plan a direct upload")
+    @router.post("/v1/direct", dependencies=upload, status_code=201, tags=["direct"], summary="Plan a direct upload")
     async def create_plan(request: Request, body: PlanCreate) -> dict[str, Any]:
         plan = await direct.create(
             size=body.size,
@@ -97,7 +97,7 @@ def add_direct_routes(
         )
         return plan_document(plan)
 
-    @app.post("/v1/direct/{pid}/parts", dependencies=upload, tags=["direct"], summary="Presigned URLs for parts")
+    @router.post("/v1/direct/{pid}/parts", dependencies=upload, tags=["direct"], summary="Presigned URLs for parts")
     async def part_urls(request: Request, pid: str, body: PartsRequest) -> dict[str, Any]:
         now = direct.clock()
         urls = await direct.part_urls(pid, [(p.number, p.sha256) for p in body.parts], caller_of(request))
@@ -114,7 +114,7 @@ def add_direct_routes(
             ]
         }
 
-    @app.get("/v1/direct/{pid}", dependencies=upload, tags=["direct"], summary="The plan and the parts stored")
+    @router.get("/v1/direct/{pid}", dependencies=upload, tags=["direct"], summary="The plan and the parts stored")
     async def plan_status(request: Request, pid: str) -> dict[str, Any]:
         plan, parts = await direct.status(pid, caller_of(request))
         held = {p.number for p in parts}
@@ -123,7 +123,7 @@ def add_direct_routes(
         doc["missing"] = [n for n in range(1, plan.part_count + 1) if n not in held] if plan.state == "open" else []
         return doc
 
-    @app.post("/v1/direct/{pid}/complete", dependencies=upload, tags=["direct"], summary="Verify and publish")
+    @router.post("/v1/direct/{pid}/complete", dependencies=upload, tags=["direct"], summary="Verify and publish")
     async def complete_plan(request: Request, pid: str, body: PlanComplete | None = None) -> dict[str, Any]:
         body = body or PlanComplete()
         _plan, record = await direct.complete(pid, caller_of(request), checksum=body.checksum)
@@ -132,7 +132,9 @@ def add_direct_routes(
         )
         return descriptor.to_json()
 
-    @app.delete("/v1/direct/{pid}", dependencies=upload, status_code=204, tags=["direct"], summary="Abort a plan")
+    @router.delete("/v1/direct/{pid}", dependencies=upload, status_code=204, tags=["direct"], summary="Abort a plan")
     async def abort_plan(request: Request, pid: str) -> Response:
         await direct.abort(pid, caller_of(request))
         return Response(status_code=204)
+
+    return router

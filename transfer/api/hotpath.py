@@ -27,7 +27,7 @@ from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from fastapi.routing import APIRoute
+from fastapi.routing import APIRoute, iter_route_contexts
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from transfer.api.middleware.observability import Observability, ObservabilityMiddleware
@@ -90,7 +90,8 @@ class HotPath:
         self.trust = trust
         self.header_limit = header_limit
         routes: dict[tuple[str, str], APIRoute] = {}
-        for route in app.routes:
+        for context in iter_route_contexts(app.routes):  # the routes of the included routers too
+            route = context.original_route
             if isinstance(route, APIRoute):
                 for method in route.methods or ():
                     routes.setdefault((method, route.path), route)

@@ -29,7 +29,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
@@ -96,17 +96,16 @@ def job_document(job: Job) -> dict[str, Any]:
     return doc
 
 
-def add_job_routes(
-    app: FastAPI, services: Services, base_url: Callable[[Request], str], needs: Callable[[Scope], Any]
-) -> None:
+def jobs_router(services: Services, base_url: Callable[[Request], str], needs: Callable[[Scope], Any]) -> APIRouter:
+    router = APIRouter()
     settings = services.settings
 
-    @app.get("/v1/jobs/{job_id}", dependencies=[needs(Scope.READ)], tags=["jobs"], summary="A job's state")
+    @router.get("/v1/jobs/{job_id}", dependencies=[needs(Scope.READ)], tags=["jobs"], summary="A job's state")
     async def job_state(request: Request, job_id: str) -> dict[str, Any]:
         job = await services.job(job_id, base_url(request), caller_of(request), wait=False)  # a look creates nothing
         return job_document(job)
 
-    @app.get(
+    @router.get(
         "/v1/jobs/{job_id}/events",
         dependencies=[needs(Scope.READ)],
         tags=["jobs"],
@@ -170,7 +169,7 @@ def add_job_routes(
         headers = {"cache-control": "no-cache, no-transform", "x-accel-buffering": "no"}
         return StreamingResponse(frames(), media_type=aiflowy.MEDIA_TYPE, headers=headers)
 
-    @app.post(
+    @router.post(
         "/v1/imports",
         dependencies=[needs(Scope.UPLOAD)],
         status_code=202,
@@ -186,3 +185,5 @@ def add_job_routes(
             "status_url": f"{base}/v1/jobs/{job.id}",
             "events_url": f"{base}/v1/jobs/{job.id}/events",
         }
+
+    return router

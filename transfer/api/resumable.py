@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from transfer.api.caller import caller_of
@@ -131,13 +131,13 @@ async def send_interim(request: Request, headers: dict[str, str]) -> bool:
     return True
 
 
-def add_resumable_routes(
-    app: FastAPI,
+def resumable_router(
     tus: TusService,
     files: FileService,
     base_url: Callable[[Request], str],
     needs: Callable[[AuthScope], Any],
-) -> None:
+) -> APIRouter:
+    router = APIRouter()
     settings = files.settings
     may_upload = [needs(AuthScope.UPLOAD)]
 
@@ -209,8 +209,8 @@ def add_resumable_routes(
         headers["repr-digest"] = f"sha-256=:{base64.b64encode(bytes.fromhex(record.sha256)).decode('ascii')}:"
         return AsciiJSONResponse(descriptor.to_json(), status_code=201, headers=headers)
 
-    @app.options(PREFIX, tags=["resumable uploads"], summary="IETF resumable uploads: limits (Upload-Limit)")
-    @app.options(PREFIX + "/{uid}", include_in_schema=False)
+    @router.options(PREFIX, tags=["resumable uploads"], summary="IETF resumable uploads: limits (Upload-Limit)")
+    @router.options(PREFIX + "/{uid}", include_in_schema=False)
     async def resumable_options() -> Response:
         # §4.1.4: an OPTIONS without Upload-Complete learns the limits; Accept-Patch names the append media type
         return Response(
@@ -218,7 +218,7 @@ def add_resumable_routes(
             headers={"upload-limit": limits(None).header(), "accept-patch": PARTIAL_UPLOAD, "allow": "OPTIONS, POST"},
         )
 
-    @app.post(
+    @router.post(
         PREFIX,
         dependencies=may_upload,
         status_code=201,
@@ -264,8 +264,8 @@ def add_resumable_routes(
         upload, offset = await receive(upload.id, 0, complete, request, caller)
         return await answer(request, upload, offset, status=201, location=location)
 
-    @app.head(PREFIX + "/{uid}", dependencies=may_upload, tags=["resumable uploads"], summary="Upload offset (§5.2)")
-    @app.get(PREFIX + "/{uid}", dependencies=may_upload, include_in_schema=False, response_class=Response)
+    @router.head(PREFIX + "/{uid}", dependencies=may_upload, tags=["resumable uploads"], summary="Upload offset (§5.2)")
+    @router.get(PREFIX + "/{uid}", dependencies=may_upload, include_in_schema=False, response_class=Response)
     async def resumable_offset(request: Request, uid: str) -> Response:
         upload, offset = await tus.current(uid, caller_of(request))
         headers = {
@@ -281,7 +281,7 @@ def add_resumable_routes(
             headers["repr-digest"] = f"sha-256=:{base64.b64encode(bytes.fromhex(record.sha256)).decode('ascii')}:"
         return Response(status_code=204, headers=headers)
 
-    @app.patch(
+    @router.patch(
         PREFIX + "/{uid}",
         dependencies=may_upload,
         tags=["resumable uploads"],
@@ -315,7 +315,7 @@ def add_resumable_routes(
         upload, new_offset = await receive(uid, offset, complete, request, caller)
         return await answer(request, upload, new_offset, status=204, location=None)
 
-    @app.delete(
+    @router.delete(
         PREFIX + "/{uid}",
         dependencies=may_upload,
         status_code=204,
@@ -325,3 +325,5 @@ def add_resumable_routes(
     async def resumable_cancel(request: Request, uid: str) -> Response:
         await tus.terminate(uid, caller_of(request))
         return Response(status_code=204)
+
+    return router

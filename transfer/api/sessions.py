@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI, Header, Path, Request
+from fastapi import APIRouter, Header, Path, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
@@ -68,14 +68,14 @@ def parse_prefer_wait(value: str | None, default: float, maximum: float) -> floa
     return default
 
 
-def add_session_routes(
-    app: FastAPI,
+def sessions_router(
     sessions: SessionService,
     files: FileService,
     base_url: Callable[[Request], str],
     needs: Callable[[Scope], Any],
-) -> None:
-    """Mount the session endpoints on ``app``."""
+) -> APIRouter:
+    """The session endpoints, as a router for the application to include."""
+    router = APIRouter()
     settings = files.settings
 
     def streaming_descriptor(session: Any, base: str, ttl: int | None, record: Any = None) -> FileContent:
@@ -86,7 +86,7 @@ def add_session_routes(
 
     upload, read = [needs(Scope.UPLOAD)], [needs(Scope.READ)]
 
-    @app.post("/v1/sessions", dependencies=upload, status_code=201, tags=["sessions"], summary="Open a session")
+    @router.post("/v1/sessions", dependencies=upload, status_code=201, tags=["sessions"], summary="Open a session")
     async def create_session(request: Request, body: SessionCreate) -> dict[str, Any]:
         session = await sessions.create(
             name=body.name,
@@ -102,7 +102,7 @@ def add_session_routes(
         )
         return session_document(session, base_url(request))
 
-    @app.put(
+    @router.put(
         "/v1/sessions/{sid}/chunks/{index}",
         dependencies=upload,
         tags=["sessions"],
@@ -135,13 +135,13 @@ def add_session_routes(
             status_code=200 if receipt.duplicate else 201,
         )
 
-    @app.get(
+    @router.get(
         "/v1/sessions/{sid}", dependencies=read, tags=["sessions"], summary="Session status: stored and missing chunks"
     )
     async def session_status(request: Request, sid: str) -> dict[str, Any]:
         return await sessions.status(sid, caller_of(request))
 
-    @app.post(
+    @router.post(
         "/v1/sessions/{sid}/complete",
         dependencies=upload,
         tags=["sessions"],
@@ -157,14 +157,14 @@ def add_session_routes(
         )
         return descriptor.to_json()
 
-    @app.delete(
+    @router.delete(
         "/v1/sessions/{sid}", dependencies=upload, status_code=204, tags=["sessions"], summary="Abort a session"
     )
     async def abort_session(request: Request, sid: str) -> Response:
         await sessions.abort(sid, caller_of(request))
         return Response(status_code=204)
 
-    @app.get(
+    @router.get(
         "/v1/sessions/{sid}/descriptor",
         dependencies=read,
         tags=["sessions"],
@@ -180,7 +180,7 @@ def add_session_routes(
         record = await files.record(session.file_id, caller) if session.file_id else None
         return streaming_descriptor(session, base_url(request), ttl, record).to_json()
 
-    @app.get("/v1/sessions/{sid}/chunks", tags=["sessions"], summary="Status through a streaming descriptor's URL")
+    @router.get("/v1/sessions/{sid}/chunks", tags=["sessions"], summary="Status through a streaming descriptor's URL")
     async def signed_status(request: Request, sid: str) -> dict[str, Any]:
         return await sessions.signed_status(sid, request.scope.get("raw_path"), request.url.query)
 
@@ -190,8 +190,8 @@ def add_session_routes(
         response_class=Response,
     )
 
-    @app.get("/v1/sessions/{sid}/chunks/{index}", operation_id="chunk_get", **chunk_doc)
-    @app.head("/v1/sessions/{sid}/chunks/{index}", operation_id="chunk_head", **chunk_doc)
+    @router.get("/v1/sessions/{sid}/chunks/{index}", operation_id="chunk_get", **chunk_doc)
+    @router.head("/v1/sessions/{sid}/chunks/{index}", operation_id="chunk_head", **chunk_doc)
     async def get_chunk(
         request: Request, sid: str, index: ChunkIndex, prefer: Annotated[str | None, Header()] = None
     ) -> Response:
@@ -206,3 +206,5 @@ def add_session_routes(
             **dict(CONTENT_SAFETY_HEADERS),
         }
         return OwningStreamResponse(stream, headers=headers, media_type="application/octet-stream")
+
+    return router

@@ -14,7 +14,7 @@ import base64
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Header, Request
+from fastapi import APIRouter, Header, Request
 from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -85,13 +85,13 @@ def _non_negative(value: str | None, name: str) -> int | None:
     return None if value is None else parse_count(value, name)
 
 
-def add_tus_routes(
-    app: FastAPI,
+def tus_router(
     tus: TusService,
     files: FileService,
     base_url: Callable[[Request], str],
     needs: Callable[[AuthScope], Any],
-) -> None:
+) -> APIRouter:
+    router = APIRouter()
     settings = files.settings
     may_upload = [needs(AuthScope.UPLOAD)]
 
@@ -103,15 +103,15 @@ def add_tus_routes(
             "tus-checksum-algorithm": ",".join(sorted(CHECKSUM_ALGORITHMS)),
         }
 
-    @app.options(PREFIX, tags=["tus"], summary="tus capabilities")
-    @app.options(PREFIX + "/", include_in_schema=False)
-    @app.options(PREFIX + "/{uid}", tags=["tus"], include_in_schema=False)
+    @router.options(PREFIX, tags=["tus"], summary="tus capabilities")
+    @router.options(PREFIX + "/", include_in_schema=False)
+    @router.options(PREFIX + "/{uid}", tags=["tus"], include_in_schema=False)
     async def tus_options() -> Response:
         return Response(status_code=204, headers=capability_headers())
 
     # the creation URL with and without its trailing slash: the README and tus clients' examples use the former
-    @app.post(PREFIX + "/", dependencies=may_upload, status_code=201, include_in_schema=False)
-    @app.post(
+    @router.post(PREFIX + "/", dependencies=may_upload, status_code=201, include_in_schema=False)
+    @router.post(
         PREFIX,
         dependencies=may_upload,
         status_code=201,
@@ -148,7 +148,7 @@ def add_tus_routes(
             headers["upload-file-id"] = upload.file_id
         return Response(status_code=201, headers=headers)
 
-    @app.head(PREFIX + "/{uid}", dependencies=may_upload, tags=["tus"], summary="tus offset")
+    @router.head(PREFIX + "/{uid}", dependencies=may_upload, tags=["tus"], summary="tus offset")
     async def tus_head(request: Request, uid: str) -> Response:
         upload, offset = await tus.current(uid, caller_of(request))
         headers = {"cache-control": "no-store", "upload-expires": http_date(upload.expires_at)}
@@ -165,7 +165,7 @@ def add_tus_routes(
             headers["upload-concat"] = "final;" + " ".join(f"{PREFIX}/{p}" for p in upload.parts)
         return Response(status_code=200, headers=headers)
 
-    @app.patch(
+    @router.patch(
         PREFIX + "/{uid}", dependencies=may_upload, status_code=204, tags=["tus"], summary="tus append at Upload-Offset"
     )
     async def tus_patch(
@@ -195,7 +195,7 @@ def add_tus_routes(
             headers["upload-file-id"] = upload.file_id
         return Response(status_code=204, headers=headers)
 
-    @app.delete(PREFIX + "/{uid}", dependencies=may_upload, status_code=204, tags=["tus"], summary="tus termination")
+    @router.delete(PREFIX + "/{uid}", dependencies=may_upload, status_code=204, tags=["tus"], summary="tus termination")
     async def tus_delete(request: Request, uid: str) -> Response:
         await tus.terminate(uid, caller_of(request))
         return Response(status_code=204)
@@ -214,7 +214,7 @@ def add_tus_routes(
 
     read_doc: dict[str, Any] = dict(dependencies=[needs(AuthScope.READ)], tags=["tus"], response_class=Response)
 
-    @app.get(
+    @router.get(
         PREFIX + "/{uid}",
         summary="The bytes of a finished tus upload (ranges); its descriptor with Accept: application/json",
         responses={
@@ -237,10 +237,12 @@ def add_tus_routes(
         response.headers["vary"] = ", ".join([*vary, "accept"])
         return response
 
-    @app.get(
+    @router.get(
         PREFIX + "/{uid}/descriptor",
         summary="The FileContent descriptor of a finished tus upload (whatever Accept says)",
         **read_doc,
     )
     async def tus_descriptor(request: Request, uid: str) -> Response:
         return await descriptor(request, uid)
+
+    return router

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 
 from transfer import __version__
 from transfer.api.responses import AsciiJSONResponse
@@ -82,7 +82,8 @@ def dumps(response: dict[str, Any]) -> str:
     return json.dumps(response, separators=(",", ":"), ensure_ascii=True)
 
 
-def add_a2a_routes(app: FastAPI, services: Services, auth: Authenticator, base_url: Callable[[Request], str]) -> None:
+def a2a_router(services: Services, auth: Authenticator, base_url: Callable[[Request], str]) -> APIRouter:
+    router = APIRouter()
     settings = services.settings
 
     def card(request: Request) -> AsciiJSONResponse:
@@ -97,10 +98,12 @@ def add_a2a_routes(app: FastAPI, services: Services, auth: Authenticator, base_u
 
     summary = "The A2A Agent Card (public): endpoint, methods, auth scheme, inline-bytes cap"
 
-    @app.get(CARD_PATH, tags=["a2a"], summary=summary)
+    @router.get(CARD_PATH, tags=["a2a"], summary=summary)
     async def agent_card_route(request: Request) -> AsciiJSONResponse:
         return card(request)
 
-    @app.get(LEGACY_CARD_PATH, tags=["a2a"], summary=summary + " (path of A2A 0.2 clients)")
+    @router.get(LEGACY_CARD_PATH, tags=["a2a"], summary=summary + " (path of A2A 0.2 clients)")
     async def legacy_agent_card_route(request: Request) -> AsciiJSONResponse:
         return card(request)
+
+    return router

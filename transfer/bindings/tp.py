@@ -32,7 +32,7 @@ import json
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Query, Request, WebSocket
+from fastapi import APIRouter, Query, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from starlette.websockets import WebSocketDisconnect
 
@@ -120,7 +120,10 @@ def job_notice(event: ProgressEvent, rid: str, sender: str, receiver: Any, bindi
     return make_envelope("resource_notify", payload, sender=sender, receiver=receiver, binding=binding, timestamp=now)
 
 
-def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_url: Callable[[Request], str]) -> None:
+def tp_http_router(services: Services, auth: Authenticator, base_url: Callable[[Request], str]) -> APIRouter:
+    """TP over HTTP: the REST binding (``/tp/v1/<area>/<verb>``, §9.5), the native HTTP binding (``POST /tp/v1``,
+    §9.2.3), prompt embedding (``/tp/v1/prompt``) and the mailbox long poll (``/tp/v1/messages``)."""
+    router = APIRouter()
     tp = services.tp
     settings = services.settings
     cap = settings.tp_max_envelope_size
@@ -170,23 +173,23 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
         responses={200: {"content": {MEDIA_TYPE: {}}}, 202: {"description": "accepted: {correlation_id}"}},
     )
 
-    @app.post("/tp/v1/resource/mount", summary="TP resource_mount (REST binding)", **rest_doc)
+    @router.post("/tp/v1/resource/mount", summary="TP resource_mount (REST binding)", **rest_doc)
     async def tp_mount(request: Request) -> Response:
         return await run_http(request, "resource_mount")
 
-    @app.post("/tp/v1/resource/unmount", summary="TP resource_unmount (REST binding)", **rest_doc)
+    @router.post("/tp/v1/resource/unmount", summary="TP resource_unmount (REST binding)", **rest_doc)
     async def tp_unmount(request: Request) -> Response:
         return await run_http(request, "resource_unmount")
 
-    @app.post("/tp/v1/resource/notify", summary="TP resource_notify (REST binding)", **rest_doc)
+    @router.post("/tp/v1/resource/notify", summary="TP resource_notify (REST binding)", **rest_doc)
     async def tp_notify(request: Request) -> Response:
         return await run_http(request, "resource_notify")
 
-    @app.post("/tp/v1", summary="TP native HTTP binding: any envelope, dispatched by message_type", **rest_doc)
+    @router.post("/tp/v1", summary="TP native HTTP binding: any envelope, dispatched by message_type", **rest_doc)
     async def tp_native(request: Request) -> Response:
         return await run_http(request, None)
 
-    @app.post(
+    @router.post(
         "/tp/v1/prompt",
         tags=["tp"],
         summary="TP prompt embedding: text with ```tp-envelope blocks in, the reply block out",
@@ -212,7 +215,7 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
             return tp_error_response(exc, related)
         return Response("\n".join(replies), media_type="text/plain; charset=utf-8")
 
-    @app.get(
+    @router.get(
         "/tp/v1/messages",
         tags=["tp"],
         summary="Messages waiting for a receiver (long poll; each delivered once): {messages: [envelope, ...]}",
@@ -239,7 +242,7 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
             return tp_error_response(exc)
         return JSONResponse({"messages": messages})
 
-    @app.post("/tp/v1/{area}/{rest:path}", tags=["tp"], summary="Other TP message types (not served here)")
+    @router.post("/tp/v1/{area}/{rest:path}", tags=["tp"], summary="Other TP message types (not served here)")
     async def tp_other(area: str, rest: str) -> Response:
         path = f"{area}/{rest}"
         known = _REST_PATHS.get(path) or next(
@@ -253,9 +256,19 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
             )
         )
 
+    return router
+
+
+def tp_jsonrpc_router(services: Services, auth: Authenticator, base_url: Callable[[Request], str]) -> APIRouter:
+    """TP over A2A JSON-RPC 2.0 (``POST /a2a``, §9.3), beside the A2A methods themselves."""
+    router = APIRouter()
+    tp = services.tp
+    settings = services.settings
+    cap = settings.tp_max_envelope_size
+
     # -- A2A JSON-RPC 2.0 ------------------------------------------------------------------------------------------
 
-    @app.post(
+    @router.post(
         "/a2a",
         tags=["tp"],
         summary="A2A JSON-RPC 2.0: SendMessage / GetTask (A2A 1.0), message/send / tasks/get (A2A 0.3), and "
@@ -347,9 +360,19 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
             return Response(status_code=204)
         return Response(answer, media_type="application/json")
 
+    return router
+
+
+def tp_websocket_router(services: Services, auth: Authenticator) -> APIRouter:
+    """TP over its native WebSocket (``/tp/v1``, subprotocol ``tp.v1``, §9.2): envelopes both ways, subscriptions."""
+    router = APIRouter()
+    tp = services.tp
+    settings = services.settings
+    cap = settings.tp_max_envelope_size
+
     # -- native WebSocket ---------------------------------------------------------------------------------------------
 
-    @app.websocket("/tp/v1")
+    @router.websocket("/tp/v1")
     async def tp_websocket(ws: WebSocket) -> None:
         if WEBSOCKET_SUBPROTOCOL not in ws.scope.get("subprotocols", []):
             exc: TransferError = InvalidRequest(f"use the WebSocket subprotocol {WEBSOCKET_SUBPROTOCOL}")
@@ -482,6 +505,8 @@ def add_tp_routes(app: FastAPI, services: Services, auth: Authenticator, base_ur
             for task in running:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
+
+    return router
 
 
 MAX_INBOXES = 100  # distinct senders whose messages one connection hears

@@ -130,10 +130,10 @@ async def _bounded(body: AsyncIterator[bytes], limit: int) -> AsyncIterator[byte
 class Authorizations:
     """Upload/download authorisations over the one FileService (state in its storage backend: any replica)."""
 
-    def __init__(self, files: FileService, engine: UploadEngine | None = None) -> None:
+    def __init__(self, files: FileService, engine: UploadEngine) -> None:
         self.files = files
         self.storage = files.storage
-        self.engine = engine or UploadEngine(files.storage)  # grant records: read and changed by compare-and-set
+        self.engine = engine  # the process's one engine (Services.build): grant records changed by compare-and-set
         # open upload authorisations per key: a marker each, checked against its grant only at the key's limit
         self.open_grants = SessionQuota(
             files.storage,

@@ -17,12 +17,12 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
 
 from storage.base import Storage
-from storage.errors import ObjectNotFound
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import (
     BundleItemRole,
@@ -181,31 +181,14 @@ class BundleService:
             raise NotFound(f"no bundle {bundle_id!r}")
 
     async def _remove(self, doc: dict[str, Any]) -> bool:
-        """The one way a bundle goes (delete, sweep), as :meth:`FileService._remove`: the removal is claimed in the
-        owner's usage record; only the claimer that still finds the record removes it and refunds it (once)."""
+        """The one way a bundle goes (delete, sweep): :meth:`Lifecycle.remove_charged`, as a file's (claimed in
+        the owner's usage record; only the claimer that still finds the record removes it and refunds it, once)."""
         bundle_id, owner = str(doc["id"]), doc.get("owner")
         key = bundle_key(bundle_id)
         nbytes = stored_bytes(doc, 0)
-        usage = self.lifecycle.usage
-        if not await usage.claim_removal(owner, bundle_id, nbytes):
-            return False  # another delete or sweep is removing it right now
-        try:
-            with storage_errors_translated():
-                try:
-                    info = await self.storage.stat(key)
-                except ObjectNotFound:
-                    gone = True
-                else:
-                    gone = False
-                    nbytes = stored_bytes(doc, info.size)
-                    await self.storage.delete(key)
-        except BaseException:
-            await usage.unclaim(owner, bundle_id)
-            raise
-        if gone:
-            await usage.unclaim(owner, bundle_id)  # removed by someone else before our claim
+        refund_of = partial(stored_bytes, doc)  # a record from before bundles were charged: its stored size
+        if not await self.lifecycle.remove_charged(key, owner, bundle_id, nbytes, files=0, refund_of=refund_of):
             return False
-        await usage.removed(owner, bundle_id, nbytes, files=0)
         expiry = self._expiry(doc)
         if expiry is not None:
             await self.lifecycle.drop_index_entry(expiry_key(expiry, bundle_id, BUNDLE_EXPIRY_PREFIX))

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 import pybase64
 
 from storage.base import Capability, ObjectReader, Storage, SupportsAbandonedUploads, SupportsPresign, capable, rules_of
-from storage.errors import ObjectNotFound, StorageError
+from storage.errors import StorageError
 from transfer import metrics
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode, format_timestamp
@@ -270,33 +270,20 @@ class FileService:
 
     async def _remove(self, record: FileRecord) -> bool:
         """The one way a file goes (delete, expiry sweep): True for the one caller that removed it, False for
-        every other. The removal is claimed in the owner's usage record by compare-and-set; the claimer checks
-        that the object is still there (a removal that ended before the claim leaves nothing to remove), removes
-        it, and only then is the file refunded and unindexed. A crash after the object went leaves the usage too
-        high, never too low (``transfer usage repair`` recounts it)."""
-        if not await self.lifecycle.removing(record):
-            return False  # another delete or sweep is removing it right now
-        key = object_key(record.id)
+        every other (:meth:`Lifecycle.remove_charged`: claimed, removed, refunded once); then it is unindexed."""
         shared = self.publisher.shared
         content: str | None = None
-        try:
-            with storage_errors_translated():
-                try:
-                    await self.storage.stat(key)
-                except ObjectNotFound:
-                    gone = True
-                else:
-                    gone = False
-                    # bytes other files share move out of its object first; a pointer's reference goes after
-                    content = await shared.before_removal(record)
-                    await self.storage.delete(key)
-        except BaseException:
-            await self.lifecycle.not_removed(record)
-            raise
-        if gone:
-            await self.lifecycle.not_removed(record)  # removed by someone else before our claim
+
+        async def move_shared_bytes() -> None:  # bytes other files share leave its object before it goes
+            nonlocal content
+            content = await shared.before_removal(record)
+
+        removed = await self.lifecycle.remove_charged(
+            object_key(record.id), record.owner, record.id, record.size, before_delete=move_shared_bytes
+        )
+        if not removed:
             return False
-        if content is not None:
+        if content is not None:  # a pointer's reference goes after its file
             try:
                 await shared.after_removal(content, record)
             except TransferError as exc:  # the file is gone: a reference left behind is the sweep's to drop

@@ -3,8 +3,8 @@ session, tus): its lifetime, its place in the expiry index, and its bytes in its
 
 Every publish path runs ``admit`` before it reads a byte (the lifetime is checked, a declared size reserved) and
 publishes through the one publisher (``transfer.service.publisher``), which writes the expiry index entry and
-charges the usage; every removal is claimed with ``removing(record)`` and ends with ``deleted(record)`` (refunded
-once) or ``not_removed(record)``. The rules
+charges the usage; every removal of charged bytes (a file, a TP message) goes through ``remove_charged``: claimed
+in the payer's usage record, removed, and refunded in the write that ends the claim (once, whoever races). The rules
 themselves are pure (``transfer.core.lifecycle``); the counter is ``transfer.service.usage``.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 
 from storage.base import Storage
@@ -101,24 +101,59 @@ class Lifecycle:
         except TransferError as exc:
             log.warning("reservation %s of %r stays until it lapses: %s", rid, owner, exc)
 
-    async def removing(self, record: FileRecord) -> bool:
-        """Claim the removal of ``record``'s file: True for exactly one caller at a time, whatever the number of
-        deletes, sweeps and replicas racing (:meth:`UsageLedger.claim_removal`); the claimer then removes the
-        file and calls :meth:`deleted`, or :meth:`not_removed` when it finds the file gone or fails."""
-        return await self.usage.claim_removal(record.owner, record.id, record.size)
-
-    async def not_removed(self, record: FileRecord) -> None:
-        """Give back the claim of :meth:`removing` without a refund. Best effort on the way out of a failure: the
-        claim lapses at the end of its lease otherwise."""
+    async def remove_charged(
+        self,
+        key: str,
+        owner: str | None,
+        ledger_id: str,
+        nbytes: int,
+        *,
+        files: int = 1,
+        before_delete: Callable[[], Awaitable[None]] | None = None,
+        refund_of: Callable[[int], int] | None = None,
+    ) -> bool:
+        """The one way charged bytes stored at ``key`` go (a file: delete, expiry sweep; a TP message: poll,
+        sweep): True for the one caller that removed them, False for every other, whatever the number of callers
+        and replicas racing. The removal is claimed under ``ledger_id`` in ``owner``'s usage record by
+        compare-and-set (:meth:`UsageLedger.claim_removal`); the claimer checks the object is still there (a
+        removal that ended before the claim leaves nothing), runs ``before_delete``, deletes it, and the write
+        that ends the claim refunds ``nbytes`` (or ``refund_of`` the object's stored size) and ``files``: a double
+        delete refunds once. A crash after the object went leaves the usage too high, never too low
+        (``transfer usage repair`` recounts it)."""
+        if not await self.usage.claim_removal(owner, ledger_id, nbytes):
+            return False  # another delete, poll or sweep is removing it right now
         try:
-            await self.usage.unclaim(record.owner, record.id)
+            with storage_errors_translated():
+                try:
+                    info = await self.storage.stat(key)
+                except ObjectNotFound:
+                    gone = True
+                else:
+                    gone = False
+                    if refund_of is not None:
+                        nbytes = refund_of(info.size)
+                    if before_delete is not None:
+                        await before_delete()
+                    await self.storage.delete(key)
+        except BaseException:
+            await self._unclaim(owner, ledger_id)
+            raise
+        if gone:
+            await self._unclaim(owner, ledger_id)  # removed by someone else before our claim
+            return False
+        await self.usage.removed(owner, ledger_id, nbytes, files=files)
+        return True
+
+    async def _unclaim(self, owner: str | None, ledger_id: str) -> None:
+        """Give back a removal claim without a refund. Best effort (on the way out of a failure, or after finding
+        the object gone): the claim lapses at the end of its lease otherwise."""
+        try:
+            await self.usage.unclaim(owner, ledger_id)
         except TransferError as exc:
-            log.warning("the removal claim of %s stays until its lease ends: %s", record.id, exc)
+            log.warning("the removal claim of %s stays until its lease ends: %s", ledger_id, exc)
 
     async def deleted(self, record: FileRecord) -> None:
-        """The claimer of :meth:`removing` removed ``record``'s file: its bytes leave the owner's usage (once: the
-        claim goes in the same write) and its index entry goes."""
-        await self.usage.removed(record.owner, record.id, record.size)
+        """``record``'s file was removed (:meth:`remove_charged`, refunded there): its expiry index entry goes."""
         if record.expires_at is not None:
             await self.drop_index_entry(expiry_key(record.expires_at, record.id))
 

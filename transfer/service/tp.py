@@ -385,27 +385,7 @@ class TPService:
                 except ObjectNotFound:
                     return False
             return True
-        usage = self.files.lifecycle.usage
-        mid = message_ledger_id(key)
-        if not await usage.claim_removal(payer, mid, nbytes):
-            return False  # another poller or sweep is taking it right now
-        try:
-            with storage_errors_translated():
-                try:
-                    await self.storage.stat(key)
-                except ObjectNotFound:
-                    gone = True
-                else:
-                    gone = False
-                    await self.storage.delete(key)
-        except BaseException:
-            await usage.unclaim(payer, mid)
-            raise
-        if gone:
-            await usage.unclaim(payer, mid)  # taken by someone else before our claim
-            return False
-        await usage.removed(payer, mid, nbytes, files=0)
-        return True
+        return await self.files.lifecycle.remove_charged(key, payer, message_ledger_id(key), nbytes, files=0)
 
     async def charged(self) -> AsyncIterator[tuple[str | None, str, int]]:
         """``(payer, ledger id, bytes)`` of every waiting message that was charged, for ``transfer usage repair``

@@ -21,7 +21,7 @@ import html
 import re
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import APIRouter
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, Response
 
@@ -74,8 +74,10 @@ def missing_assets(settings: Settings, names: tuple[str, ...] = tuple(VENDOR)) -
     return [VENDOR[n][0] for n in names if not (root / VENDOR[n][0]).is_file()]
 
 
-def add_web_routes(app: FastAPI, settings: Settings, *, keys_enabled: bool) -> None:
-    """``/`` (the upload page), ``/web/…`` (its files and the vendored libraries), ``/docs`` and ``/redoc``."""
+def web_router(settings: Settings, *, keys_enabled: bool, title: str, openapi_url: str | None) -> APIRouter:
+    """``/`` (the upload page), ``/web/…`` (its files and the vendored libraries), ``/docs`` and ``/redoc`` of
+    the application named ``title`` whose OpenAPI document is at ``openapi_url``."""
+    router = APIRouter()
 
     def page() -> str:
         text = (STATIC / "index.html").read_text(encoding="utf-8")
@@ -88,17 +90,17 @@ def add_web_routes(app: FastAPI, settings: Settings, *, keys_enabled: bool) -> N
         )
         return text.replace("{{keys}}", "on" if keys_enabled else "off").replace("{{missing}}", banner)
 
-    @app.get("/", include_in_schema=False)
+    @router.get("/", include_in_schema=False)
     async def web_page() -> HTMLResponse:
         return HTMLResponse(page(), headers=PAGE_HEADERS)
 
-    @app.get("/web/{name}", include_in_schema=False)
+    @router.get("/web/{name}", include_in_schema=False)
     async def web_file(name: str) -> Response:
         if name not in OWN:
             raise NotFound(f"no web file {name!r}")
         return FileResponse(STATIC / name, media_type=OWN[name], headers={"cache-control": "no-cache"})
 
-    @app.get("/web/vendor/{name}", include_in_schema=False)
+    @router.get("/web/vendor/{name}", include_in_schema=False)
     async def web_vendor(name: str) -> Response:
         if name not in VENDOR:
             raise NotFound(f"no web library file {name!r}")
@@ -114,31 +116,33 @@ def add_web_routes(app: FastAPI, settings: Settings, *, keys_enabled: bool) -> N
                 f"the API docs need files that are not installed ({', '.join(missing)}): {INSTALL_HINT}"
             )
 
-    openapi_url = app.openapi_url or "/openapi.json"
+    openapi_url = openapi_url or "/openapi.json"
 
-    @app.get("/docs", include_in_schema=False)
+    @router.get("/docs", include_in_schema=False)
     async def swagger_ui() -> HTMLResponse:
         require("swagger-ui-bundle.js", "swagger-ui.css")
         page = get_swagger_ui_html(
             openapi_url=openapi_url,
-            title=f"{app.title} - Swagger UI",
+            title=f"{title} - Swagger UI",
             swagger_js_url="/web/vendor/swagger-ui-bundle.js",
             swagger_css_url="/web/vendor/swagger-ui.css",
             swagger_favicon_url="/web/vendor/swagger-favicon.png",
         )
         return with_docs_policy(page)
 
-    @app.get("/redoc", include_in_schema=False)
+    @router.get("/redoc", include_in_schema=False)
     async def redoc() -> HTMLResponse:
         require("redoc.standalone.js")
         page = get_redoc_html(
             openapi_url=openapi_url,
-            title=f"{app.title} - ReDoc",
+            title=f"{title} - ReDoc",
             redoc_js_url="/web/vendor/redoc.standalone.js",
             redoc_favicon_url="/web/vendor/swagger-favicon.png",
             with_google_fonts=False,
         )
         return with_docs_policy(page)
+
+    return router
 
 
 def with_docs_policy(page: HTMLResponse) -> HTMLResponse:

@@ -84,6 +84,12 @@ async def _manifest_body(request: Request) -> Any:
         raise InvalidManifest(f"the manifest is not JSON: {exc}") from exc
 
 
+def _declared_length(request: Request) -> int | None:
+    """The body's declared Content-Length (None for a chunked body), checked as a count."""
+    declared = request.headers.get("content-length")
+    return None if declared is None else parse_count(declared, "Content-Length")
+
+
 def chunked_router(
     chunks: ChunkService,
     files: FileService,
@@ -123,14 +129,13 @@ def chunked_router(
     async def put_chunks(
         request: Request, uid: str, index: int, count: Annotated[int, Query(ge=1, le=MAX_CHUNKS)] = 1
     ) -> dict[str, Any]:
-        declared = request.headers.get("content-length")
         stored, stored_bytes = await chunks.put_chunks(
             uid,
             index,
             count,
             request_body(request),
             caller_of(request),
-            length=None if declared is None else parse_count(declared, "Content-Length"),
+            length=_declared_length(request),
         )
         return {"stored": stored, "stored_bytes": stored_bytes}
 
@@ -141,14 +146,13 @@ def chunked_router(
         start: Annotated[int, Query(ge=0, le=MAX_CHUNKS)] = 0,
         count: Annotated[int, Query(ge=1, le=MAX_CHUNKS)] = 1,
     ) -> dict[str, Any]:
-        declared = request.headers.get("content-length")
         stored, stored_bytes = await chunks.put_missing(
             uid,
             start,
             count,
             request_body(request),
             caller_of(request),
-            length=None if declared is None else parse_count(declared, "Content-Length"),
+            length=_declared_length(request),
         )
         return {"stored": stored, "stored_bytes": stored_bytes}
 

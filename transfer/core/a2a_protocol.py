@@ -59,11 +59,15 @@ A2A_DOMAIN = "a2a-protocol.org"
 
 
 class Dialect(enum.StrEnum):
+    """The A2A protocol versions this service speaks (method names and part shapes differ between them)."""
+
     V1_0 = "1.0"
     V0_3 = "0.3"
 
 
 class Operation(enum.StrEnum):
+    """The A2A JSON-RPC operations, whatever their method name in each dialect."""
+
     SEND = "send"
     GET = "get"
     CANCEL = "cancel"  # every task here is already completed: not cancelable
@@ -102,6 +106,8 @@ METHODS: dict[str, tuple[Dialect, Operation]] = {
 
 
 class RpcCode(enum.IntEnum):
+    """JSON-RPC 2.0 error codes, with A2A's own in the -32001… range."""
+
     PARSE_ERROR = -32700
     INVALID_REQUEST = -32600
     METHOD_NOT_FOUND = -32601
@@ -274,6 +280,8 @@ FilePart = InlinePart | UrlPart
 
 @dataclass(frozen=True, slots=True)
 class IncomingMessage:
+    """An A2A message as this service reads it: its ids and the file parts it carries."""
+
     message_id: str
     context_id: str | None
     task_id: str | None

@@ -26,6 +26,8 @@ TOKEN_PREFIX = "tk_"
 
 
 class Scope(enum.StrEnum):
+    """What an API key may do: upload, read, or administer (every key's resources)."""
+
     UPLOAD = "upload"
     READ = "read"
     ADMIN = "admin"
@@ -33,6 +35,9 @@ class Scope(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ApiKey:
+    """One configured API key: its name, the SHA-256 of its token (the token itself is never kept), scopes, and per-
+    key limits."""
+
     name: str
     sha256: str  # hex of the token's SHA-256
     scopes: frozenset[Scope]

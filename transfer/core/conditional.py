@@ -19,6 +19,9 @@ from email.utils import format_datetime, parsedate_to_datetime
 
 
 class Outcome(enum.Enum):
+    """What the conditional request headers decide (RFC 9110 §13.2.2): go on, 304 Not Modified, or 412 Precondition
+    Failed."""
+
     PROCEED = 200
     NOT_MODIFIED = 304
     PRECONDITION_FAILED = 412

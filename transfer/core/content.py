@@ -48,6 +48,9 @@ _BASE64_RE = re.compile(r"^[A-Za-z0-9+/\-_]*={0,2}$")
 
 
 class TransferMode(enum.StrEnum):
+    """How a FileContent's bytes travel (seed 000): inline base64, a signed URL, a streaming session, or
+    multipart."""
+
     INLINE = "inline"
     URL = "url"
     STREAMING = "streaming"
@@ -55,6 +58,8 @@ class TransferMode(enum.StrEnum):
 
 
 class ContentEncoding(enum.StrEnum):
+    """The encoding of a content object's bytes as it travels: none, base64 (inline), or a compression codec."""
+
     NONE = "none"
     BASE64 = "base64"
     GZIP = "gzip"
@@ -63,12 +68,16 @@ class ContentEncoding(enum.StrEnum):
 
 
 class FileRole(enum.StrEnum):
+    """Why a file is attached to a message (seed 000): referenced, a result, or an attachment."""
+
     REFERENCE = "reference"
     RESULT = "result"
     ATTACHMENT = "attachment"
 
 
 class BundleItemRole(enum.StrEnum):
+    """What an item is to its ContentBundle (seed 000 §3.5)."""
+
     MAIN = "main"
     REFERENCE = "reference"
     ATTACHMENT = "attachment"
@@ -76,6 +85,8 @@ class BundleItemRole(enum.StrEnum):
 
 
 class DownloadMethod(enum.StrEnum):
+    """How a descriptor's ``url`` is fetched (seed 000): GET, POST, or a signed URL."""
+
     GET = "GET"
     POST = "POST"
     SIGNED_URL = "signed_url"
@@ -305,6 +316,8 @@ AnyContent = Annotated[
 
 
 class ContentBundleItem(_Model):
+    """One item of a ContentBundle: its id within the bundle, its role and its content."""
+
     id: str = Field(min_length=1, max_length=256)
     role: BundleItemRole
     content: AnyContent

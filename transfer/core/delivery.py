@@ -55,21 +55,27 @@ class Representation:
 
 @dataclass(frozen=True, slots=True)
 class NoBody:
-    pass
+    """A response without a body (HEAD, 304, 412, 416)."""
 
 
 @dataclass(frozen=True, slots=True)
 class RangeBody:
+    """A 206 response of one byte range."""
+
     range: ByteRange
 
 
 @dataclass(frozen=True, slots=True)
 class MultipartBody:
+    """A 206 ``multipart/byteranges`` response of several ranges."""
+
     plan: MultipartPlan
 
 
 @dataclass(frozen=True, slots=True)
 class CompressedBody:
+    """The whole representation, compressed on the fly with one codec."""
+
     coding: str  # a served codec's HTTP token (encodings.CODECS), applied to the whole stored representation
 
 
@@ -78,6 +84,8 @@ Body = NoBody | RangeBody | MultipartBody | CompressedBody
 
 @dataclass(frozen=True, slots=True)
 class DeliveryPlan:
+    """What to answer a GET or HEAD of a stored file: status, headers and which body, decided without any I/O."""
+
     status: int
     headers: list[tuple[str, str]]
     body: Body
@@ -85,6 +93,9 @@ class DeliveryPlan:
 
 @dataclass(frozen=True, slots=True)
 class DeliveryPolicy:
+    """The operator's settings the delivery planner follows (range limits, caching, on-the-fly compression, inline
+    types)."""
+
     max_ranges: int = 64
     cache_max_age: int = 0
     compress_on_the_fly: bool = True

@@ -122,6 +122,9 @@ class DecodeLimits:
 
 
 class StreamDecoder(Protocol):
+    """Incremental decoding of one content coding, bounded in output per piece; ``encoded_in``/``decoded_out`` count
+    bytes for bomb limits."""
+
     encoded_in: int
     decoded_out: int
 
@@ -292,6 +295,8 @@ def make_decoder(encoding: ContentEncoding, limits: DecodeLimits, piece_size: in
 
 
 class StreamEncoder(Protocol):
+    """Incremental encoding of one content coding."""
+
     def encode(self, data: bytes | memoryview) -> bytes:
         """The encoded bytes ``data`` gives so far (possibly empty)."""
 

@@ -60,11 +60,15 @@ class ByteRange:
 
 @dataclass(frozen=True, slots=True)
 class IgnoreRange:
+    """A Range header the server ignores (RFC 9110 §14.2: answer 200 with the whole body), with the reason."""
+
     reason: str
 
 
 @dataclass(frozen=True, slots=True)
 class Unsatisfiable:
+    """A Range header none of whose ranges overlaps the representation: 416."""
+
     complete_length: int
 
     @property
@@ -75,6 +79,8 @@ class Unsatisfiable:
 
 @dataclass(frozen=True, slots=True)
 class Satisfiable:
+    """The ranges to serve, normalised (in order, coalesced, bounded in number)."""
+
     ranges: tuple[ByteRange, ...]
 
 
@@ -155,6 +161,9 @@ class MultipartPart:
 
 @dataclass(frozen=True, slots=True)
 class MultipartPlan:
+    """A ``multipart/byteranges`` body laid out in advance: each part's head and range, the closing tail, and the
+    exact Content-Length."""
+
     boundary: str
     parts: tuple[MultipartPart, ...]
     tail: bytes

@@ -47,6 +47,8 @@ def _b64url(raw: bytes) -> str:
 
 @dataclass(frozen=True, slots=True)
 class SignedQuery:
+    """The signature of a signed URL: its expiry, the id of the signing key, and the HMAC."""
+
     expires: int
     kid: str
     sig: str

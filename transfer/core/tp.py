@@ -78,6 +78,8 @@ RESOURCE_TYPES = ("resource_mount", "resource_unmount", "resource_notify")
 
 @dataclass(frozen=True, slots=True)
 class TraceInfo:
+    """A TP envelope's ``trace_info``: where a message came from and how many hops it has made."""
+
     original_protocol: str
     original_message_id: str
     hop_count: int

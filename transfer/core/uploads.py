@@ -29,6 +29,9 @@ from transfer.errors import SessionAborted, SessionCompleted, SessionExpired, Tr
 
 
 class UploadState(enum.StrEnum):
+    """The states of every resumable upload (tus, IETF, sessions, direct plans, authorisations) in the transition
+    table."""
+
     OPEN = "open"
     COMPLETED = "completed"
     ABORTED = "aborted"
@@ -36,6 +39,8 @@ class UploadState(enum.StrEnum):
 
 
 class UploadEvent(enum.StrEnum):
+    """What can happen to a resumable upload; the transition table says in which state each is allowed."""
+
     PUT_PART = "put_part"
     DECLARE_LENGTH = "declare_length"
     COMPLETE = "complete"

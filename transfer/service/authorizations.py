@@ -82,6 +82,9 @@ def upload_path(aid: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class UploadGrant:
+    """An MCP ``authorize_upload`` grant: who may send what (name, type, at most ``max_size`` bytes) to its upload
+    URL, until when, and how long the file it makes is kept."""
+
     id: str
     owner: str | None
     name: str | None

@@ -83,6 +83,9 @@ def is_bundle_id(value: str) -> bool:
 
 
 class BundleService:
+    """ContentBundles stored as records that refer to files by id: create, read and remove them, each owned by the key
+    that made it; a bundle's record is charged to that key as bytes it stores (not as a file)."""
+
     def __init__(self, storage: Storage, files: FileService, *, clock: Callable[[], float] = time.time) -> None:
         self.storage = storage
         self.files = files

@@ -56,6 +56,9 @@ class Sweep:
 
 @dataclass
 class Services:
+    """The composition root: every service of one process built once over one storage backend and one upload engine
+    (:meth:`build`), started and closed together."""
+
     settings: Settings
     files: FileService
     sessions: SessionService

@@ -28,12 +28,15 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 @dataclass(frozen=True, slots=True)
 class DestinationPolicy:
+    """Where a server-side fetch may connect: global unicast addresses, and the networks of ``allow_networks``
+    (private or loopback ones an operator lets through); and the URL schemes it accepts."""
+
     allow_networks: tuple[IPNetwork, ...] = ()
     schemes: tuple[str, ...] = ("http", "https")
 
     @classmethod
     def from_cidrs(cls, cidrs: Sequence[str]) -> DestinationPolicy:
-        """A policy refusing the networks ``cidrs`` names (host bits allowed)."""
+        """A policy that also allows the networks ``cidrs`` names (host bits allowed)."""
         return cls(tuple(ipaddress.ip_network(c, strict=False) for c in cidrs))
 
     def allows(self, ip: IPAddress) -> bool:

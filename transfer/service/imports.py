@@ -48,6 +48,9 @@ log = logging.getLogger("transfer.imports")
 
 
 class ImportService:
+    """Server-side imports: fetch a URL (SSRF-guarded), stream it into a new file through the same ingest as an
+    upload, and report its progress as a job."""
+
     def __init__(self, files: FileService, hub: ProgressHub, *, transport: httpx.AsyncBaseTransport | None = None):
         self.files = files
         self.hub = hub

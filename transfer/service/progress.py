@@ -43,6 +43,9 @@ MAX_EVENTS = 256
 
 @dataclass(frozen=True, slots=True)
 class ProgressEvent:
+    """One numbered event of a job's progress stream (``index`` orders them; a reconnecting reader resumes after its
+    last index)."""
+
     index: int
     kind: EventKind
     data: dict[str, Any]
@@ -50,6 +53,9 @@ class ProgressEvent:
 
 @dataclass(slots=True)
 class Job:
+    """A background upload, session or import whose progress events readers follow over SSE; its state runs pending
+    → running → completed | failed."""
+
     id: str
     kind: str  # "upload" | "session" | "import"
     events: list[ProgressEvent] = field(default_factory=list)

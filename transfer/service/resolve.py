@@ -17,6 +17,9 @@ from transfer.settings import Settings
 
 
 class ResolveService:
+    """Resolves descriptors on the service's side (the MCP ``resolve`` tool): a resolver per operation, guarded
+    against SSRF when it fetches for a remote caller."""
+
     def __init__(self, settings: Settings, imports: ImportService) -> None:
         self.settings = settings
         self.imports = imports

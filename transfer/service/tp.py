@@ -140,6 +140,9 @@ def identity_key(identity: Any) -> str:
 
 
 class TPService:
+    """The TP transport bindings' service: resource mounts (uploads and imports), message envelopes and their
+    mailboxes, each owned by the key that made it."""
+
     def __init__(
         self,
         files: FileService,

@@ -117,6 +117,9 @@ def encode_metadata(metadata: dict[str, str]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Upload:
+    """A tus upload's record: its declared length (None while deferred), metadata, lifetime, concatenation role, and
+    the segments stored so far."""
+
     id: str
     length: int | None  # None: deferred
     metadata: dict[str, str]
@@ -215,6 +218,9 @@ def _candidate(upload: Upload, sha256: str, head: bytes, source: str) -> Candida
 
 
 class TusService:
+    """tus 1.0 (creation, creation-with-upload, creation-defer-length, termination, checksum, concatenation,
+    expiration) and the IETF resumable upload draft, on the one upload engine."""
+
     def __init__(
         self,
         storage: Storage,

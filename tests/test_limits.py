@@ -3,6 +3,7 @@ JSON body size, bundle size."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 
@@ -125,3 +126,28 @@ async def test_headers_and_tus_metadata_are_capped(tmp_path: Path) -> None:
                 },
             )
             assert response.status_code == 400 and "Upload-Metadata" in response.json()["error"]["message"]
+
+
+async def test_two_replicas_racing_tus_creates_admit_exactly_the_limit(tmp_path: Path) -> None:
+    """Two servers on one data directory, six tus creations at once for a key allowed one open upload: exactly one
+    201 per round. (Before, a racer judged the holder on a stale copy of when it was acquired, asked whether its
+    upload was open while its record was still being written, heard "no", dropped it and was admitted too.)"""
+    token = new_token()
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        signing_keys={"t": "0123456789abcdef0123"},
+        api_keys={"alice": {"sha256": token_hash(token), "scopes": ["upload", "read"]}},
+        max_open_sessions_per_key=1,
+    )
+    headers = {"authorization": f"Bearer {token}", "tus-resumable": "1.0.0", "upload-length": "5"}
+    with running(settings) as one, running(settings) as two:
+        async with httpx.AsyncClient(timeout=60) as http:
+            for _ in range(5):
+                answers = await asyncio.gather(
+                    *(http.post(f"{(one, two)[i % 2].url}/tus/files", headers=headers) for i in range(6))
+                )
+                codes = [a.status_code for a in answers]
+                assert codes.count(201) == 1 and codes.count(429) == 5, codes
+                created = answers[codes.index(201)].headers["location"]
+                gone = await http.delete(httpx.URL(one.url).join(created), headers=headers)
+                assert gone.status_code == 204, gone.text

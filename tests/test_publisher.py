@@ -248,3 +248,28 @@ async def test_a_record_update_that_keeps_losing_gives_up_within_its_rounds_and_
     with pytest.raises(VersionConflict):
         await ledger.charge(None, "b", 1)
     assert losing.conditional_writes == 4
+
+
+class _LosesOnce(_AlwaysChanged):
+    """A storage whose first compare-and-set loses (another writer got there first), and the rest are real."""
+
+    def create(self, key: str, **kwargs: Any) -> Any:
+        if kwargs.get("if_match") is not None and self.conditional_writes == 0:
+            return super().create(key, **kwargs)
+        return self.inner.create(key, **kwargs)
+
+
+@pytest.mark.anyio
+async def test_a_lost_race_on_a_slow_engine_is_read_again_before_the_budget_ends_it(tmp_path: Path) -> None:
+    """One read and one conditional write took longer than the whole budget (a busy Ceph): the loser still reads
+    the record once more and applies its change, rather than failing a race it only had to look at again."""
+    store = LocalStorage(tmp_path / "s")
+    await store.start()
+    await RecordStore(store).create("r.json", {"n": 0})
+    losing = _LosesOnce(store)
+    ticks = iter(range(0, 1_000_000, 5))  # each look at the clock: five more seconds, past the 2 s budget
+    slow = RetryPolicy(budget=2.0, base=0, cap=0, clock=lambda: float(next(ticks)))
+    records = RecordStore(losing, slow)  # type: ignore[arg-type]
+    assert await records.update("r.json", dict, lambda d: {"n": d["n"] + 1}, dict) == {"n": 1}
+    assert losing.conditional_writes == 1
+    assert (await RecordStore(store).read("r.json"))[0] == {"n": 1}

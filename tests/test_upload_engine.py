@@ -9,7 +9,7 @@ import hashlib
 import itertools
 import os
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +17,18 @@ import pytest
 import xxhash
 
 from storage.base import Capability, ObjectInfo
-from storage.local import LocalStorage
+from storage.errors import ObjectExists
+from storage.local import LocalStorage, LocalWriter
 from transfer.core.auth import TRUSTED, ApiKey, Grant, Scope
 from transfer.core.uploads import TRANSITIONS, UploadEvent, UploadState, transition
-from transfer.errors import SessionAborted, SessionCompleted, SessionExpired, TransferError
+from transfer.errors import (
+    ChunkConflict,
+    SessionAborted,
+    SessionCompleted,
+    SessionExpired,
+    TransferError,
+    VersionConflict,
+)
 from transfer.service.container import Services
 from transfer.service.sessions import ChunkDigest, chunk_key
 from transfer.service.uploads import OFFLOAD_BYTES, PieceHasher
@@ -222,6 +230,64 @@ async def test_a_chunk_stored_before_a_crash_but_not_recorded_is_adopted(tmp_pat
         assert (await services.sessions.status(session.id, TRUSTED))["stored"] == [[0, 0]]
         second = data[CHUNK:]
         await services.sessions.put_chunk(session.id, 1, _body(second), _digest(second), None, TRUSTED)
+        _, file = await services.sessions.complete(session.id, TRUSTED)
+        assert file.sha256 == hashlib.sha256(data).hexdigest()
+    finally:
+        await services.close()
+
+
+class _RefusedWhileInFlight(LocalWriter):
+    """What S3 on Ceph answers a conditional create of a key another request is still writing: 409
+    ConditionalRequestConflict (ObjectExists here), while the key has no object yet."""
+
+    async def commit(self, metadata: Mapping[str, str]) -> ObjectInfo:
+        await self.abort()
+        raise ObjectExists("a concurrent conditional write of this key is in flight")
+
+
+class InFlightRaceStorage(PerChunkStorage):
+    """Per-chunk storage where the conditional create of the keys in ``racing`` loses to a writer not done yet."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.racing: set[str] = set()
+
+    def create(self, key: str, **kwargs: Any) -> LocalWriter:
+        if key in self.racing:
+            return _RefusedWhileInFlight(self, key, kwargs.get("size_hint"), True, False, None)
+        return super().create(key, **kwargs)
+
+
+async def test_a_chunk_lost_to_a_writer_still_in_flight_is_a_conflict_not_a_404(tmp_path: Path) -> None:
+    """Six replicas PUT one chunk on Ceph: a loser's conditional create is refused while the winner is still
+    writing, so the chunk's object is not there to compare with. That is a lost race (409, send it again), and once
+    the winner's object appears the loser's bytes are compared with it as usual."""
+    storage = InFlightRaceStorage(tmp_path / "data")
+    services = await _services(tmp_path, storage)
+    try:
+        data = os.urandom(2 * CHUNK)
+        session = await services.sessions.create(
+            name=None, content_type=None, size=len(data), chunk_size=CHUNK, checksum=None, ttl=None
+        )
+        first, other = data[:CHUNK], os.urandom(CHUNK)
+        key = chunk_key(session.id, 0)
+        storage.racing.add(key)
+        with pytest.raises(VersionConflict):
+            await services.sessions.put_chunk(session.id, 0, _body(first), _digest(first), None, TRUSTED)
+
+        async def winner_finishes() -> None:
+            await asyncio.sleep(0.1)
+            async with LocalWriter(storage, key, None, True, False, None) as w:
+                await w.write(first)
+                await w.commit({"xxh3": xxhash.xxh3_128_hexdigest(first), "sha256": ""})
+
+        finishing = asyncio.create_task(winner_finishes())
+        with pytest.raises(ChunkConflict):
+            await services.sessions.put_chunk(session.id, 0, _body(other), _digest(other), None, TRUSTED)
+        await finishing
+        storage.racing.clear()
+        assert (await services.sessions.put_chunk(session.id, 0, _body(first), _digest(first), None, TRUSTED)).duplicate
+        await services.sessions.put_chunk(session.id, 1, _body(data[CHUNK:]), _digest(data[CHUNK:]), None, TRUSTED)
         _, file = await services.sessions.complete(session.id, TRUSTED)
         assert file.sha256 == hashlib.sha256(data).hexdigest()
     finally:

@@ -36,11 +36,13 @@ FRESH = 60.0  # seconds an id counts as open without asking: its record may not 
 
 
 class _Full(Exception):
-    """Raised by a change that found every slot taken (carries the ids that hold them)."""
+    """Raised by a change that found every slot taken (carries the ids that hold them, and when each was acquired
+    as the record it was judged on says)."""
 
     def __init__(self, ids: list[str]) -> None:
         super().__init__(f"{len(ids)} ids")
         self.ids = ids
+        self.since: dict[str, float] = {}
 
 
 def _ids(doc: Any) -> list[str]:
@@ -71,7 +73,6 @@ class SessionQuota:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.clock = clock
-        self._since: dict[str, float] = {}  # when each id in the last record read was acquired
         self.storage = storage
         self.records = records or RecordStore(storage)
         self.limit = limit
@@ -94,10 +95,10 @@ class SessionQuota:
                 return await is_open(session_id)
         return False
 
-    async def _still_open(self, sid: str) -> bool:
+    async def _still_open(self, sid: str, since: dict[str, float]) -> bool:
         """Whether ``sid`` holds its slot: recorded as acquired less than FRESH seconds ago (its upload's record may
         still be on its way: a replica racing the creation must not take it for finished), or open by its service."""
-        return self.clock() - self._since.get(sid, 0.0) < FRESH or await self._is_open(sid)
+        return self.clock() - since.get(sid, 0.0) < FRESH or await self._is_open(sid)
 
     async def _change(self, owner: str, change: Callable[[list[str]], list[str] | None]) -> list[str]:
         # not durable: a record lost in a power cut only forgets slots (the limit is a guard, not an account)
@@ -112,9 +113,13 @@ class SessionQuota:
             now = self.clock()
             return {"ids": ids, "since": {i: since.get(i, now) for i in ids}}
 
-        ids = await self.records.update(self.record_key(owner), decode, change, encode, absent=EMPTY, durable=False)
-        self._since = dict(since)
-        return ids
+        try:
+            return await self.records.update(
+                self.record_key(owner), decode, change, encode, absent=EMPTY, durable=False
+            )
+        except _Full as full:  # the acquisition times of the record the change found full, for the caller to judge
+            full.since = {i: since[i] for i in full.ids if i in since}
+            raise
 
     async def open_ids(self, owner: str) -> list[str]:
         """The ids holding a slot of ``owner``'s (as recorded: finished ones stay until the limit is reached)."""
@@ -142,9 +147,9 @@ class SessionQuota:
                 await self._change(owner, add(frozenset()))
                 return
             except _Full as full:
-                taken = full.ids
+                taken, since = full.ids, full.since
             # at the limit: ask each holder whether it is still open, and drop the others with the same write
-            closed = frozenset([sid for sid in taken if not await self._still_open(sid)])
+            closed = frozenset([sid for sid in taken if not await self._still_open(sid, since)])
             try:
                 await self._change(owner, add(closed))
             except _Full as full:

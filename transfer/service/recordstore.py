@@ -38,10 +38,14 @@ SEEN_RECORDS = 4096  # record versions remembered per process (an optimistic sta
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """How long a lost race may be retried: at most ``attempts`` rounds and ``budget`` seconds in all, each wait
-    drawn uniformly from ``[0, min(cap, base * 2**round))`` (full jitter: replicas that collided spread apart)."""
+    drawn uniformly from ``[0, min(cap, base * 2**round))`` (full jitter: replicas that collided spread apart).
+    The first ``floor`` rounds are made however long they took: on a loaded engine one read and one conditional
+    write can take the whole budget, and a lost race is settled by reading once more (six replicas racing for the
+    last slot on a busy Ceph: the losers then find it taken, instead of giving up before looking)."""
 
     attempts: int = 40
     budget: float = 2.0
+    floor: int = 3
     base: float = 0.002
     cap: float = 0.1
     clock: Callable[[], float] = time.monotonic
@@ -65,7 +69,8 @@ class Retry:
         p = self.policy
         self.round += 1
         delay = random.uniform(0, min(p.cap, p.base * 2**self.round))  # noqa: S311 - jitter, not a secret
-        if self.round >= p.attempts or self.clock() - self.started + delay > p.budget:
+        late = self.round >= p.floor and self.clock() - self.started + delay > p.budget
+        if self.round >= p.attempts or late:
             raise exhausted()
         await asyncio.sleep(delay)
 

@@ -53,6 +53,7 @@ from transfer.errors import (
     SessionIncomplete,
     TooLarge,
     TransferError,
+    VersionConflict,
     storage_errors_translated,
 )
 from transfer.service.documents import publish_composed
@@ -117,6 +118,9 @@ class ChunkDigest:
 
 @dataclass(frozen=True, slots=True)
 class ChunkReceipt:
+    """What storing one chunk answers: its index, length and xxh3-128, and whether the same bytes were stored
+    already."""
+
     index: int
     size: int
     xxh3: str
@@ -321,8 +325,7 @@ class SessionService:
         except PartExists as exists:
             # stored, but not in the record we read: a concurrent PUT of this chunk, or a process that stopped
             # between storing it and recording it; the object's metadata says what it holds
-            with storage_errors_translated():
-                info = await self.storage.stat(key)
+            info = await self._racing_chunk(key, index)
             known = Part(info.size, info.metadata.get("xxh3", ""), info.metadata.get("sha256", ""))
             return await self._repeated(session, index, exists.result, known)
         try:
@@ -331,6 +334,19 @@ class SessionService:
             await self.engine.delete([key])
             raise
         return self._accepted(sid, index, updated, result.size, result.xxh3)
+
+    async def _racing_chunk(self, key: str, index: int) -> ObjectInfo:
+        """The object of a chunk whose conditional create lost. An engine that refuses a conditional write while
+        another one of the key is in flight (S3's 409 ConditionalRequestConflict, Ceph) has no object to show yet:
+        the winner is still writing it. Wait a little for it; if it has not appeared, the race is lost all the same
+        (409 version_conflict: send the chunk again to have it compared), never a 404 for a chunk being stored."""
+        for delay in (0.05, 0.1, 0.2, 0.4, 0.8):
+            try:
+                with storage_errors_translated():
+                    return await self.storage.stat(key)
+            except NotFound:
+                await asyncio.sleep(delay)
+        raise VersionConflict(f"chunk {index} is being stored by a concurrent request: send it again to compare")
 
     async def _put_staged_chunk(
         self,

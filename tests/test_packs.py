@@ -30,7 +30,12 @@ from transfer.settings import Settings
 
 pytestmark = pytest.mark.anyio
 KiB, MiB = 1 << 10, 1 << 20
-TOKENS = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789ab", "carol": "carol-token-0123456789"}
+TOKENS = {
+    "alice": "alice-token-0123456789",
+    "bob": "bob-token-0123456789ab",
+    "carol": "carol-token-0123456789",
+    "root": "root-token-0123456789ab",
+}
 
 
 def key(name: str) -> dict[str, str]:
@@ -169,7 +174,10 @@ class Writes:
 
 
 def keyed_settings(tmp_path: Path, **extra: Any) -> Settings:
-    keys = {name: {"sha256": token_hash(token), "scopes": ["upload", "read"]} for name, token in TOKENS.items()}
+    keys = {
+        name: {"sha256": token_hash(token), "scopes": ["admin"] if name == "root" else ["upload", "read"]}
+        for name, token in TOKENS.items()
+    }
     return Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"}, api_keys=keys, **extra)
 
 
@@ -337,6 +345,7 @@ class Fault:
         self.armed = True
         storage = live.app.state.services.files.storage
         if where == "index":
+
             async def write_record(store: Any, key: str, *args: Any, **kwargs: Any) -> Any:
                 if self.armed and "/index/" in key:
                     raise StorageUnavailable("injected: the index write failed")
@@ -480,3 +489,45 @@ async def test_deleting_a_file_keeps_the_chunks_another_file_uses(
     assert await up.content(await up.complete(again)) == v2
     back = await up.create(m1)
     assert back["missing"] == only_v1  # the deleted file's own chunks are not
+
+
+async def test_usage_repair_counts_packs_whole_and_shared_files_at_their_size(tmp_path: Path, clock: Clock) -> None:
+    data, other = os.urandom(MiB + 1), os.urandom(256 * KiB)
+    with running(keyed_settings(tmp_path, dedup_min_size=64 * KiB, session_gc_interval=3600), clock) as live:
+        services = live.app.state.services
+        ledger = services.files.lifecycle.usage
+        async with (
+            httpx.AsyncClient(base_url=live.url, headers=key("alice"), timeout=60) as alice,
+            httpx.AsyncClient(base_url=live.url, headers=key("root"), timeout=60) as root,
+        ):
+
+            async def repair(fix: bool = False) -> dict[str, Any]:
+                done = await root.post("/v1/admin/usage/repair", params={"fix": str(fix).lower()})
+                assert done.status_code == 200, done.text
+                entry: dict[str, Any] = done.json()["keys"]["alice"]
+                return entry
+
+            chunked = await Uploader(alice).upload(data)  # the file, and its chunks in one pack
+            digest = "sha256:" + hashlib.sha256(other).hexdigest()
+            plain = await alice.post("/v1/files", params={"checksum": digest, "size": len(other)}, content=other)
+            assert plain.status_code == 201, plain.text
+            shared = await alice.post("/v1/sessions", json={"size": len(other), "checksum": digest})
+            assert shared.json()["state"] == "completed"  # a second file sharing the plain one's bytes
+            expected = {"bytes_used": 2 * len(data) + 2 * len(other), "files": 3}
+            entry = await repair()
+            assert entry["recorded"] == entry["counted"] == expected and not entry["differs"]
+
+            used, files, _, etag = await ledger.recorded("alice")
+            assert await ledger.correct("alice", len(data), files, etag)  # the pack's charge lost
+            entry = await repair(fix=True)
+            assert entry["recorded"]["bytes_used"] == len(data) and entry["counted"] == expected and entry["fixed"]
+            assert (await ledger.usage("alice")).used == used
+
+            # the file deleted (by an admin) and its pack swept: the pack leaves the count and the recount alike
+            gone = await root.delete(f"/v1/files/{chunked['metadata']['file_id']}")
+            assert gone.status_code == 204, gone.text
+            clock.advance(CHUNK_GRACE + 1)
+            await services.sweep_now()
+            assert await objects(live, key_folder("alice") + "packs/") == {}
+            entry = await repair()
+            assert entry["counted"] == {"bytes_used": 2 * len(other), "files": 2} and not entry["differs"]

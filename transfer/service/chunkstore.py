@@ -765,6 +765,26 @@ class ChunkService:
             self.files.check_signed("POST", content, query_string, raw_path, allowed)
         return await self.manifest(file_id, TRUSTED)
 
+    # -- usage repair ------------------------------------------------------------------------------------------
+
+    async def charged(self) -> AsyncIterator[tuple[str | None, str, int]]:
+        """``(owner, claim id, bytes)`` of every stored pack (``pack-<id>``) and chunk of the old one-object-per-chunk
+        layout (``chunk-<sha256>``), for ``transfer usage repair``: what a key is charged for beside its files (a
+        pack counts whole, live chunks and garbage alike, until the sweep removes it). The ids are the ones the
+        sweep's removal claims use, so a pack whose removal is claimed but not yet refunded counts once. One
+        listing of ``cdc/`` with metadata: an admin count, never a request path. An object whose metadata names
+        no key this folder belongs to was not written by this service for that key and is left out."""
+        with storage_errors_translated():
+            listed = [info async for info in self.storage.list(PREFIX, metadata=True)]
+        for info in listed:
+            parts = info.key.split("/")
+            if len(parts) != 4 or parts[2] not in ("packs", "chunks"):
+                continue
+            owner = info.metadata.get("owner") or None
+            if key_folder(owner) != f"{PREFIX}{parts[1]}/":
+                continue
+            yield owner, ("pack-" if parts[2] == "packs" else "chunk-") + parts[3], info.size
+
     # -- sweep -------------------------------------------------------------------------------------------------
 
     async def _remove_object(self, owner: str | None, key: str, claim: str, nbytes: int) -> bool:

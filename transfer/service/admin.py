@@ -84,8 +84,10 @@ async def _count_files(services: Services) -> tuple[dict[str | None, dict[str, i
     """Every stored file's record, read from one listing of ``files/`` with metadata: per owner, each file's
     bytes (descriptor ``size``, what a charge counts); and how many objects had no readable record (left out,
     with a log line). The other bytes a key is charged for are counted beside its files, by id: its bundles'
-    records (:meth:`BundleService.charged`) and the TP messages it sent that wait in a mailbox
-    (:meth:`TPService.charged`)."""
+    records (:meth:`BundleService.charged`), the TP messages it sent that wait in a mailbox
+    (:meth:`TPService.charged`) and the packs of chunks it keeps for its next versions, each whole
+    (:meth:`ChunkService.charged`). A file sharing another's bytes counts its full size like any file (the
+    README's quota rule): shared content records and blobs are the operator's saving, not counted."""
     counted: dict[str | None, dict[str, int]] = {}
     unreadable = 0
     with storage_errors_translated():
@@ -103,6 +105,8 @@ async def _count_files(services: Services) -> tuple[dict[str | None, dict[str, i
         counted.setdefault(owner, {})[bundle_id] = nbytes
     async for payer, message_id, nbytes in services.tp.charged():
         counted.setdefault(payer, {})[message_id] = nbytes
+    async for holder, pack_id, nbytes in services.chunks.charged():  # chunk packs count whole, beside the files
+        counted.setdefault(holder, {})[pack_id] = nbytes
     return counted, unreadable
 
 

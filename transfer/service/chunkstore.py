@@ -480,6 +480,8 @@ class ChunkService:
         placed: dict[str, Located] = {}
         pack = new_id("p_")
         written = 0
+        kept = 0  # bytes of the pack once it is committed: what stays counted
+        verified = 0
         failure: TransferError | None = None
         try:
             with storage_errors_translated():
@@ -498,25 +500,31 @@ class ChunkService:
                                         expected=chunk.sha256,
                                         actual=digest,
                                     )
+                                verified += 1
                                 if chunk.sha256 in known or chunk.sha256 in placed:
                                     continue
                                 await writer.write(data)
                                 placed[chunk.sha256] = Located(pack, written, len(data))
                                 written += len(data)
                     except (ChunkChecksumMismatch, ContentLengthMismatch) as exc:
-                        failure = exc  # the verified chunks before it are kept
+                        failure = exc  # the verified chunks before it are kept ...
+                        if verified == len(run):
+                            placed.clear()  # ... but a body that runs on past its chunks is not what was asked
                     if not placed:
                         await writer.abort()
                     else:
                         meta = {"owner": owner or "", "stored_at": str(int(self.clock())), "chunks": str(len(placed))}
                         await writer.commit(meta)
+                        kept = written
+            # the pack first, then its index: a crash between the two leaves a pack no entry names (an orphan the
+            # sweep removes after CHUNK_GRACE, its bytes uncounted then), never an entry naming bytes not stored
             indexed = await self._index_add(owner, placed) if placed else set()
         finally:
-            if total - written:
+            if total - kept:  # the chunks known already, refused, or in a pack that was never committed
                 try:
-                    await self.lifecycle.usage.refund(owner, total - written, files=0)
+                    await self.lifecycle.usage.refund(owner, total - kept, files=0)
                 except TransferError as exc:
-                    log.warning("%d bytes of %s stay counted: %s", total - written, upload.id, exc)
+                    log.warning("%d bytes of %s stay counted: %s", total - kept, upload.id, exc)
         if failure is not None:
             raise failure
         return len(indexed), sum(placed[sha].length for sha in indexed)
@@ -756,6 +764,26 @@ class ChunkService:
         except AccessDenied:
             self.files.check_signed("POST", content, query_string, raw_path, allowed)
         return await self.manifest(file_id, TRUSTED)
+
+    # -- usage repair ------------------------------------------------------------------------------------------
+
+    async def charged(self) -> AsyncIterator[tuple[str | None, str, int]]:
+        """``(owner, claim id, bytes)`` of every stored pack (``pack-<id>``) and chunk of the old one-object-per-chunk
+        layout (``chunk-<sha256>``), for ``transfer usage repair``: what a key is charged for beside its files (a
+        pack counts whole, live chunks and garbage alike, until the sweep removes it). The ids are the ones the
+        sweep's removal claims use, so a pack whose removal is claimed but not yet refunded counts once. One
+        listing of ``cdc/`` with metadata: an admin count, never a request path. An object whose metadata names
+        no key this folder belongs to was not written by this service for that key and is left out."""
+        with storage_errors_translated():
+            listed = [info async for info in self.storage.list(PREFIX, metadata=True)]
+        for info in listed:
+            parts = info.key.split("/")
+            if len(parts) != 4 or parts[2] not in ("packs", "chunks"):
+                continue
+            owner = info.metadata.get("owner") or None
+            if key_folder(owner) != f"{PREFIX}{parts[1]}/":
+                continue
+            yield owner, ("pack-" if parts[2] == "packs" else "chunk-") + parts[3], info.size
 
     # -- sweep -------------------------------------------------------------------------------------------------
 

@@ -64,6 +64,8 @@ def session_document(files: FileService, session: Session, base: str) -> dict[st
             "events": f"{base}/v1/jobs/{session.id}/events",
         },
     }
+    if session.file_id is not None:  # born completed: content the key stores, published without a chunk
+        doc["file_id"] = session.file_id
     if session.size is not None:  # a live reader can follow it from now on
         doc["descriptor"] = streaming_descriptor(files, session, base, None).to_json()
     return doc

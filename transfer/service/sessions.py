@@ -241,6 +241,10 @@ class SessionService:
             file_ttl=file_ttl,
             staged=self.staging is not None,
         )
+        if declared is not None and size is not None:
+            shared = await self._publish_known(session, declared)
+            if shared is not None:
+                return shared
         await self.lifecycle.admit(owner, session.id, size, session.expires_at)
         try:
             async with self.quota.claim(owner, session.id):
@@ -259,6 +263,38 @@ class SessionService:
             await self.lifecycle.release_after_failure(owner, session.id)
             raise
         return session
+
+    async def _publish_known(self, session: Session, declared: str) -> Session | None:
+        """Content the owner's scope already stores (the declared SHA-256 and size): published now as a file of
+        its own sharing those bytes (:meth:`Publisher.publish_known`), and the session is born completed: no
+        chunk to send, no slot, reservation or staged file held. None: the scope stores no such content."""
+        assert session.size is not None
+        candidate = Candidate(
+            owner=session.owner,
+            upload_id=session.id,
+            size=session.size,
+            sha256=checksum_hex(declared),
+            head=b"",
+            source="session (shared)",
+            name=session.name,
+            content_type=session.content_type,
+            role=FileRole(session.role) if session.role else None,
+            description=session.description,
+            lifetime=session.file_ttl,
+            republishable_until=session.expires_at,
+        )
+        record = await self.publisher.publish_known(candidate)
+        if record is None:
+            return None
+        # the chunks' digests are unknown (no byte was read): "" until a reader asks for a chunk (open_chunk)
+        done = session.with_changes(
+            state=SessionState.COMPLETED,
+            file_id=record.id,
+            staged=False,
+            chunk_digests=[""] * (session.total_chunks or 0),
+        )
+        await self.engine.create(session_key(session.id), done.to_json())
+        return done
 
     async def is_open(self, sid: str) -> bool:
         """Whether session ``sid`` exists and is open now (the open-session quota asks)."""
@@ -555,6 +591,11 @@ class SessionService:
         to the session's owner."""
         async with self.engine.locks.hold(sid):
             session = await self.load(sid, caller)
+            if session.state is SessionState.COMPLETED and session.file_id and session.size and not session.parts:
+                # born completed, sharing stored bytes (_publish_known): completing it answers its file
+                with storage_errors_translated():
+                    info = await self.storage.stat(object_key(session.file_id))
+                return session, FileRecord.from_metadata(info.metadata)
             session.require_open(self.clock())  # completing twice is refused (SessionCompleted), as before
             size, total = session.completion_plan(session.stored, declared_size)
             hashed = await self._advance(session)
@@ -739,12 +780,24 @@ class SessionService:
                 end = min(start + session.chunk_size, session.size)
                 with storage_errors_translated():
                     reader = await self.storage.open(object_key(session.file_id))
+                digest = session.chunk_digests[index]
                 try:  # its file's expiry ends its chunk URLs too, as it ends the file's own, swept or not
-                    _require_live(FileRecord.from_metadata(reader.info.metadata), self.clock())
-                except TransferError:
+                    record = FileRecord.from_metadata(reader.info.metadata)
+                    _require_live(record, self.clock())
+                    if not digest:  # born sharing stored bytes, none read: the chunk is hashed, then read again
+                        x3 = xxhash.xxh3_128()
+                        async with await self.publisher.shared.open(record) as hashed:
+                            async for piece in hashed.read(start, end):
+                                x3.update(piece)
+                        digest = x3.hexdigest()
+                    if record.content is not None:  # its object holds no bytes: they are where its record says
+                        shared = await self.publisher.shared.open(record)
+                        await reader.close()
+                        reader = shared
+                except BaseException:
                     await reader.close()
                     raise
-                return session, ReaderStream(reader, start, end), end - start, session.chunk_digests[index]
+                return session, ReaderStream(reader, start, end), end - start, digest
             if session.staged and self.staging is not None:
                 part = session.parts.get(index)
                 if part is not None:  # recorded: its bytes are in place and never written again

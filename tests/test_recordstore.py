@@ -16,6 +16,7 @@ import pytest
 
 from storage.local import LocalStorage
 from tests.conftest import serving
+from transfer.core.a2a_protocol import RpcCode, rpc_code_of
 from transfer.errors import InvalidRequest, RecordBusy
 from transfer.hosts import create_app
 from transfer.service.lifecycle import Lifecycle
@@ -197,6 +198,7 @@ async def test_a_record_that_keeps_changing_gives_a_specific_busy_error(tmp_path
             await attempt
         assert busy.value.status == 503 and busy.value.headers == {"Retry-After": "1"}
         assert busy.value.retryable
+        assert rpc_code_of(busy.value) == RpcCode.INTERNAL_ERROR  # A2A: the server's trouble, not a conflict
     assert (await ledger.usage(None)).used == 1
 
 

@@ -55,9 +55,33 @@ async def _local(path: Path) -> LocalStorage:
     return store
 
 
+class _Gated(_Counting):
+    """Counting storage whose record writes wait at a gate (a write in flight, held there by the test)."""
+
+    def __init__(self, inner: LocalStorage) -> None:
+        super().__init__(inner)
+        self.gate = asyncio.Event()
+        self.waiting = asyncio.Event()
+
+    def create(self, key: str, **kwargs: Any) -> Any:
+        writer = super().create(key, **kwargs)
+        gated = self
+
+        class _Writer:
+            async def __aenter__(self) -> Any:
+                gated.waiting.set()
+                await gated.gate.wait()
+                return await writer.__aenter__()
+
+            async def __aexit__(self, *exc: Any) -> Any:
+                return await writer.__aexit__(*exc)
+
+        return _Writer()
+
+
 async def test_changes_queued_behind_a_write_go_in_one_write_each_with_its_own_answer(tmp_path: Path) -> None:
-    counting = _Counting(await _local(tmp_path / "s"))
-    records = RecordStore(counting)
+    gated = _Gated(await _local(tmp_path / "s"))
+    records = RecordStore(gated)  # type: ignore[arg-type]
 
     def add(n: int) -> Any:
         def change(doc: dict[str, int]) -> dict[str, int]:
@@ -65,36 +89,66 @@ async def test_changes_queued_behind_a_write_go_in_one_write_each_with_its_own_a
                 raise InvalidRequest("thirteen is refused")
             return {**doc, "total": doc["total"] + n, "last": n}
 
-        return records.update("r.json", dict, change, dict, absent={"total": 0}, group=True)
+        return asyncio.ensure_future(records.update("r.json", dict, change, dict, absent={"total": 0}, group=True))
 
-    # the first leads a round on its own; the other 19 queue behind its write and go in the next one, together
-    answers = await asyncio.gather(*(add(n) for n in range(1, 21)), return_exceptions=True)
-    assert counting.writes["r.json"] == 2
+    first = add(1)
+    await gated.waiting.wait()  # its write is in flight: the next 19 queue behind it
+    rest = [add(n) for n in range(2, 21)]
+    await asyncio.sleep(0)
+    gated.gate.set()
+    answers = await asyncio.gather(first, *rest, return_exceptions=True)
+    assert gated.writes["r.json"] == 2  # the first one's, then one for the 19 queued
     # the absent record, read once; the second round starts from the version it wrote, and reads it once more only
     # because 13 refused there (a refusal judged on a remembered version is judged again on the stored one)
-    assert counting.reads["r.json"] == 2
+    assert gated.reads["r.json"] == 2
     refused = answers[12]
     assert isinstance(refused, InvalidRequest) and str(refused) == "thirteen is refused"
     totals = [a["total"] for a in answers if isinstance(a, dict)]
     # each caller sees the record as its own change left it: the running sum without 13
     assert totals == [sum(range(1, n + 1)) - (13 if n > 13 else 0) for n in range(1, 21) if n != 13]
     assert [a["last"] for a in answers if isinstance(a, dict)] == [n for n in range(1, 21) if n != 13]
-    assert (await RecordStore(counting.inner).read("r.json"))[0] == {"total": 210 - 13, "last": 20}
+    assert (await RecordStore(gated.inner).read("r.json"))[0] == {"total": 210 - 13, "last": 20}
+
+
+async def test_a_leader_cancelled_during_its_write_leaves_its_group_answered(tmp_path: Path) -> None:
+    gated = _Gated(await _local(tmp_path / "s"))
+    records = RecordStore(gated)  # type: ignore[arg-type]
+
+    def add(n: int) -> Any:
+        return records.update(
+            "r.json", dict, lambda d: {**d, "total": d["total"] + n}, dict, absent={"total": 0}, group=True
+        )
+
+    leader = asyncio.ensure_future(add(1))
+    await gated.waiting.wait()  # its write is in flight: the next ones queue
+    followers = [asyncio.ensure_future(add(n)) for n in (10, 100)]
+    await asyncio.sleep(0)
+    leader.cancel()  # its round goes on, and keeps the record's turn
+    gated.gate.set()
+    assert [await f for f in followers] == [{"total": 11}, {"total": 111}]
+    with pytest.raises(asyncio.CancelledError):
+        await leader
+    assert (await RecordStore(gated.inner).read("r.json"))[0] == {"total": 111}
+    assert gated.writes["r.json"] == 2  # no second round raced the first: the turn stayed with the rounds' task
 
 
 async def test_a_group_of_queued_charges_is_one_write_of_the_usage_record(tmp_path: Path) -> None:
-    counting = _Counting(await _local(tmp_path / "s"))
-    ledger = UsageLedger(counting, {})
+    gated = _Gated(await _local(tmp_path / "s"))
+    gated.gate.set()
+    ledger = UsageLedger(gated, {})  # type: ignore[arg-type]
     await ledger.charge(None, "s_first", 1)  # the record exists; this process knows its version
-    counting.writes.clear()
-    counting.reads.clear()
-    charged = await asyncio.gather(
-        ledger.charge(None, "s_lead", 10),  # leads a round: the 30 others queue behind its write
-        *(ledger.charge(None, f"s_{i}", 100, until=ledger.clock() + 60) for i in range(30)),
-    )
-    assert charged == [True] * 31
-    assert counting.writes == {usage_key(None): 2}  # the lead's write, then one for the 30 queued charges
-    assert counting.reads == {}  # each round started from the version this process wrote
+    gated.writes.clear()
+    gated.reads.clear()
+    gated.gate.clear()
+    gated.waiting.clear()
+    lead = asyncio.ensure_future(ledger.charge(None, "s_lead", 10))
+    await gated.waiting.wait()  # its write is in flight: 30 charges queue behind it
+    queued = [asyncio.ensure_future(ledger.charge(None, f"s_{i}", 100, until=ledger.clock() + 60)) for i in range(30)]
+    await asyncio.sleep(0)
+    gated.gate.set()
+    assert await asyncio.gather(lead, *queued) == [True] * 31
+    assert gated.writes == {usage_key(None): 2}  # the lead's write, then one for the 30 queued charges
+    assert gated.reads == {}  # each round started from the version this process wrote
     usage = await ledger.usage(None)
     assert (usage.used, usage.files) == (1 + 10 + 30 * 100, 32)
 

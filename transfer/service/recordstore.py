@@ -15,10 +15,11 @@ with ``Retry-After``: nothing was written, send it again) rather than queueing b
 whose compare-and-set round trip is slow, 200 rounds kept one request 35 s in the loop.
 
 Group commit (``update(..., group=True)``): a record that every request of a key changes (its usage) would make
-each request wait for its own compare-and-set write. Changes of one record that arrive while a write of it is in
-flight in this process queue, and the next round applies all of them, in order, to the record and writes it
-once; each caller gets its own result (or its own error: a change that refuses is left out, the others are
-written). A round that loses the race applies all of them again to the newer record, within the policy.
+each request wait for its own compare-and-set write. Changes of one record queue in this process; one task per
+record runs its rounds while anything is queued, and each round applies every change queued so far (those that
+arrived while the previous write was in flight), in order, to the record and writes it once. Each caller gets its
+own result (or its own error: a change that refuses is left out, the others are written); a round that loses the
+race applies all of them again to the newer record, within the policy.
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ class RecordStore:
         self.locks = KeyedLocks()
         self._seen: OrderedDict[str, tuple[Any, str]] = OrderedDict()
         self._queued: dict[str, list[_Queued[Any]]] = {}  # grouped changes waiting for the next round, per record
+        self._rounds: dict[str, asyncio.Future[None]] = {}  # the task that runs a record's rounds, while it runs
 
     def _remember(self, key: str, doc: Any, etag: str) -> None:
         if not etag:
@@ -224,19 +226,19 @@ class RecordStore:
         absent: Any,
         durable: bool,
     ) -> T:
-        """Queue ``change``; the first caller to hold the record's turn leads one round for everything queued."""
+        """Queue ``change`` for the record's rounds (started if none runs) and wait for its answer."""
         entry: _Queued[T] = _Queued(change, asyncio.get_running_loop().create_future(), durable)
         # an answer nobody waits for any more (its caller was cancelled after its round took it) is not an error
         entry.answer.add_done_callback(lambda f: None if f.cancelled() else f.exception())
-        self._queued.setdefault(key, []).append(entry)
+        running = self._rounds.get(key)
+        if running is not None and not running.done() and running.get_loop() is entry.answer.get_loop():
+            self._queued.setdefault(key, []).append(entry)  # for the round after the one in flight
+        else:  # no round runs: this change is the first one's, taken now; what comes meanwhile queues behind it
+            self._queued.pop(key, None)  # (left by a loop that closed under its task: nobody waits for them)
+            entry.taken = True
+            self._rounds[key] = asyncio.ensure_future(self._drain(key, decode, encode, absent, [entry]))
         try:
-            async with self.locks.hold(key):
-                if not entry.taken:  # nobody took it into a round while we waited: lead one for everyone queued
-                    batch = self._queued.pop(key)
-                    for queued in batch:
-                        queued.taken = True
-                    # shielded: the callers in the batch wait on it even if the one that leads it is cancelled
-                    await asyncio.shield(asyncio.ensure_future(self._round(key, decode, encode, absent, batch)))
+            return await asyncio.shield(entry.answer)
         except asyncio.CancelledError:
             queue = self._queued.get(key)
             if not entry.taken and queue is not None:
@@ -244,7 +246,34 @@ class RecordStore:
                 if not queue:
                     del self._queued[key]
             raise
-        return await asyncio.shield(entry.answer)  # done already, unless a cancelled leader's round still runs
+
+    async def _drain(
+        self,
+        key: str,
+        decode: Callable[[Any], T],
+        encode: Callable[[T], Any],
+        absent: Any,
+        batch: list[_Queued[T]],
+    ) -> None:
+        """The rounds of one record, in its turn: ``batch``, then every change queued meanwhile, until nothing is
+        queued. A task of its own, not any caller's: a caller cancelled while its change is being written does not
+        give the record's turn away (which would start a second round racing the first)."""
+        try:
+            async with self.locks.hold(key):
+                while True:
+                    await self._round(key, decode, encode, absent, batch)
+                    batch = self._queued.pop(key, [])
+                    if not batch:
+                        del self._rounds[key]  # in the same step as the look at the queue: a change queued later
+                        return  # starts the next task
+                    for queued in batch:
+                        queued.taken = True
+        except BaseException:
+            self._rounds.pop(key, None)
+            for queued in [*batch, *self._queued.pop(key, [])]:  # cancelled (the loop is closing): not applied
+                if not queued.answer.done():
+                    queued.answer.cancel()
+            raise
 
     async def _round(
         self, key: str, decode: Callable[[Any], T], encode: Callable[[T], Any], absent: Any, batch: list[_Queued[T]]
@@ -261,7 +290,9 @@ class RecordStore:
                         queued.answer.set_exception(exc)
                     else:
                         queued.answer.cancel()
-            raise
+            if not isinstance(exc, Exception):
+                raise  # cancelled or exiting; an error is every caller's answer, not the task's
+            return
         for queued, (ok, outcome) in zip(batch, outcomes, strict=True):
             if not queued.answer.done():
                 if ok:

@@ -21,7 +21,7 @@ from benchmarks.e2e import service
 from storage.local import LocalStorage
 from tests.conftest import LiveServer, running
 from transfer.core.auth import TRUSTED, new_token, token_hash
-from transfer.errors import InvalidRequest, VersionConflict
+from transfer.errors import InvalidRequest, RecordBusy
 from transfer.service.container import Services
 from transfer.service.publisher import file_id_for
 from transfer.service.recordstore import RecordStore, RetryPolicy
@@ -232,20 +232,20 @@ async def test_a_record_update_that_keeps_losing_gives_up_within_its_rounds_and_
     losing = _AlwaysChanged(store)
     await RecordStore(store).create("r.json", {"n": 0})
     by_rounds = RecordStore(losing, RetryPolicy(attempts=5, budget=1e9, base=0, cap=0))  # type: ignore[arg-type]
-    with pytest.raises(VersionConflict):
+    with pytest.raises(RecordBusy):
         await by_rounds.update("r.json", dict, lambda d: {"n": d["n"] + 1}, dict)
     assert losing.conditional_writes == 5
     ticks = iter(range(10_000))  # each look at the clock: one more second
     by_time = RetryPolicy(attempts=1000, budget=3.0, base=0, cap=0, clock=lambda: float(next(ticks)))
     losing.conditional_writes = 0
-    with pytest.raises(VersionConflict):
+    with pytest.raises(RecordBusy):
         await RecordStore(losing, by_time).update("r.json", dict, lambda d: {"n": d["n"] + 1}, dict)  # type: ignore[arg-type]
     assert 1 < losing.conditional_writes <= 3  # the 3 s budget, not the 1,000 rounds, ended it
     assert (await RecordStore(store).read("r.json"))[0] == {"n": 0}
     ledger = UsageLedger(losing, {}, policy=RetryPolicy(attempts=4, budget=1e9, base=0, cap=0))  # type: ignore[arg-type]
     await ledger.charge(None, "a", 1)  # the first write of a usage record is if-absent
     losing.conditional_writes = 0
-    with pytest.raises(VersionConflict):
+    with pytest.raises(RecordBusy):
         await ledger.charge(None, "b", 1)
     assert losing.conditional_writes == 4
 

@@ -65,6 +65,8 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── Conflict                       409 conflict
     │   ├── ChunkConflict              409 chunk_conflict        (other bytes already stored for that chunk)
     │   ├── VersionConflict            409 version_conflict      (a compare-and-set lost: the record changed)
+    │   │   └── RecordBusy             503 record_busy           (a record kept changing past the retry policy;
+    │   │                                                         Retry-After: nothing is wrong with the request)
     │   ├── SessionCompleted           409 session_completed
     │   ├── UploadOffsetMismatch       409 upload_offset_mismatch (IETF resumable upload: detail expected/provided)
     │   ├── SessionIncomplete          409 session_incomplete    (detail: missing chunk ranges)
@@ -435,6 +437,19 @@ class VersionConflict(Conflict):
     """A compare-and-set (``if_match``) found another version than the one it was based on: read and retry."""
 
     code = "version_conflict"
+
+
+class RecordBusy(VersionConflict):
+    """A record every replica updates (a key's usage, an upload's record) kept changing under this request for
+    longer than the record store's retry policy allows: nothing of the request's change was written and the request
+    itself is fine, so it is a 503 with ``Retry-After`` (send it again), not a conflict the client caused. A
+    :class:`VersionConflict` still, for the code that treats a lost race as one."""
+
+    code = "record_busy"
+    status = 503
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None, **detail: Any) -> None:
+        super().__init__(message, headers={"Retry-After": "1", **(headers or {})}, **detail)
 
 
 class SessionCompleted(Conflict):

@@ -140,7 +140,7 @@ def rpc_code_of(exc: TransferError) -> RpcCode:
         return RpcCode.INVALID_PARAMS
     if isinstance(exc, AccessDenied):
         return RpcCode.FORBIDDEN
-    if isinstance(exc, Conflict):
+    if isinstance(exc, Conflict) and exc.status < 500:  # a record busy past its retries (503) is the server's
         return RpcCode.UNSUPPORTED_OPERATION
     return RpcCode.INVALID_PARAMS if exc.status < 500 else RpcCode.INTERNAL_ERROR
 

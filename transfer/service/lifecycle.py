@@ -120,7 +120,7 @@ class Lifecycle:
         that ends the claim refunds ``nbytes`` (or ``refund_of`` the object's stored size) and ``files``: a double
         delete refunds once. A crash after the object went leaves the usage too high, never too low
         (``transfer usage repair`` recounts it)."""
-        if not await self.usage.claim_removal(owner, ledger_id, nbytes):
+        if not await self.usage.claim_removal(owner, ledger_id, nbytes, files=files):
             return False  # another delete, poll or sweep is removing it right now
         try:
             with storage_errors_translated():

@@ -48,8 +48,7 @@ _BASE64_RE = re.compile(r"^[A-Za-z0-9+/\-_]*={0,2}$")
 
 
 class TransferMode(enum.StrEnum):
-    """How a FileContent's bytes travel (seed 000): inline base64, a signed URL, a streaming session, or
-    multipart."""
+    """How a FileContent's bytes travel (seed 000): inline, a signed URL, a streaming session, or multipart."""
 
     INLINE = "inline"
     URL = "url"
@@ -85,7 +84,7 @@ class BundleItemRole(enum.StrEnum):
 
 
 class DownloadMethod(enum.StrEnum):
-    """How a descriptor's ``url`` is fetched (seed 000): GET, POST, or a signed URL."""
+    """How a descriptor's url is fetched (seed 000): GET, POST, or a signed URL."""
 
     GET = "GET"
     POST = "POST"

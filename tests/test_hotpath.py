@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,8 +22,9 @@ from transfer.api.hotpath import HotPath
 from transfer.core.auth import new_token, token_hash
 from transfer.settings import Settings
 
-TOKENS = {name: new_token() for name in ("alice", "bob", "reader")}
-SCOPES = {"alice": ["upload", "read"], "bob": ["upload", "read"], "reader": ["read"]}
+TOKENS = {name: new_token() for name in ("alice", "bob", "reader", "tight")}
+SCOPES = {"alice": ["upload", "read"], "bob": ["upload", "read"], "reader": ["read"], "tight": ["upload", "read"]}
+QUOTAS = {"tight": 6000}  # bytes the "tight" key may store
 TUS = {"tus-resumable": "1.0.0"}
 # header fields whose values must be the same on both paths (ids, dates and signatures differ by nature)
 SAME_FIELDS = ("content-type", "content-length", "tus-resumable", "upload-offset", "accept-ranges", "content-range")
@@ -34,7 +36,11 @@ def key(name: str) -> dict[str, str]:
 
 @pytest.fixture
 def live(tmp_path: Path) -> Iterator[LiveServer]:
-    keys = {name: {"sha256": token_hash(TOKENS[name]), "scopes": SCOPES[name]} for name in TOKENS}
+    keys: dict[str, dict[str, Any]] = {
+        name: {"sha256": token_hash(TOKENS[name]), "scopes": SCOPES[name]} for name in TOKENS
+    }
+    for name, limit in QUOTAS.items():
+        keys[name]["max_bytes"] = limit
     settings = Settings(
         data_dir=tmp_path / "data",
         signing_keys={"t": "0123456789abcdef0123"},
@@ -295,3 +301,119 @@ def test_the_signature_index_answers_each_head_for_itself() -> None:
     assert resolve_content_type(png, None, declared=None, hinted=None) == "image/png"
     assert _MAGIC.may_match(bytes(text)) is False
     assert resolve_content_type(text, None, declared=None, hinted=None) == "text/plain"
+
+
+# --- byte for byte: the raw answers of the two paths ---
+
+REQUEST_ID = "same-request-id-01"  # a client's X-Request-ID is kept: both answers then carry the same one
+# what differs between two answers by nature: the Date field, a new file's id (and the signature, expiry and
+# timestamps derived from it); everything else must be the same bytes
+_VARYING = [
+    (re.compile(rb"\r\ndate: [^\r]*"), rb""),
+    (re.compile(rb"f_[0-9a-f]{32}"), rb"f_ID"),
+    (re.compile(rb"sig=[A-Za-z0-9_-]+"), rb"sig=SIG"),
+    (re.compile(rb"exp=[0-9]+"), rb"exp=EXP"),
+    (re.compile(rb"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?Z"), rb"TIME"),
+]
+
+
+def raw_answer(live: LiveServer, request: bytes, *, cut: int | None = None) -> bytes:
+    """The server's whole answer to ``request`` (sent with ``Connection: close``), read until it closes; ``cut``:
+    only that many bytes are sent, then the sending side is closed (a client gone mid-body)."""
+    host, port = live.url.rsplit("/", 1)[1].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(request if cut is None else request[:cut])
+        if cut is not None:
+            sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def upload_request(
+    live: LiveServer, body: bytes, headers: dict[str, str], *, target: str = "/v1/files", method: str = "POST"
+) -> bytes:
+    host = live.url.rsplit("/", 1)[1]
+    fields = {"host": host, "x-request-id": REQUEST_ID, "connection": "close", **headers}
+    fields.setdefault("content-length", str(len(body)))
+    head = f"{method} {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items()) + "\r\n"
+    return head.encode("latin-1") + body
+
+
+def comparable(answer: bytes) -> bytes:
+    for pattern, replacement in _VARYING:
+        answer = pattern.sub(replacement, answer)
+    return answer
+
+
+def digest_of(data: bytes) -> str:
+    return "sha-256=:" + base64.b64encode(hashlib.sha256(data).digest()).decode() + ":"
+
+
+BODY = bytes(range(256)) * 16  # 4 KiB: url mode (over the inline threshold), a sniffable binary
+BYTE_CASES: dict[str, tuple[int, str, str, dict[str, str], bytes]] = {  # status, method, target, fields, body
+    "stored": (201, "POST", "/v1/files", key("alice"), BODY),
+    "stored by PUT with a name": (201, "PUT", "/v1/files/a.bin", key("alice"), BODY),
+    "stored with a digest": (
+        201,
+        "POST",
+        "/v1/files?name=b.bin",
+        {**key("alice"), "content-digest": digest_of(BODY)},
+        BODY,
+    ),
+    "stored inline": (201, "POST", "/v1/files?inline=true", key("alice"), b"short text"),
+    "no key": (401, "POST", "/v1/files", {}, BODY),
+    "bad key": (401, "POST", "/v1/files", {"authorization": "Bearer tk_not_a_key_of_this_server"}, BODY),
+    "wrong scope": (403, "POST", "/v1/files", key("reader"), BODY),
+    # declared over the limit: refused before the body is read (the rest of it is never sent)
+    "oversized": (413, "POST", "/v1/files", {**key("alice"), "content-length": str((1 << 20) + 1)}, b"o" * 100),
+    "bad checksum": (422, "POST", "/v1/files", {**key("alice"), "content-digest": digest_of(b"other bytes")}, BODY),
+    "quota": (413, "POST", "/v1/files", key("tight"), BODY * 2),
+    "bad content coding": (400, "POST", "/v1/files", {**key("alice"), "content-encoding": "gzip"}, BODY),
+}
+
+
+@pytest.mark.parametrize("case", list(BYTE_CASES))
+def test_answers_are_the_same_bytes(live: LiveServer, paths: Paths, case: str) -> None:
+    """Each request, once through the lean path and once through the full stack: the same status line, the same
+    header fields in the same order with the same values, the same body (up to what differs by nature)."""
+    status, method, target, headers, body = BYTE_CASES[case]
+    request = upload_request(live, body, headers, target=target, method=method)
+    cut = len(request) if "content-length" in headers else None  # a body shorter than declared: then no more
+    lean = paths.lean(lambda h: httpx.Response(200, content=raw_answer(live, request, cut=cut)))
+    full = paths.full(lambda h: httpx.Response(200, content=raw_answer(live, request, cut=cut)))
+    assert lean.content.startswith(f"HTTP/1.1 {status} ".encode()), lean.content
+    assert comparable(lean.content) == comparable(full.content)
+    assert f"x-request-id: {REQUEST_ID}".encode() in lean.content
+
+
+def test_a_truncated_body_answers_the_same_bytes(live: LiveServer, paths: Paths) -> None:
+    """A client that closes after half of its declared body: the same answer (or the same silence) on both paths,
+    and nothing half-written left by either."""
+    request = upload_request(live, BODY, key("alice"))
+    cut = len(request) - len(BODY) // 2
+    lean = paths.lean(lambda h: httpx.Response(200, content=raw_answer(live, request, cut=cut)))
+    full = paths.full(lambda h: httpx.Response(200, content=raw_answer(live, request, cut=cut)))
+    assert comparable(lean.content) == comparable(full.content)
+    assert live.leftovers() == []
+
+
+def test_signed_downloads_answer_the_same_bytes(live: LiveServer, paths: Paths) -> None:
+    stored = paths.http.post("/v1/files?name=d.bin", content=BODY, headers=key("alice")).json()
+    target = "/" + stored["url"].split("/", 3)[3]
+    host = live.url.rsplit("/", 1)[1]
+    for method, fields, status in (
+        ("GET", "", 200),
+        ("HEAD", "", 200),
+        ("GET", "range: bytes=10-99\r\n", 206),
+        ("GET", "range: bytes=9999-\r\n", 416),
+        ("GET", "if-none-match: *\r\n", 304),
+    ):
+        for url, expected in ((target, status), (target.replace("sig=", "sig=0"), 403)):
+            request = f"{method} {url} HTTP/1.1\r\nhost: {host}\r\nx-request-id: {REQUEST_ID}\r\n{fields}"
+            request += "connection: close\r\n\r\n"
+            lean = paths.lean(lambda h, r=request: httpx.Response(200, content=raw_answer(live, r.encode())))
+            full = paths.full(lambda h, r=request: httpx.Response(200, content=raw_answer(live, r.encode())))
+            assert lean.content.startswith(f"HTTP/1.1 {expected} ".encode()), (method, fields, lean.content[:200])
+            assert comparable(lean.content) == comparable(full.content)

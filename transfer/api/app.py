@@ -26,7 +26,7 @@ from transfer.api.bundles import bundles_router
 from transfer.api.chunked import chunked_router
 from transfer.api.direct import direct_router
 from transfer.api.files import files_router, header_upload_options
-from transfer.api.health import health_router
+from transfer.api.health import health_router, observability_router
 from transfer.api.hotpath import HotPath, LeanApp
 from transfer.api.jobs import jobs_router
 from transfer.api.middleware import observability
@@ -102,8 +102,20 @@ def public_base_url(settings: Settings) -> Callable[[Request], str]:
     """Where descriptors point: the public URL, else the request's Host, which TrustBoundary has checked against
     the allow-list (a forged Host never reaches a route)."""
 
+    known: dict[tuple[Any, ...], str] = {}  # (scheme, server, root path, Host) -> the base URL they make
+
     def base_url(request: Request) -> str:
-        return settings.public_url or str(request.base_url).rstrip("/")
+        if settings.public_url:
+            return settings.public_url
+        scope = request.scope
+        root = scope.get("app_root_path", scope.get("root_path", ""))
+        key = (scope["scheme"], scope.get("server"), root, request.headers.get("host"))
+        found = known.get(key)
+        if found is None:  # Starlette's URL parsing, once per Host (the allow-list bounds how many there are)
+            if len(known) > 1024:
+                known.clear()
+            found = known[key] = str(request.base_url).rstrip("/")
+        return found
 
     return base_url
 
@@ -213,7 +225,8 @@ def rest_app(
     browsers = BrowserPolicy.build(settings.cors_allow_origins, settings.public_url)
     app.add_middleware(TrustBoundary, hosts=hosts, browsers=browsers)
     # outermost of all: metrics, the access log and X-Request-ID see every answer, refusals included
-    watch = observability.install(app, settings, service.storage, needs)
+    watch = observability.install(app, settings, service.storage)
+    app.include_router(observability_router(watch, needs))
     for sweep in services.maintenance():
         watch.expect_sweep(sweep.name, sweep.interval)
     app.include_router(health_router())
@@ -227,6 +240,7 @@ def rest_app(
         upload_options=header_upload_options,
         trust=TrustBoundary(app, hosts, browsers),  # its checks only: the stack keeps its own for the rest
         header_limit=settings.max_header_size,
+        vary_origin=bool(settings.cors_allow_origins),
     )
     build_routes(app)
     return app

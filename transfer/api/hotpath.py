@@ -28,6 +28,7 @@ from urllib.parse import parse_qsl
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from fastapi.routing import APIRoute, iter_route_contexts
+from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from transfer.api.middleware.observability import Observability, ObservabilityMiddleware
@@ -82,6 +83,7 @@ class HotPath:
         upload_options: UploadOptionsOf,
         trust: TrustBoundary,
         header_limit: int,
+        vary_origin: bool = False,
     ) -> None:
         self.app = app
         self.observed = ObservabilityMiddleware(_run_matched, observability)
@@ -89,6 +91,7 @@ class HotPath:
         self.upload_options = upload_options
         self.trust = trust
         self.header_limit = header_limit
+        self.vary_origin = vary_origin  # CORS is configured: its middleware adds Vary: Origin to every answer
         routes: dict[tuple[str, str], APIRoute] = {}
         for context in iter_route_contexts(app.routes):  # the routes of the included routers too
             route = context.original_route
@@ -176,23 +179,34 @@ class HotPath:
         scope["endpoint"] = route.endpoint
         scope["path_params"] = params
         request = Request(scope, receive, send)
+        outer = send  # where Starlette's outermost layer (ServerErrorMiddleware) answers an unexpected error
+        if self.vary_origin:
+            send = _with_vary_origin(send)
         if route.path.startswith(TUS_PREFIX):
             send = _with_tus_version(send)
         try:
             response = await handler(request, route, params)
         except Exception as exc:
-            response = await self._error(request, exc)
+            handled = self._handler_of(exc)
+            if handled is None:  # the stack's ServerErrorMiddleware: its answer, then the error goes on up
+                unexpected = self.app.exception_handlers.get(Exception)
+                if unexpected is not None:
+                    await (await unexpected(request, exc))(scope, receive, outer)  # type: ignore[misc]
+                raise
+            response = await handled(request, exc)
         await response(scope, receive, send)
 
-    async def _error(self, request: Request, exc: Exception) -> Response:
-        """The answer the application's exception handlers give ``exc`` (Starlette's lookup: by the class's MRO)."""
+    def _handler_of(self, exc: Exception) -> Callable[[Request, Exception], Awaitable[Response]] | None:
+        """The exception handler the stack's ExceptionMiddleware would give ``exc`` (Starlette's lookup: by the
+        class's MRO), or None when only the outermost handler of ``Exception`` would answer it."""
         handlers = self.app.exception_handlers
         for cls in type(exc).__mro__:
-            handler = handlers.get(cls)
-            if handler is not None:
-                response: Response = await handler(request, exc)  # type: ignore[misc]  # ours are all async
-                return response
-        raise exc
+            if cls is Exception:
+                return None
+            found = handlers.get(cls)
+            if found is not None:
+                return found  # type: ignore[return-value]  # ours are all async
+        return None
 
     # --- the routes: parameters as FastAPI reads them, then the route's own endpoint ---
 
@@ -201,11 +215,10 @@ class HotPath:
         options = await self.upload_options(request)
         if "inline" in params:
             options = dataclasses.replace(options, inline=params["inline"] == "true")
-        sub = Response()
-        del sub.headers["content-length"]
+        sub = _HeaderFields()
         content = await route.endpoint(request=request, response=sub, options=options, name=params.get("name"))
         response = AsciiJSONResponse(content, status_code=route.status_code or 200)
-        response.raw_headers.extend(sub.raw_headers)
+        response.raw_headers.extend(sub.raw_headers)  # as FastAPI adds the endpoint's (Location)
         return response
 
     async def _download(self, request: Request, route: APIRoute, params: dict[str, str]) -> Response:
@@ -263,6 +276,28 @@ def _upload_query(query: bytes) -> tuple[bool, str | None, bool | None]:
         else:
             return False, None, None
     return True, name, inline
+
+
+class _HeaderFields(Response):
+    """The response FastAPI hands an endpoint that takes one, for its header fields only (FastAPI's sub-response,
+    without building a whole response)."""
+
+    def __init__(self) -> None:
+        self.raw_headers = []
+
+
+def _with_vary_origin(send: Send) -> Send:
+    """``Vary: Origin`` on the response, as Starlette's CORSMiddleware adds it to an answer to a request without
+    ``Origin`` (the only kind the lean path takes) when CORS is configured: joined to a ``Vary`` already there."""
+
+    async def send_with_vary(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message.setdefault("headers", [])
+            headers = MutableHeaders(scope=message)
+            headers["Vary"] = ", ".join([*headers.getlist("Vary"), "Origin"])
+        await send(message)
+
+    return send_with_vary
 
 
 def _with_tus_version(send: Send) -> Send:

@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import re
 import sys
 import time
@@ -26,17 +27,13 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
-from prometheus_client.exposition import choose_encoder
+from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from storage.errors import StorageError
-from transfer import __version__, metrics
+from transfer import metrics
 from transfer.api.protocol.zerocopy import EXTENSION as ZERO_COPY
-from transfer.api.responses import AsciiJSONResponse
 from transfer.core.auth import Grant
-from transfer.core.auth import Scope as KeyScope
 from transfer.errors import ShuttingDown
 from transfer.settings import Settings
 
@@ -47,6 +44,9 @@ REQUEST_ID_HEADER = b"x-request-id"
 # A client's request id is kept when it is short and made of characters safe in a header, a log line and a URL
 # (UUIDs, ULIDs, W3C trace ids, hex); anything else is replaced by one of ours, never echoed.
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+# a request id names a request in logs, it guards nothing: drawn from a generator seeded by the OS, not one
+# getrandom(2) per request (a system call that hands the GIL to the storage threads and waits to get it back)
+_REQUEST_IDS = random.Random(os.urandom(32))
 PROBE_KEY = "readyz/probe"  # the reserved object readiness rewrites (nothing else lives under readyz/)
 
 # Masks for anything secret that might still be written by some other logger: signed-URL and presigned-URL query
@@ -74,13 +74,35 @@ def redact(text: str) -> str:
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str)  # built once, not per line
 
 
+class _PerSecond:
+    """A time stamp's whole-second part, formatted once per second (a log line per request would otherwise format
+    the same second again for each: ~3 µs of a ~25 µs line)."""
+
+    __slots__ = ("_format", "_last")
+
+    def __init__(self, format_second: Callable[[float], str]) -> None:
+        self._format = format_second
+        self._last: tuple[int, str] = (-1, "")
+
+    def __call__(self, created: float) -> str:
+        second = int(created)
+        last = self._last  # one read and one write of a tuple: safe without the handler's lock
+        if last[0] != second:
+            last = self._last = (second, self._format(created))
+        return last[1]
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time (RFC 3339 UTC), level, logger, message, the request's fields when the record
     is an access record, and the exception text; all of it redacted."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._second = _PerSecond(lambda created: time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)))
+
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "time": self._second(record.created) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -98,6 +120,13 @@ class TextFormatter(logging.Formatter):
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+        self._second = _PerSecond(lambda created: time.strftime(self.default_time_format, self.converter(created)))
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802  # logging's
+        """logging's own format (``2026-06-30 23:59:59,123``, local time), its second formatted once."""
+        if datefmt is not None or self.default_msec_format is None:
+            return super().formatTime(record, datefmt)
+        return self.default_msec_format % (self._second(record.created), record.msecs)
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
@@ -307,6 +336,24 @@ def _series(method: str, route: str, status: int) -> _Series:
     return found
 
 
+_DURATIONS: dict[tuple[str | None, str | None, bool], Any] = {}
+
+
+def _duration(upload_kind: str | None, download_kind: str | None, ok: bool) -> Any:
+    """The duration histogram child of an upload or a download kind and its outcome, looked up once (the kinds
+    are a fixed few)."""
+    key = (upload_kind, download_kind, ok)
+    found = _DURATIONS.get(key)
+    if found is None:
+        outcome = "ok" if ok else "error"
+        if upload_kind is not None:
+            found = metrics.upload_duration.labels(upload_kind, outcome)
+        else:
+            found = metrics.download_duration.labels(download_kind, outcome)
+        _DURATIONS[key] = found
+    return found
+
+
 class ObservabilityMiddleware:
     """Request id, metrics, the access log line and the in-flight set, for every HTTP request (pure ASGI)."""
 
@@ -328,7 +375,7 @@ class ObservabilityMiddleware:
                     request_id = value
                 break
         if request_id is None:
-            request_id = os.urandom(12).hex().encode("ascii")
+            request_id = b"%024x" % _REQUEST_IDS.getrandbits(96)
         obs = self.obs
         handle = InFlight(upload_kind, download_kind)
         obs.in_flight.add(handle)
@@ -409,11 +456,8 @@ class ObservabilityMiddleware:
                 series.received.inc(received)
             if sent:
                 series.sent.inc(sent)
-            if route_obj is not None:
-                if upload_kind is not None:
-                    metrics.upload_duration.labels(upload_kind, "ok" if status < 400 else "error").observe(duration)
-                elif download_kind is not None:
-                    metrics.download_duration.labels(download_kind, "ok" if status < 400 else "error").observe(duration)
+            if route_obj is not None and (upload_kind is not None or download_kind is not None):
+                _duration(upload_kind, download_kind, status < 400).observe(duration)
             if access_log.isEnabledFor(logging.INFO):
                 grant = scope.get("state", {}).get("grant")
                 key = grant.key.name if isinstance(grant, Grant) and grant.key is not None else None
@@ -437,28 +481,12 @@ class ObservabilityMiddleware:
                 )
 
 
-def install(app: FastAPI, settings: Settings, storage: Any, needs: Callable[[KeyScope], Any]) -> Observability:
-    """Add ``/metrics`` and ``/readyz`` to ``app`` and wrap it in the observability middleware (call last in
-    ``create_app``: the middleware must be outermost). ``needs`` is the app's scope dependency: ``/metrics`` takes
-    an admin key when keys are configured, as the other admin endpoints do."""
+def install(app: FastAPI, settings: Settings, storage: Any) -> Observability:
+    """Wrap ``app`` in the observability middleware (call last in ``rest_app``: the middleware must be outermost)
+    and return its state; the application includes :func:`transfer.api.health.observability_router` of that state
+    for ``/metrics`` and ``/readyz``."""
     obs = Observability(settings, probe=storage_probe(storage))
     obs.export_gauges()
     app.state.observability = obs
-
-    @app.get("/metrics", dependencies=[needs(KeyScope.ADMIN)], tags=["service"], include_in_schema=True)
-    async def prometheus_metrics(request: Request) -> Response:
-        """This process's metrics in the exposition format the scraper's Accept asks for (Prometheus text or
-        OpenMetrics); an admin key when keys are configured."""
-        encode, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(encode(metrics.registry), headers={"content-type": content_type})
-
-    @app.get("/readyz", tags=["service"], responses={503: {"description": "not ready: see checks"}})
-    async def readyz() -> JSONResponse:
-        """Readiness: storage reachable and writable, sweeps running, not shutting down. ``/healthz`` stays a
-        liveness check (the process answers)."""
-        ok, checks = await obs.readiness()
-        body = {"status": "ready" if ok else "not_ready", "version": __version__, "checks": checks}
-        return AsciiJSONResponse(body, status_code=200 if ok else 503, headers={"cache-control": "no-store"})
-
     app.add_middleware(ObservabilityMiddleware, obs=obs)
     return obs

@@ -89,7 +89,10 @@ def serve(app: Any, settings: Settings, tls: ListenerTLS | None = None) -> Itera
         yield f"{'https' if tls else 'http'}://127.0.0.1:{port}", server
     finally:
         server.should_exit = True
-        thread.join(timeout=15)
+        thread.join(timeout=60)
+    # every stream's application task ended (one waiting forever to hand a closed stream's application its
+    # http.disconnect kept the connection, and with it the server, from stopping)
+    assert not thread.is_alive(), "the server did not stop when asked"
 
 
 def service_settings(tmp_path: Path, **extra: Any) -> Settings:

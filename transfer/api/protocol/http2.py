@@ -54,7 +54,7 @@ from hypercorn.asyncio.task_group import TaskGroup
 from hypercorn.asyncio.worker_context import AsyncioSingleTask, WorkerContext
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.events import Closed, Event, RawData, Updated
-from hypercorn.protocol.events import Body, EndBody, InformationalResponse, Request
+from hypercorn.protocol.events import Body, EndBody, InformationalResponse, Request, StreamClosed
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.h2 import BUFFER_HIGH_WATER, BUFFER_LOW_WATER, BufferCompleteError, H2Protocol, StreamBuffer
 from hypercorn.protocol.http_stream import ASGIHTTPState, HTTPStream
@@ -108,13 +108,54 @@ class H2Options:
 
 
 class InformationalStream(HTTPStream):
-    """Hypercorn's HTTP stream with the ``http.response.informational`` extension (1xx before the response)."""
+    """Hypercorn's HTTP stream with the ``http.response.informational`` extension (1xx before the response), whose
+    closing never waits on its application.
+
+    The application's queue holds one message (:meth:`H2Options.hypercorn`). A body the application never reads (a
+    GET's end of body; an upload answered 413 before its end) would make the next put wait forever: the feeder's
+    (:meth:`FlowControlledH2._feed`), or the ``http.disconnect`` of the closing stream, put from inside the
+    application's own last send when the stream closes because its response ended. That task, and with it the
+    connection and the server's shutdown, would never finish. So once the stream closes, a put still waiting is
+    cancelled and the unread body dropped (nobody will read it) before ``http.disconnect`` goes in."""
+
+    _body_put: asyncio.Future[None] | None = None
+    _body_stopped = False
 
     async def handle(self, event: StreamEvent) -> None:
+        if isinstance(event, (Body, EndBody)):
+            await self._hand_body(event)
+            return
+        if isinstance(event, StreamClosed):
+            self._stop_body()
         await super().handle(event)
         if isinstance(event, Request) and not self.closed:
             # the application's task was created above but has not run yet (nothing awaited since): it sees this
             self.scope["extensions"][INFORMATIONAL] = {}
+
+    async def _hand_body(self, event: Body | EndBody) -> None:
+        if self.closed:
+            return  # nobody reads a closed stream's body
+        queue = getattr(self.app_put, "__self__", None)
+        if not isinstance(queue, asyncio.Queue) or not queue.full():
+            await super().handle(event)  # room for it: no wait to cancel
+            return
+        put = self._body_put = asyncio.ensure_future(super().handle(event))
+        try:
+            await put
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not (put.cancelled() and self._body_stopped) or (task is not None and task.cancelling()):
+                raise  # the feeder itself was cancelled, not the put by the stream's closing
+        finally:
+            self._body_put = None
+
+    def _stop_body(self) -> None:
+        self._body_stopped = True
+        if self._body_put is not None:
+            self._body_put.cancel()
+        queue = getattr(self.app_put, "__self__", None)
+        while isinstance(queue, asyncio.Queue) and not queue.empty():
+            queue.get_nowait()
 
     async def app_send(self, message: Any) -> None:
         if message is not None and message["type"] == INFORMATIONAL:

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import mmap
 import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -39,6 +41,8 @@ RUN_BYTES = 64 << 20  # bytes of missing chunks sent in one body (the service st
 READ_BYTES = 1 << 20  # bytes read from the file per piece of a body
 FETCH_RUN_BYTES = 8 << 20  # bytes of consecutive missing chunks fetched in one ranged GET
 COMPLETE_ATTEMPTS = 3
+WHOLE_FRACTION = 0.9  # the key lacks this share of the file's bytes or more: send it whole (PUT …/file)
+CUT_HASH_BATCH = 8 << 20  # bytes of chunks hashed per task while the file is cut
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +58,9 @@ class DedupOutcome:
 
 def cut_file(path: str | os.PathLike[str], chunking: dict[str, Any] | None = None) -> Manifest:
     """The manifest of the file at ``path``: FastCDC chunks with the service's parameters, each SHA-256 hashed, and
-    the whole file's SHA-256. Runs in the calling thread (CPU and file reads: call it off the event loop)."""
+    the whole file's SHA-256. Runs in the calling thread (CPU and file reads: call it off the event loop); the
+    chunk hashes and the whole-file hash run on two helper threads while the cutter finds the next boundaries
+    (all three release the GIL), so on two free cores the cut costs about one SHA-256 pass of wall time."""
     params = chunking or CHUNKING
     cdc = FastCDC(
         avg_size=int(params["avg_size"]),
@@ -63,17 +69,38 @@ def cut_file(path: str | os.PathLike[str], chunking: dict[str, Any] | None = Non
         normalized_chunking=int(params.get("normalized_chunking", 1)),  # type: ignore[arg-type]
         seed=int(params.get("seed", 0)),
     )
-    whole = hashlib.sha256()
-    chunks: list[Chunk] = []
     if os.path.getsize(path) == 0:
-        return Manifest(size=0, sha256=whole.hexdigest(), chunks=())
-    for piece in cdc.cut_file(os.fspath(path)):
-        data = piece.data
-        whole.update(data)
-        chunks.append(Chunk(piece.offset, piece.length, hashlib.sha256(data).hexdigest()))
-        del data, piece  # the chunks are views of an mmap of the file: let it go
-    size = chunks[-1].offset + chunks[-1].length
-    return Manifest(size=size, sha256=whole.hexdigest(), chunks=tuple(chunks))
+        return Manifest(size=0, sha256=hashlib.sha256().hexdigest(), chunks=())
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        view = memoryview(mapped)
+        try:
+            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="cut") as pool:
+                whole = pool.submit(lambda: hashlib.sha256(view).hexdigest())
+                bounds: list[tuple[int, int]] = []
+                batches: list[Future[list[str]]] = []
+                first = 0  # the first chunk of the batch not yet handed to a hasher
+                for piece in cdc.cut_buf(view):
+                    bounds.append((piece.offset, piece.length))
+                    del piece  # a view of the mapping: let it go
+                    if piece_end(bounds[-1]) - bounds[first][0] >= CUT_HASH_BATCH:
+                        batches.append(pool.submit(_hash_spans, view, bounds[first:]))
+                        first = len(bounds)
+                if first < len(bounds):
+                    batches.append(pool.submit(_hash_spans, view, bounds[first:]))
+                digests = [sha for batch in batches for sha in batch.result()]
+                sha = whole.result()
+        finally:
+            view.release()
+    chunks = tuple(Chunk(offset, length, d) for (offset, length), d in zip(bounds, digests, strict=True))
+    return Manifest(size=piece_end(bounds[-1]), sha256=sha, chunks=chunks)
+
+
+def piece_end(bound: tuple[int, int]) -> int:
+    return bound[0] + bound[1]
+
+
+def _hash_spans(view: memoryview, spans: list[tuple[int, int]]) -> list[str]:
+    return [hashlib.sha256(view[offset : offset + length]).hexdigest() for offset, length in spans]
 
 
 def runs(indexes: list[int], chunks: tuple[Chunk, ...], limit: int) -> list[tuple[int, int]]:
@@ -137,6 +164,13 @@ async def upload_deduplicated(
     made = response.json()
     uid = str(made["id"])
     missing = [int(i) for i in made["missing"]]
+    missing_bytes = sum(manifest.chunks[i].length for i in missing)
+    params = {k: v for k, v in {"download_method": download_method, "ttl": ttl}.items() if v is not None}
+    if made.get("file_url") and manifest.size and missing_bytes >= WHOLE_FRACTION * manifest.size:
+        # the key lacks (almost) all of it: the whole file in one body, written once by the service, is cheaper
+        # than the chunks into packs and an assembly that copies them into the file
+        whole = await _send_whole(http, server, str(made["file_url"]), path, manifest, params, progress)
+        return _outcome(whole.content, manifest, len(manifest.chunks), manifest.size, len(body))
     sent_chunks = sent_bytes = 0
     gate = asyncio.Semaphore(max(1, connections))
     fd = os.open(path, os.O_RDONLY)
@@ -218,7 +252,6 @@ async def upload_deduplicated(
                         for first, count in runs(missing, manifest.chunks, limit)
                     ]
                 )
-            params = {k: v for k, v in {"download_method": download_method, "ttl": ttl}.items() if v is not None}
             done = await http.post(f"{server}/v1/chunked/{uid}/complete", params=params)
             try:
                 await raise_for_error(done)
@@ -231,12 +264,53 @@ async def upload_deduplicated(
             break
     finally:
         os.close(fd)
-    descriptor = load_descriptor(done.content)
+    return _outcome(done.content, manifest, sent_chunks, sent_bytes, len(body))
+
+
+def _outcome(answer: bytes, manifest: Manifest, sent_chunks: int, sent_bytes: int, manifest_bytes: int) -> DedupOutcome:
+    descriptor = load_descriptor(answer)
     if not isinstance(descriptor, FileContent):
         raise InvalidDescriptor("server did not answer with a FileContent descriptor")
     if descriptor.checksum != "sha256:" + manifest.sha256 or descriptor.size != manifest.size:
         raise ChecksumMismatch("the server's checksum differs from the file's", actual=descriptor.checksum)
-    return DedupOutcome(descriptor, len(manifest.chunks), sent_chunks, sent_bytes, len(body))
+    return DedupOutcome(descriptor, len(manifest.chunks), sent_chunks, sent_bytes, manifest_bytes)
+
+
+async def _send_whole(
+    http: httpx.AsyncClient,
+    server: str,
+    url: str,
+    path: Path,
+    manifest: Manifest,
+    params: dict[str, Any],
+    progress: Progress | None,
+) -> httpx.Response:
+    """PUT the whole file to the upload's ``file_url`` (only a service that has the route names it): the service
+    checks every chunk and the whole SHA-256 on the way, writes it once and publishes."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+
+        async def stream() -> AsyncIterator[bytes]:
+            at = 0
+            while at < manifest.size:
+                data = await asyncio.to_thread(os.pread, fd, min(READ_BYTES, manifest.size - at), at)
+                if not data:
+                    raise ChecksumMismatch(f"{path} changed while it was being uploaded")
+                at += len(data)
+                if progress:
+                    progress(at, manifest.size)
+                yield data
+
+        response = await http.put(
+            server + url if url.startswith("/") else url,
+            params=params,
+            content=stream(),
+            headers={"content-type": "application/octet-stream", "content-length": str(manifest.size)},
+        )
+    finally:
+        os.close(fd)
+    await raise_for_error(response)
+    return response
 
 
 class ChunkCache:

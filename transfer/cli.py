@@ -401,6 +401,8 @@ async def cmd_session_descriptor(args: argparse.Namespace) -> int:
 
 
 async def cmd_resolve(args: argparse.Namespace) -> int:
+    if args.cache_size is not None and not args.cache:
+        raise CliError("invalid_request", "--cache-size needs --cache DIR")
     descriptor = _read_descriptor(args.descriptor)
     if args.output == "-" and not args.follow:
         return await _resolve_to_stdout(descriptor, args)
@@ -420,7 +422,7 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
         return await _follow(descriptor, args, options)
     if args.cache and isinstance(descriptor, FileContent):
         async with AsyncTransferClient(DEFAULT_SERVER, options=options) as client:
-            done = await client.resolve_cached(descriptor, dest, args.cache)
+            done = await client.resolve_cached(descriptor, dest, args.cache, cache_size=args.cache_size)
         print(
             f"{dest}: verified {descriptor.checksum or '(no checksum declared)'} "
             f"({done.fetched_bytes} bytes fetched, {done.cached_bytes} from the cache)",
@@ -716,6 +718,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cache_size(text: str) -> int:
+    """``--cache-size``: bytes, or with a K/M/G suffix (powers of 1024)."""
+    from transfer.bench import parse_size
+
+    try:
+        size = parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (bytes, or e.g. 512M, 2G)") from None
+    if size < 0:
+        raise argparse.ArgumentTypeError("a cache size is 0 or more")
+    return size
+
+
 def build_parser() -> argparse.ArgumentParser:
     from transfer.service.backends import BACKENDS  # the registry of storage backends (light: no backend)
 
@@ -919,6 +934,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="keep the chunks of what is resolved here; fetch only the chunks it lacks when the service gives the "
         "file's chunk manifest",
+    )
+    p.add_argument(
+        "--cache-size",
+        type=_cache_size,
+        metavar="SIZE",
+        help="with --cache: keep at most this much (e.g. 2G, 512M), evicting the least recently used chunks",
     )
     p.set_defaults(func=cmd_resolve)
 

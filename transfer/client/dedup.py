@@ -314,34 +314,75 @@ async def _send_whole(
 
 
 class ChunkCache:
-    """Chunks kept on disk, one file per SHA-256 (``<dir>/<2 hex>/<sha256>``), written atomically."""
+    """Chunks kept on disk, one file per SHA-256 (``<dir>/<2 hex>/<sha256>``), written atomically. With
+    ``max_bytes``, :meth:`trim` evicts the least recently used chunks (a hit or a store marks a chunk used: its
+    mtime) until the cache holds at most that many bytes."""
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], max_bytes: int | None = None) -> None:
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError("a cache size is a number of bytes, 0 or more")
         self.directory = Path(directory)
+        self.max_bytes = max_bytes
 
     def path(self, sha: str) -> Path:
         return self.directory / sha[:2] / sha
 
     def get(self, sha: str, length: int) -> bytes | None:
-        """The chunk's bytes if cached and intact (a damaged file is removed)."""
+        """The chunk's bytes if cached and intact (a damaged file is removed); a hit marks it recently used."""
         try:
             data = self.path(sha).read_bytes()
         except OSError:
             return None
         if len(data) == length and hashlib.sha256(data).hexdigest() == sha:
+            self._touch(sha)
             return data
         self.path(sha).unlink(missing_ok=True)
         return None
 
+    def _touch(self, sha: str) -> None:
+        try:
+            os.utime(self.path(sha))
+        except OSError:  # evicted meanwhile by another resolver sharing the directory: nothing to mark
+            pass
+
     def put(self, sha: str, data: bytes | memoryview) -> None:
         final = self.path(sha)
         if final.exists():
+            self._touch(sha)
             return
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.parent / f".{sha}.{secrets.token_hex(4)}"
         with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, final)
+
+    def trim(self) -> int:
+        """Evict the least recently used chunks until at most ``max_bytes`` are kept (nothing without a limit);
+        returns how many were evicted. Reads the cache directory (a client's own disk, once per resolve)."""
+        if self.max_bytes is None or not self.directory.is_dir():
+            return 0
+        kept: list[tuple[int, int, Path]] = []  # (mtime ns, size, path)
+        total = 0
+        for folder in os.scandir(self.directory):
+            if not folder.is_dir(follow_symlinks=False) or len(folder.name) != 2:
+                continue
+            for entry in os.scandir(folder.path):
+                if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
+                    continue  # a chunk being written (or not ours)
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                kept.append((info.st_mtime_ns, info.st_size, Path(entry.path)))
+                total += info.st_size
+        evicted = 0
+        for _, size, path in sorted(kept, key=lambda k: (k[0], k[2].name)):
+            if total <= self.max_bytes:
+                break
+            path.unlink(missing_ok=True)
+            total -= size
+            evicted += 1
+        return evicted
 
     def keep_file(self, path: str | os.PathLike[str], manifest: Manifest | None = None) -> int:
         """Keep the chunks of the file at ``path`` (cut with the service's parameters unless ``manifest`` says how
@@ -421,6 +462,7 @@ async def resolve_with_cache(
             raise InvalidDescriptor("the service gives no chunk manifest for this descriptor")
         await fallback(descriptor, dest)
         await asyncio.to_thread(cache.keep_file, dest)
+        await asyncio.to_thread(cache.trim)
         return CachedResolve(dest, descriptor.size or 0, 0)
     assert descriptor.url is not None
     method = "POST" if descriptor.download_method is DownloadMethod.POST else "GET"
@@ -469,6 +511,7 @@ async def resolve_with_cache(
     finally:
         os.close(fd)
         part.unlink(missing_ok=True)
+    await asyncio.to_thread(cache.trim)
     return CachedResolve(dest, fetched_bytes, cached_bytes)
 
 

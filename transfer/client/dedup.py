@@ -71,7 +71,7 @@ def cut_file(path: str | os.PathLike[str], chunking: dict[str, Any] | None = Non
     )
     if os.path.getsize(path) == 0:
         return Manifest(size=0, sha256=hashlib.sha256().hexdigest(), chunks=())
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+    with open(path, "rb") as f, _mapped(f.fileno()) as mapped:
         view = memoryview(mapped)
         try:
             with ThreadPoolExecutor(max_workers=2, thread_name_prefix="cut") as pool:
@@ -93,6 +93,15 @@ def cut_file(path: str | os.PathLike[str], chunking: dict[str, Any] | None = Non
             view.release()
     chunks = tuple(Chunk(offset, length, d) for (offset, length), d in zip(bounds, digests, strict=True))
     return Manifest(size=piece_end(bounds[-1]), sha256=sha, chunks=chunks)
+
+
+def _mapped(fd: int) -> mmap.mmap:
+    """The file read-only in memory, its pages faulted in by the kernel at once where it can (MAP_POPULATE: one
+    call instead of a fault per page as the cutter walks it)."""
+    populate = getattr(mmap, "MAP_POPULATE", 0)
+    if populate and hasattr(mmap, "MAP_SHARED"):
+        return mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | populate, prot=mmap.PROT_READ)
+    return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
 
 
 def piece_end(bound: tuple[int, int]) -> int:

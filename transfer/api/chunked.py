@@ -11,6 +11,9 @@ PUT    /v1/chunked/{id}/missing?start=k&count=n  the bytes of the chunks at posi
                                             ``missing`` list, back to back: one body (one pack) for chunks that
                                             need not be consecutive -> 200 {stored, stored_bytes}
 POST   /v1/chunked/{id}/complete            assemble, verify the whole SHA-256, publish -> 201 the FileContent
+PUT    /v1/chunked/{id}/file                the whole file in order (the key lacks most of it): each chunk and the
+                                            whole SHA-256 verified on the way, written once as the new file,
+                                            published -> 201 the FileContent (no complete: one request)
 DELETE /v1/chunked/{id}                     abort (the chunks stay for a retry, within their grace)
 GET    /v1/files/{file_id}/chunks           the chunk manifest of a file uploaded this way, for its key
 GET    /v1/files/{file_id}/manifest?exp&kid&sig   the same for whoever holds a signed URL of the file (its query):
@@ -62,6 +65,7 @@ def upload_document(upload: ChunkedUpload) -> dict[str, Any]:
         "chunks_url": f"/v1/chunked/{upload.id}/chunks/{{index}}",
         "missing_url": f"/v1/chunked/{upload.id}/missing",
         "complete_url": f"/v1/chunked/{upload.id}/complete",
+        "file_url": f"/v1/chunked/{upload.id}/file",
     }
 
 
@@ -166,6 +170,21 @@ def chunked_router(
         ttl: Annotated[int | None, Query(gt=0)] = None,
     ) -> dict[str, Any]:
         record = await chunks.complete(uid, caller_of(request))
+        descriptor = await files.describe(
+            record, base_url(request), download_method=download_method, ttl=ttl, inline=False
+        )
+        return descriptor.to_json()
+
+    @router.put(
+        "/v1/chunked/{uid}/file", dependencies=upload, status_code=201, tags=["chunked"], summary="Send it whole"
+    )
+    async def put_file(
+        request: Request,
+        uid: str,
+        download_method: DownloadMethod | None = None,
+        ttl: Annotated[int | None, Query(gt=0)] = None,
+    ) -> dict[str, Any]:
+        record = await chunks.put_file(uid, request_body(request), caller_of(request), length=_declared_length(request))
         descriptor = await files.describe(
             record, base_url(request), download_method=download_method, ttl=ttl, inline=False
         )

@@ -192,15 +192,23 @@ class AsyncTransferClient:
         descriptor: FileContent | dict[str, Any] | str,
         dest: str | os.PathLike[str],
         cache: str | os.PathLike[str],
+        *,
+        cache_size: int | None = None,
     ) -> CachedResolve:
         """Resolve into ``dest`` keeping chunks in the directory ``cache``: of a file whose manifest the service
-        gives, only the chunks the cache lacks are fetched (ranges); the whole file is SHA-256 verified as always."""
+        gives, only the chunks the cache lacks are fetched (ranges); the whole file is SHA-256 verified as always.
+        ``cache_size``: bytes the cache keeps at most afterwards (the least recently used chunks go)."""
 
         async def plain(d: FileContent, target: Path) -> None:
             await self.resolver.to_path(d, target)
 
         return await resolve_with_cache(
-            self.http, descriptor, dest, ChunkCache(cache), connections=self.options.connections, fallback=plain
+            self.http,
+            descriptor,
+            dest,
+            ChunkCache(cache, cache_size),
+            connections=self.options.connections,
+            fallback=plain,
         )
 
     async def upload_chunked(

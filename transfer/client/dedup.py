@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import mmap
 import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -39,6 +41,8 @@ RUN_BYTES = 64 << 20  # bytes of missing chunks sent in one body (the service st
 READ_BYTES = 1 << 20  # bytes read from the file per piece of a body
 FETCH_RUN_BYTES = 8 << 20  # bytes of consecutive missing chunks fetched in one ranged GET
 COMPLETE_ATTEMPTS = 3
+WHOLE_FRACTION = 0.9  # the key lacks this share of the file's bytes or more: send it whole (PUT …/file)
+CUT_HASH_BATCH = 8 << 20  # bytes of chunks hashed per task while the file is cut
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +58,9 @@ class DedupOutcome:
 
 def cut_file(path: str | os.PathLike[str], chunking: dict[str, Any] | None = None) -> Manifest:
     """The manifest of the file at ``path``: FastCDC chunks with the service's parameters, each SHA-256 hashed, and
-    the whole file's SHA-256. Runs in the calling thread (CPU and file reads: call it off the event loop)."""
+    the whole file's SHA-256. Runs in the calling thread (CPU and file reads: call it off the event loop); the
+    chunk hashes and the whole-file hash run on two helper threads while the cutter finds the next boundaries
+    (all three release the GIL), so on two free cores the cut costs about one SHA-256 pass of wall time."""
     params = chunking or CHUNKING
     cdc = FastCDC(
         avg_size=int(params["avg_size"]),
@@ -63,17 +69,47 @@ def cut_file(path: str | os.PathLike[str], chunking: dict[str, Any] | None = Non
         normalized_chunking=int(params.get("normalized_chunking", 1)),  # type: ignore[arg-type]
         seed=int(params.get("seed", 0)),
     )
-    whole = hashlib.sha256()
-    chunks: list[Chunk] = []
     if os.path.getsize(path) == 0:
-        return Manifest(size=0, sha256=whole.hexdigest(), chunks=())
-    for piece in cdc.cut_file(os.fspath(path)):
-        data = piece.data
-        whole.update(data)
-        chunks.append(Chunk(piece.offset, piece.length, hashlib.sha256(data).hexdigest()))
-        del data, piece  # the chunks are views of an mmap of the file: let it go
-    size = chunks[-1].offset + chunks[-1].length
-    return Manifest(size=size, sha256=whole.hexdigest(), chunks=tuple(chunks))
+        return Manifest(size=0, sha256=hashlib.sha256().hexdigest(), chunks=())
+    with open(path, "rb") as f, _mapped(f.fileno()) as mapped:
+        view = memoryview(mapped)
+        try:
+            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="cut") as pool:
+                whole = pool.submit(lambda: hashlib.sha256(view).hexdigest())
+                bounds: list[tuple[int, int]] = []
+                batches: list[Future[list[str]]] = []
+                first = 0  # the first chunk of the batch not yet handed to a hasher
+                for piece in cdc.cut_buf(view):
+                    bounds.append((piece.offset, piece.length))
+                    del piece  # a view of the mapping: let it go
+                    if piece_end(bounds[-1]) - bounds[first][0] >= CUT_HASH_BATCH:
+                        batches.append(pool.submit(_hash_spans, view, bounds[first:]))
+                        first = len(bounds)
+                if first < len(bounds):
+                    batches.append(pool.submit(_hash_spans, view, bounds[first:]))
+                digests = [sha for batch in batches for sha in batch.result()]
+                sha = whole.result()
+        finally:
+            view.release()
+    chunks = tuple(Chunk(offset, length, d) for (offset, length), d in zip(bounds, digests, strict=True))
+    return Manifest(size=piece_end(bounds[-1]), sha256=sha, chunks=chunks)
+
+
+def _mapped(fd: int) -> mmap.mmap:
+    """The file read-only in memory, its pages faulted in by the kernel at once where it can (MAP_POPULATE: one
+    call instead of a fault per page as the cutter walks it)."""
+    populate = getattr(mmap, "MAP_POPULATE", 0)
+    if populate and hasattr(mmap, "MAP_SHARED"):
+        return mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | populate, prot=mmap.PROT_READ)
+    return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+
+
+def piece_end(bound: tuple[int, int]) -> int:
+    return bound[0] + bound[1]
+
+
+def _hash_spans(view: memoryview, spans: list[tuple[int, int]]) -> list[str]:
+    return [hashlib.sha256(view[offset : offset + length]).hexdigest() for offset, length in spans]
 
 
 def runs(indexes: list[int], chunks: tuple[Chunk, ...], limit: int) -> list[tuple[int, int]]:
@@ -137,6 +173,13 @@ async def upload_deduplicated(
     made = response.json()
     uid = str(made["id"])
     missing = [int(i) for i in made["missing"]]
+    missing_bytes = sum(manifest.chunks[i].length for i in missing)
+    params = {k: v for k, v in {"download_method": download_method, "ttl": ttl}.items() if v is not None}
+    if made.get("file_url") and manifest.size and missing_bytes >= WHOLE_FRACTION * manifest.size:
+        # the key lacks (almost) all of it: the whole file in one body, written once by the service, is cheaper
+        # than the chunks into packs and an assembly that copies them into the file
+        whole = await _send_whole(http, server, str(made["file_url"]), path, manifest, params, progress)
+        return _outcome(whole.content, manifest, len(manifest.chunks), manifest.size, len(body))
     sent_chunks = sent_bytes = 0
     gate = asyncio.Semaphore(max(1, connections))
     fd = os.open(path, os.O_RDONLY)
@@ -218,7 +261,6 @@ async def upload_deduplicated(
                         for first, count in runs(missing, manifest.chunks, limit)
                     ]
                 )
-            params = {k: v for k, v in {"download_method": download_method, "ttl": ttl}.items() if v is not None}
             done = await http.post(f"{server}/v1/chunked/{uid}/complete", params=params)
             try:
                 await raise_for_error(done)
@@ -231,43 +273,125 @@ async def upload_deduplicated(
             break
     finally:
         os.close(fd)
-    descriptor = load_descriptor(done.content)
+    return _outcome(done.content, manifest, sent_chunks, sent_bytes, len(body))
+
+
+def _outcome(answer: bytes, manifest: Manifest, sent_chunks: int, sent_bytes: int, manifest_bytes: int) -> DedupOutcome:
+    descriptor = load_descriptor(answer)
     if not isinstance(descriptor, FileContent):
         raise InvalidDescriptor("server did not answer with a FileContent descriptor")
     if descriptor.checksum != "sha256:" + manifest.sha256 or descriptor.size != manifest.size:
         raise ChecksumMismatch("the server's checksum differs from the file's", actual=descriptor.checksum)
-    return DedupOutcome(descriptor, len(manifest.chunks), sent_chunks, sent_bytes, len(body))
+    return DedupOutcome(descriptor, len(manifest.chunks), sent_chunks, sent_bytes, manifest_bytes)
+
+
+async def _send_whole(
+    http: httpx.AsyncClient,
+    server: str,
+    url: str,
+    path: Path,
+    manifest: Manifest,
+    params: dict[str, Any],
+    progress: Progress | None,
+) -> httpx.Response:
+    """PUT the whole file to the upload's ``file_url`` (only a service that has the route names it): the service
+    checks every chunk and the whole SHA-256 on the way, writes it once and publishes."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+
+        async def stream() -> AsyncIterator[bytes]:
+            at = 0
+            while at < manifest.size:
+                data = await asyncio.to_thread(os.pread, fd, min(READ_BYTES, manifest.size - at), at)
+                if not data:
+                    raise ChecksumMismatch(f"{path} changed while it was being uploaded")
+                at += len(data)
+                if progress:
+                    progress(at, manifest.size)
+                yield data
+
+        response = await http.put(
+            server + url if url.startswith("/") else url,
+            params=params,
+            content=stream(),
+            headers={"content-type": "application/octet-stream", "content-length": str(manifest.size)},
+        )
+    finally:
+        os.close(fd)
+    await raise_for_error(response)
+    return response
 
 
 class ChunkCache:
-    """Chunks kept on disk, one file per SHA-256 (``<dir>/<2 hex>/<sha256>``), written atomically."""
+    """Chunks kept on disk, one file per SHA-256 (``<dir>/<2 hex>/<sha256>``), written atomically. With
+    ``max_bytes``, :meth:`trim` evicts the least recently used chunks (a hit or a store marks a chunk used: its
+    mtime) until the cache holds at most that many bytes."""
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], max_bytes: int | None = None) -> None:
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError("a cache size is a number of bytes, 0 or more")
         self.directory = Path(directory)
+        self.max_bytes = max_bytes
 
     def path(self, sha: str) -> Path:
         return self.directory / sha[:2] / sha
 
     def get(self, sha: str, length: int) -> bytes | None:
-        """The chunk's bytes if cached and intact (a damaged file is removed)."""
+        """The chunk's bytes if cached and intact (a damaged file is removed); a hit marks it recently used."""
         try:
             data = self.path(sha).read_bytes()
         except OSError:
             return None
         if len(data) == length and hashlib.sha256(data).hexdigest() == sha:
+            self._touch(sha)
             return data
         self.path(sha).unlink(missing_ok=True)
         return None
 
+    def _touch(self, sha: str) -> None:
+        try:
+            os.utime(self.path(sha))
+        except OSError:  # evicted meanwhile by another resolver sharing the directory: nothing to mark
+            pass
+
     def put(self, sha: str, data: bytes | memoryview) -> None:
         final = self.path(sha)
         if final.exists():
+            self._touch(sha)
             return
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.parent / f".{sha}.{secrets.token_hex(4)}"
         with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, final)
+
+    def trim(self) -> int:
+        """Evict the least recently used chunks until at most ``max_bytes`` are kept (nothing without a limit);
+        returns how many were evicted. Reads the cache directory (a client's own disk, once per resolve)."""
+        if self.max_bytes is None or not self.directory.is_dir():
+            return 0
+        kept: list[tuple[int, int, Path]] = []  # (mtime ns, size, path)
+        total = 0
+        for folder in os.scandir(self.directory):
+            if not folder.is_dir(follow_symlinks=False) or len(folder.name) != 2:
+                continue
+            for entry in os.scandir(folder.path):
+                if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
+                    continue  # a chunk being written (or not ours)
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                kept.append((info.st_mtime_ns, info.st_size, Path(entry.path)))
+                total += info.st_size
+        evicted = 0
+        for _, size, path in sorted(kept, key=lambda k: (k[0], k[2].name)):
+            if total <= self.max_bytes:
+                break
+            path.unlink(missing_ok=True)
+            total -= size
+            evicted += 1
+        return evicted
 
     def keep_file(self, path: str | os.PathLike[str], manifest: Manifest | None = None) -> int:
         """Keep the chunks of the file at ``path`` (cut with the service's parameters unless ``manifest`` says how
@@ -347,6 +471,7 @@ async def resolve_with_cache(
             raise InvalidDescriptor("the service gives no chunk manifest for this descriptor")
         await fallback(descriptor, dest)
         await asyncio.to_thread(cache.keep_file, dest)
+        await asyncio.to_thread(cache.trim)
         return CachedResolve(dest, descriptor.size or 0, 0)
     assert descriptor.url is not None
     method = "POST" if descriptor.download_method is DownloadMethod.POST else "GET"
@@ -395,6 +520,7 @@ async def resolve_with_cache(
     finally:
         os.close(fd)
         part.unlink(missing_ok=True)
+    await asyncio.to_thread(cache.trim)
     return CachedResolve(dest, fetched_bytes, cached_bytes)
 
 

@@ -34,7 +34,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from storage.base import Storage
 from storage.keyed import KeyedLocks
@@ -64,6 +64,7 @@ from transfer.service.records import FileRecord, object_key
 from transfer.service.recordstore import read_record, write_record
 
 log = logging.getLogger("transfer.chunks")
+_T = TypeVar("_T")
 
 PREFIX = "cdc/"
 CHUNK_GRACE = 24 * 3600.0  # seconds a chunk no live file names stays (an upload that stopped may come back)
@@ -95,8 +96,14 @@ def key_folder(owner: str | None) -> str:
     return PREFIX + "k" + hashlib.sha256(owner.encode("utf-8")).hexdigest()[:40] + "/"
 
 
+FILE_PACK = "file:"  # a "pack" that is a published file's own object (chunks indexed by ChunkService.put_file)
+
+
 def pack_key(owner: str | None, pack: str) -> str:
-    """Where the key ``owner`` keeps the pack ``pack``: chunks of one upload's body, back to back."""
+    """Where the key ``owner`` keeps the pack ``pack``: chunks of one upload's body, back to back; for a pack named
+    ``file:<file id>``, that file's own object (its chunks were stored once, as the file)."""
+    if pack.startswith(FILE_PACK):
+        return object_key(pack[len(FILE_PACK) :])
     return f"{key_folder(owner)}packs/{pack}"
 
 
@@ -218,6 +225,83 @@ async def _batches(
             raise ContentLengthMismatch(f"the body is longer than the {total} bytes of its chunks")
 
 
+def _check_batch(view: memoryview, chunks: list[Chunk], sha: Any) -> tuple[Chunk, str] | None:
+    """Hash each of ``chunks`` (back to back in ``view``) and feed ``view`` to the whole-file ``sha``; the first
+    chunk that does not hash to its name, with its digest (None: all do). Runs off the event loop."""
+    at = 0
+    for chunk in chunks:
+        digest = hashlib.sha256(view[at : at + chunk.length]).hexdigest()
+        if digest != chunk.sha256:
+            return chunk, digest
+        at += chunk.length
+    sha.update(view)
+    return None
+
+
+FILE_BATCH = 2 << 20  # bytes of whole chunks checked per thread hop of a whole-file body (put_file)
+
+
+async def _whole_chunks(body: AsyncIterator[bytes], manifest: Manifest) -> AsyncIterator[tuple[memoryview, int, int]]:
+    """``body`` coalesced into batches of whole chunks of about FILE_BATCH bytes: (bytes, first chunk, chunk
+    count); ContentLengthMismatch when the body is longer or shorter than the manifest's file."""
+    chunks = manifest.chunks
+    pending: list[bytes] = []
+    pending_len = received = k = 0
+    last = False
+    async for piece in body:
+        if not piece:
+            continue
+        received += len(piece)
+        if received > manifest.size:
+            raise ContentLengthMismatch(f"the body is longer than the {manifest.size} bytes of the file")
+        pending.append(piece)
+        pending_len += len(piece)
+        last = received == manifest.size
+        if pending_len < FILE_BATCH and not last:
+            continue
+        first, size = k, 0
+        while k < len(chunks) and size + chunks[k].length <= pending_len:
+            size += chunks[k].length
+            k += 1
+        if not size:
+            continue
+        data = pending[0] if len(pending) == 1 else b"".join(pending)
+        pending = [data[size:]] if size < len(data) else []
+        pending_len -= size
+        yield memoryview(data)[:size], first, k - first
+    if received != manifest.size or k != len(chunks):
+        raise ContentLengthMismatch(f"the body ended after {received} bytes; the file is {manifest.size}")
+
+
+async def _received_ahead(batches: AsyncIterator[_T], depth: int = 2) -> AsyncIterator[_T]:
+    """``batches`` as they come, the body read on by a task while the caller works on the last one (``depth``
+    batches ahead at most): the socket keeps receiving while a batch is hashed and written."""
+    queue: asyncio.Queue[tuple[bool, Any]] = asyncio.Queue(maxsize=depth)
+
+    async def produce() -> None:
+        try:
+            async for batch in batches:
+                await queue.put((True, batch))
+        except BaseException as exc:  # handed to the consumer, raised there as itself
+            await queue.put((False, exc))
+            return
+        await queue.put((False, None))
+
+    task = asyncio.create_task(produce())
+    try:
+        while True:
+            ok, item = await queue.get()
+            if not ok:
+                if item is not None:
+                    raise item
+                return
+            yield item
+    finally:
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 class ChunkService:
     """Per-key chunk stores and the uploads assembled from them (module text)."""
 
@@ -253,6 +337,7 @@ class ChunkService:
             "max_chunks": MAX_CHUNKS,
             "max_chunk_size": MAX_CHUNK,
             "max_run_bytes": MAX_RUN_BYTES,
+            "file_url": "/v1/chunked/{id}/file",  # the whole file in one body, written once (put_file)
             "max_size": self.settings.max_upload_size,
         }
 
@@ -695,6 +780,92 @@ class ChunkService:
                     await writer.commit(record.to_metadata())
 
                 return await self._publish(upload, digest, head, place)
+
+    async def put_file(self, uid: str, body: AsyncIterator[bytes], caller: Grant, *, length: int | None) -> FileRecord:
+        """Publish upload ``uid`` from ``body``: the whole file, in order (for a file whose key lacks most of its
+        chunks). Each chunk is checked against the manifest as it arrives and the whole SHA-256 computed on the
+        way, while the bytes are written once, straight into the new file's object; once it matches, the file is
+        published and its chunks indexed as ranges of that object (``file:<id>`` packs: no second copy, no extra
+        charge; when the file goes, an assembly that needs them finds them gone and asks for them again). Nothing
+        is published on any mismatch (422 ``chunk_checksum_mismatch`` / ``checksum_mismatch``, 400
+        ``content_length_mismatch``); the upload stays open. A completed upload answers its file again."""
+        async with self.locks.hold(uid):
+            upload = await self.load(uid, caller)
+            file_id = file_id_for(uid)
+            if upload.state == "completed" or await self._published(file_id):
+                return await self._record(file_id)
+            if self.clock() >= upload.expires_at:
+                raise NotFound(f"chunked upload {uid} has expired")
+            owner, manifest = upload.owner, upload.manifest
+            if length is not None and length != manifest.size:
+                raise ContentLengthMismatch(f"the file is {manifest.size} bytes, the body {length}")
+            await self.publisher.require_room(
+                owner, uid, manifest.size, what=f"chunked upload {uid}", retry="delete files and complete again"
+            )
+            sha = hashlib.sha256()
+            head = b""
+            with storage_errors_translated():
+                async with self.storage.create(object_key(file_id), size_hint=manifest.size) as writer:
+                    # the check of batch N+1 (a thread) runs while batch N is written, as the plain upload does
+                    writing: asyncio.Task[None] | None = None
+                    try:
+                        async for data, first, count in _received_ahead(_whole_chunks(body, manifest)):
+                            if len(head) < SNIFF_BYTES:
+                                head += bytes(data[: SNIFF_BYTES - len(head)])
+                            batch = list(manifest.chunks[first : first + count])
+                            bad = await asyncio.to_thread(_check_batch, data, batch, sha)
+                            if bad is not None:
+                                raise ChunkChecksumMismatch(
+                                    f"chunk at offset {bad[0].offset} does not hash to the manifest's SHA-256; "
+                                    "nothing was published",
+                                    offset=bad[0].offset,
+                                    expected=bad[0].sha256,
+                                    actual=bad[1],
+                                )
+                            if writing is not None:
+                                await writing
+                            writing = asyncio.create_task(writer.write(data))
+                        if writing is not None:
+                            await writing
+                    finally:  # never abandon a write in flight: its thread would outlive the writer's abort
+                        if writing is not None and not writing.done():
+                            await asyncio.wait([writing])
+                    digest = sha.hexdigest()
+                    self._require_checksum(manifest, digest)
+
+                    async def place(record: FileRecord) -> None:
+                        await writer.commit(record.to_metadata())
+
+                    record = await self._publish(upload, digest, head, place)
+            placed: dict[str, Located] = {}
+            if record.content is None:  # the bytes are this file's own object: index its chunks there
+                for chunk in manifest.chunks:
+                    placed.setdefault(chunk.sha256, Located(FILE_PACK + record.id, chunk.offset, chunk.length))
+
+            async def index() -> None:
+                try:
+                    await self._index_add(owner, placed)
+                except TransferError as exc:  # the file is published; its next version sends these chunks again
+                    log.warning("chunks of %s were not indexed: %s", record.id, exc)
+
+            await asyncio.gather(index(), self._completed(upload, record))
+            return record
+
+    async def _completed(self, upload: ChunkedUpload, record: FileRecord) -> None:
+        """Keep the published file's manifest, end the upload's record and its place among the key's open ones."""
+        owner, uid = upload.owner, upload.id
+        kept = {"file_id": record.id, **upload.manifest.compact()}
+        done = ChunkedUpload.from_json({**upload.to_json(), "state": "completed", "file_id": record.id})
+
+        async def end() -> None:
+            try:
+                await write_record(self.storage, upload_key(owner, uid), done.to_json())
+            except TransferError as exc:  # the file is published; the sweep ends the record at its expiry
+                log.warning("chunked upload %s published %s but its record stays open: %s", uid, record.id, exc)
+
+        await asyncio.gather(write_record(self.storage, manifest_key(owner, record.id), kept), end())
+        self._uploads.pop(uid, None)
+        await self.open_uploads.release(owner, uid)
 
     async def _publish(
         self, upload: ChunkedUpload, sha_hex: str, head: bytes, place: Callable[[FileRecord], Any]

@@ -323,15 +323,17 @@ class S3Writer(WriterContext):
         end = self._fill + len(view)
         if end <= len(self._buf):
             self._buf[self._fill : end] = view
-        elif self._held == 0 and self._fill == len(self._buf):  # small, outside the budget: grows as it comes
+        else:  # small, outside the budget, grows as it comes; or a part larger than the whole budget
+            del self._buf[self._fill :]
             self._buf += view
-        else:  # once, at the size held (more only if the size hint was short)
-            grown = bytearray(max(end, self._held))
-            grown[: self._fill] = memoryview(self._buf)[: self._fill]
-            grown[self._fill : end] = view
-            self._buf = grown
         self._fill = end
         self._written += len(view)
+
+    def _adopt(self, buf: bytearray) -> None:
+        """Fill ``buf`` (held from the budget) from now on, with the bytes gathered so far at its start."""
+        if self._fill:
+            buf[: self._fill] = memoryview(self._buf)[: self._fill]
+        self._buf = buf
 
     def _take_part(self) -> bytearray:
         """The filled bytes as the part's body (the buffer itself, cut to its fill); the next part starts empty."""
@@ -354,9 +356,12 @@ class S3Writer(WriterContext):
             left = self._part_size if self._size_hint is None else self._fill + self._size_hint - self._written
             want = min(self._part_size, max(left, self._fill + incoming, 1))
             self._held = await budget.acquire(want)
+            self._adopt(budget.buffer(self._held))
         elif self._fill + incoming > self._held and self._held < budget.clamp(self._part_size):
-            # more bytes than the size hint said: the rest of a whole part
+            # more bytes than the size hint said: the rest of a whole part, in a whole part's buffer (the short
+            # one is dropped, not kept: its bytes are counted in the whole part now)
             self._held += await budget.acquire(self._part_size - self._held)
+            self._adopt(budget.buffer(self._held))
 
     def _give_back(self) -> None:
         if self._held:
@@ -408,9 +413,13 @@ class S3Writer(WriterContext):
             self._etags[number] = str(response["ETag"])
         except StorageError as exc:
             self._failure = self._failure or exc
-        finally:
+        except BaseException:
+            # cancelled: the thread may still be sending the body, so the buffer is not handed to anyone else
             self._slots.release()
             self._s.buffers.release(held)
+            raise
+        self._slots.release()
+        self._s.buffers.give_back(body, held)  # the part is stored (or refused): its buffer serves the next part
 
     async def _drain(self) -> None:
         while self._tasks:

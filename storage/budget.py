@@ -8,6 +8,12 @@ Deadlock-free by construction as long as every holder can finish what it holds w
 takes the whole of a part's buffer before it starts filling it (never byte by byte), the small objects a holder
 writes meanwhile (records) take nothing from the budget, and a request larger than the whole budget is served as
 the whole budget (one such holder at a time).
+
+The budget also keeps the buffers it has handed out once they come back (:meth:`ByteBudget.buffer`,
+:meth:`ByteBudget.give_back`): a part buffer is allocated once and filled again by the next part, of this upload or
+another, so the process neither pays for fresh memory on every part (page faults, zeroing: it was the largest cost
+on the event loop of an upload into S3) nor returns it to the system and takes it again. What the budget holds,
+handed out and kept together, never exceeds its total.
 """
 
 from __future__ import annotations
@@ -27,6 +33,35 @@ class ByteBudget:
         self.in_use = 0
         self.peak = 0  # the most bytes held at once (tests and benchmarks read it)
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._free: list[bytearray] = []  # buffers given back, for the next holder of the same size
+        self._free_bytes = 0
+
+    @property
+    def kept(self) -> int:
+        """Bytes of buffers given back and kept for reuse (not held by anyone)."""
+        return self._free_bytes
+
+    def buffer(self, n: int) -> bytearray:
+        """A buffer of exactly ``n`` bytes for ``n`` bytes already held (:meth:`acquire`): one given back earlier
+        when one of that size is kept (its old contents are still in it), else a new one."""
+        for i in range(len(self._free) - 1, -1, -1):
+            if len(self._free[i]) == n:
+                found = self._free.pop(i)
+                self._free_bytes -= n
+                return found
+        # none of that size: what is held and what is kept must not exceed the total once this one is allocated,
+        # so kept buffers (of other sizes) go first, the oldest first
+        while self._free and self.in_use + self._free_bytes > self.total:
+            self._free_bytes -= len(self._free.pop(0))
+        return bytearray(n)
+
+    def give_back(self, buf: bytearray, held: int) -> None:
+        """Release ``held`` bytes and keep ``buf`` (when it is exactly that size) for the next :meth:`buffer`; the
+        caller must not touch ``buf`` again."""
+        if len(buf) == held and held > 0:
+            self._free.append(buf)
+            self._free_bytes += held
+        self.release(held)
 
     def clamp(self, n: int) -> int:
         """What a request for ``n`` bytes really holds: never more than the whole budget."""

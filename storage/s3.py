@@ -85,8 +85,8 @@ from storage.parts import S3Rules, plan_part_size
 T = TypeVar("T")
 MAX_PRESIGN_SECONDS = 7 * 24 * 3600  # SigV4 presigned URLs live at most 7 days
 # a writer's buffer up to this size is outside the part-buffer budget (see S3Writer._reserve): at most this much per
-# upload in flight comes on top of the budget
-UNBUDGETED = 1 << 20
+# upload in flight comes on top of the budget (records and other small objects are far smaller)
+UNBUDGETED = 256 << 10
 
 # S3 error codes -> our storage errors (the s3fs errors.py idea); anything else is BackendUnavailable.
 _ERROR_TABLE: dict[str, type[StorageError]] = {
@@ -292,6 +292,8 @@ class S3Writer(WriterContext):
         self._etags: dict[int, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(storage.config.part_buffers)
+        self._reserving = asyncio.Lock()  # one acquisition of the budget at a time (write and room_after)
+        self._progress = asyncio.Event()  # set whenever what the writer holds or has taken changes
         self._failure: StorageError | None = None
         self._written = 0
         self._done = False
@@ -317,21 +319,50 @@ class S3Writer(WriterContext):
             self._put(view[:room])
             view = view[room:]
             held, self._held = self._held, 0
+            self._progress.set()
             await self._submit(self._take_part(), held)
+
+    async def room_after(self, received: int) -> int:
+        """Wait until this writer can take bytes past offset ``received`` of its input without waiting for the
+        budget, and return how many: the caller reads no more than that before asking again, so an upload that
+        waits for a part buffer holds about one read of its body, not a pipeline full (the budget bounds what
+        uploads hold, whatever their number). ``received`` counts the bytes handed (or about to be handed) to
+        :meth:`write`; when all of them are written and no buffer is held, this takes the next part's buffer."""
+        while True:
+            if self._done or self._failure is not None:
+                return 1  # let the caller run into the error (or the end) through write
+            if self._held:
+                capacity = self._written + self._held - self._fill
+            elif self._next_part == 1:
+                capacity = self._written + UNBUDGETED - self._fill
+            else:
+                capacity = self._written
+            if capacity > received:
+                return capacity - received
+            if self._size_hint is not None and self._written >= self._size_hint:
+                return 1  # all the bytes announced are here: nothing to hold a buffer for
+            if self._held == 0 and self._written >= received:
+                await self._reserve(1 if self._next_part > 1 else UNBUDGETED + 1 - self._fill)
+                continue
+            self._progress.clear()
+            await self._progress.wait()
 
     def _put(self, view: memoryview) -> None:
         end = self._fill + len(view)
         if end <= len(self._buf):
             self._buf[self._fill : end] = view
-        elif self._held == 0 and self._fill == len(self._buf):  # small, outside the budget: grows as it comes
+        else:  # small, outside the budget, grows as it comes; or a part larger than the whole budget
+            del self._buf[self._fill :]
             self._buf += view
-        else:  # once, at the size held (more only if the size hint was short)
-            grown = bytearray(max(end, self._held))
-            grown[: self._fill] = memoryview(self._buf)[: self._fill]
-            grown[self._fill : end] = view
-            self._buf = grown
         self._fill = end
         self._written += len(view)
+        self._progress.set()
+
+    def _adopt(self, buf: bytearray) -> None:
+        """Fill ``buf`` (held from the budget) from now on, with the bytes gathered so far at its start."""
+        if self._fill:
+            buf[: self._fill] = memoryview(self._buf)[: self._fill]
+        self._buf = buf
 
     def _take_part(self) -> bytearray:
         """The filled bytes as the part's body (the buffer itself, cut to its fill); the next part starts empty."""
@@ -347,16 +378,26 @@ class S3Writer(WriterContext):
         A buffer of at most :data:`UNBUDGETED` bytes takes nothing from the budget: the small objects a request
         writes while it holds part of the budget for its large one (its upload record, its usage record) must
         never wait for the budget, or uploads holding all of it would wait for each other for ever."""
-        budget = self._s.buffers
         if self._held == 0 and self._next_part == 1 and self._fill + incoming <= UNBUDGETED:
             return
+        if self._held and self._fill + incoming <= self._held:
+            return
+        async with self._reserving:
+            await self._reserve_held(incoming)
+        self._progress.set()
+
+    async def _reserve_held(self, incoming: int) -> None:
+        budget = self._s.buffers
         if self._held == 0:
             left = self._part_size if self._size_hint is None else self._fill + self._size_hint - self._written
             want = min(self._part_size, max(left, self._fill + incoming, 1))
             self._held = await budget.acquire(want)
+            self._adopt(budget.buffer(self._held))
         elif self._fill + incoming > self._held and self._held < budget.clamp(self._part_size):
-            # more bytes than the size hint said: the rest of a whole part
+            # more bytes than the size hint said: the rest of a whole part, in a whole part's buffer (the short
+            # one is dropped, not kept: its bytes are counted in the whole part now)
             self._held += await budget.acquire(self._part_size - self._held)
+            self._adopt(budget.buffer(self._held))
 
     def _give_back(self) -> None:
         if self._held:
@@ -408,9 +449,13 @@ class S3Writer(WriterContext):
             self._etags[number] = str(response["ETag"])
         except StorageError as exc:
             self._failure = self._failure or exc
-        finally:
+        except BaseException:
+            # cancelled: the thread may still be sending the body, so the buffer is not handed to anyone else
             self._slots.release()
             self._s.buffers.release(held)
+            raise
+        self._slots.release()
+        self._s.buffers.give_back(body, held)  # the part is stored (or refused): its buffer serves the next part
 
     async def _drain(self) -> None:
         while self._tasks:
@@ -523,6 +568,7 @@ class S3Writer(WriterContext):
         self._done = True
         self._buf, self._fill = bytearray(), 0
         self._give_back()
+        self._progress.set()
         await self._drain()  # never leave a part upload running behind an abort
         s = self._s
         if self._upload_id is not None:

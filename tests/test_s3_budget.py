@@ -9,6 +9,7 @@ import hashlib
 import os
 import sys
 import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from storage.budget import ByteBudget
 from storage.s3 import S3Storage
 from tests.conftest import in_progress_uploads, s3_config
 from tests.storage_conformance import read_all
+from transfer.service.ingest import _batches
 
 pytestmark = [pytest.mark.anyio]
 MiB = 1 << 20
@@ -162,3 +164,114 @@ async def test_a_part_occupies_no_more_memory_than_its_bytes(s3_endpoint: Any, s
         await backend.close()
     # every part but the last is full (the last one may sit in a buffer held for a whole part: budgeted, too)
     assert len(slack) >= 2 and max(slack[:-1]) <= 64, slack
+
+
+async def test_given_back_buffers_are_kept_within_the_total() -> None:
+    budget = ByteBudget(10)
+    held = await budget.acquire(4)
+    first = budget.buffer(held)
+    budget.give_back(first, held)
+    assert budget.kept == 4 and budget.in_use == 0
+    assert budget.buffer(await budget.acquire(4)) is first  # the same buffer serves the next holder
+    other = await budget.acquire(6)
+    assert budget.buffer(other) is not first and budget.in_use + budget.kept <= 10
+    budget.give_back(bytearray(3), 6)  # not the size held: released, not kept
+    assert budget.kept == 0 and budget.in_use == 4
+
+
+@pytest.mark.s3
+async def test_part_buffers_are_allocated_once_and_reused(s3_endpoint: Any, s3_bucket: str) -> None:
+    """Three uploads of 21 MiB (three parts of 7 MiB: no size hint, planned for the largest object) with a budget of
+    two parts: every full part is sent from one of two buffers, filled again part after part (a fresh buffer per part
+    costs page faults and zeroing on the event loop), and every object is still stored whole."""
+    backend = S3Storage(s3_config(s3_endpoint, s3_bucket, part_size=5 * MiB, buffer_budget=14 * MiB))
+    await backend.start()
+    bodies: list[bytearray] = []  # held, so that a freed buffer's id cannot be taken by a new one
+    upload_part = backend.client.upload_part
+
+    def seen(**kwargs: Any) -> Any:
+        if len(kwargs["Body"]) == 7 * MiB:
+            bodies.append(kwargs["Body"])
+        return upload_part(**kwargs)
+
+    backend.client.upload_part = seen  # type: ignore[method-assign]
+    blobs = [os.urandom(21 * MiB) for _ in range(3)]  # no short last part (one that takes its buffer with it)
+
+    async def upload(i: int) -> None:
+        async with backend.create(f"files/r{i}") as writer:
+            for at in range(0, len(blobs[i]), 700 << 10):
+                await writer.write(blobs[i][at : at + (700 << 10)])
+            await writer.commit({})
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(upload(i) for i in range(3))), 300)
+        distinct = len({id(b) for b in bodies})
+        assert len(bodies) == 9 and distinct <= 2, (len(bodies), distinct)
+        assert backend.buffers.in_use == 0 and backend.buffers.kept <= 14 * MiB
+        for i, blob in enumerate(blobs):
+            assert hashlib.sha256(await read_all(backend, f"files/r{i}")).digest() == hashlib.sha256(blob).digest()
+    finally:
+        await backend.close()
+
+
+async def test_the_body_is_read_no_further_than_the_writer_has_room() -> None:
+    """The ingest pipeline asks the writer before each batch: while the writer has no room (it waits for a part
+    buffer), no more of the body is read, and no batch is larger than the room."""
+    pulled = 0
+
+    async def body() -> AsyncIterator[bytes]:
+        nonlocal pulled
+        for _ in range(64):
+            pulled += 64 << 10
+            yield b"x" * (64 << 10)
+
+    free = asyncio.Event()
+
+    async def room(received: int) -> int:
+        if received >= 256 << 10:
+            await free.wait()  # a writer waiting for the budget
+            return MiB
+        return (256 << 10) - received
+
+    batches: list[int] = []
+
+    async def read() -> None:
+        async for batch in _batches(body(), MiB, 1 << 30, None, room):
+            batches.append(len(batch))
+
+    task = asyncio.create_task(read())
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert pulled == 256 << 10 and sum(batches) == 256 << 10 and not task.done()
+    free.set()
+    await task
+    assert sum(batches) == pulled == 4 * MiB and max(batches) <= MiB
+
+
+@pytest.mark.s3
+async def test_a_writer_without_a_part_buffer_has_no_room_until_one_is_free(s3_endpoint: Any, s3_bucket: str) -> None:
+    """Two uploads and a budget of one part: the second has room for its first bytes (outside the budget), then
+    none while the first holds the budget, then a part's worth once the first is stored; both objects whole."""
+    backend = S3Storage(s3_config(s3_endpoint, s3_bucket, part_size=5 * MiB, buffer_budget=5 * MiB))
+    await backend.start()
+    first, second = os.urandom(5 * MiB), os.urandom(6 * MiB)  # the first: one part, held until its commit
+    try:
+        async with backend.create("files/first", size_hint=len(first)) as a:
+            await a.write(first[:MiB])  # holds the whole budget
+            async with backend.create("files/second", size_hint=len(second)) as b:
+                head = await b.room_after(0)
+                assert 0 < head <= 256 << 10
+                await b.write(second[:head])
+                waiting = asyncio.create_task(b.room_after(head))
+                await asyncio.sleep(0.2)
+                assert not waiting.done() and backend.buffers.in_use == 5 * MiB
+                await a.write(first[MiB:])
+                await a.commit({})
+                assert await asyncio.wait_for(waiting, 60) == 5 * MiB - head
+                await b.write(second[head:])
+                await b.commit({})
+        assert await read_all(backend, "files/first") == first
+        assert await read_all(backend, "files/second") == second
+        assert backend.buffers.in_use == 0
+    finally:
+        await backend.close()

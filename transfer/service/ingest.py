@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,12 +145,23 @@ class _Digests:
         return out, True
 
 
-async def _batches(body: AsyncIterator[bytes], size: int, max_raw: int, declared: int | None) -> AsyncIterator[bytes]:
+async def _batches(
+    body: AsyncIterator[bytes],
+    size: int,
+    max_raw: int,
+    declared: int | None,
+    room: Callable[[int], Awaitable[int]] | None = None,
+) -> AsyncIterator[bytes]:
     """Coalesce body pieces into batches of about ``size`` bytes (fewer thread hops, fewer write calls); stop at
-    the first piece past ``max_raw`` or past the ``declared`` length."""
+    the first piece past ``max_raw`` or past the ``declared`` length. ``room(total)``, awaited before each batch:
+    how many bytes past the ``total`` read so far the writer can take without waiting for memory (it waits for
+    some), so a batch is no larger than that and no body is read for a writer that waits."""
     pending: list[bytes] = []
     pending_len = 0
     total = 0
+    target = size
+    if room is not None:
+        size = max(1, min(size, await room(0)))
     async for piece in body:
         if not piece:
             continue
@@ -166,6 +177,8 @@ async def _batches(body: AsyncIterator[bytes], size: int, max_raw: int, declared
         if pending_len >= size:
             yield pending[0] if len(pending) == 1 else b"".join(pending)
             pending, pending_len = [], 0
+            if room is not None:
+                size = max(1, min(target, await room(total)))
     if pending:
         yield b"".join(pending)
 
@@ -212,9 +225,13 @@ async def ingest(
     queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=2)
     received = 0
 
-    async def produce() -> None:
+    async def produce(writer: ObjectWriter) -> None:
         nonlocal received
-        async for batch in _batches(body, buffer_size, max_size, request.declared_length):
+        # a writer whose memory is budgeted (S3's part buffers) paces the reading of the body; the bytes it is given
+        # are the body's own only without a coding to undo or apply
+        identity = request.body_encoding is ContentEncoding.NONE and request.store_encoding is ContentEncoding.NONE
+        room = getattr(writer, "room_after", None) if identity else None
+        async for batch in _batches(body, buffer_size, max_size, request.declared_length, room):
             received += len(batch)
             await queue.put(batch)
         await queue.put(None)
@@ -256,7 +273,7 @@ async def ingest(
     async with storage.create(object_key(file_id), size_hint=request.expected_size) as writer:
         try:
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(produce())
+                tg.create_task(produce(writer))
                 tg.create_task(consume(writer))
         except BaseExceptionGroup as group:
             raise first_error(group) from None

@@ -341,6 +341,13 @@ class S3Writer(WriterContext):
                 return capacity - received
             if self._size_hint is not None and self._written >= self._size_hint:
                 return 1  # all the bytes announced are here: nothing to hold a buffer for
+            if self._written >= received and self._held and self._fill >= self._held:
+                # a part filled to its last byte waits for one more byte in write(): none will come until there is
+                # room, so the part goes now
+                held, self._held = self._held, 0
+                self._progress.set()
+                await self._submit(self._take_part(), held)
+                continue
             if self._held == 0 and self._written >= received:
                 await self._reserve(1 if self._next_part > 1 else UNBUDGETED + 1 - self._fill)
                 continue

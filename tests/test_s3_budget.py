@@ -275,3 +275,22 @@ async def test_a_writer_without_a_part_buffer_has_no_room_until_one_is_free(s3_e
         assert backend.buffers.in_use == 0
     finally:
         await backend.close()
+
+
+@pytest.mark.s3
+async def test_a_part_filled_to_its_last_byte_makes_room(s3_endpoint: Any, s3_bucket: str) -> None:
+    """Body pieces that end exactly on a part's boundary: the full part is sent and the next one has room (the
+    writer would otherwise wait for a byte the reader waits to read, for ever)."""
+    backend = S3Storage(s3_config(s3_endpoint, s3_bucket, part_size=5 * MiB, buffer_budget=10 * MiB))
+    await backend.start()
+    blob = os.urandom(12 * MiB)
+    try:
+        async with backend.create("files/edge", size_hint=len(blob)) as writer:
+            await writer.write(blob[: 5 * MiB])
+            assert await asyncio.wait_for(writer.room_after(5 * MiB), 60) > 0
+            await writer.write(blob[5 * MiB :])
+            await writer.commit({})
+        assert await read_all(backend, "files/edge") == blob
+        assert backend.buffers.in_use == 0
+    finally:
+        await backend.close()

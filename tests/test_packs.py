@@ -351,7 +351,7 @@ class Fault:
                     raise StorageUnavailable("injected: the index write failed")
                 return await original_write(store, key, *args, **kwargs)
 
-            monkeypatch.setattr("transfer.service.chunkstore.write_record", write_record)
+            monkeypatch.setattr("transfer.service.recordstore.write_record", write_record)  # the shards' store
         else:
             original_create = storage.create
             fault = self

@@ -48,7 +48,6 @@ from transfer.errors import (
     ChunkChecksumMismatch,
     ChunkNotInManifest,
     ChunksMissing,
-    Conflict,
     ContentLengthMismatch,
     InvalidRequest,
     NotFound,
@@ -61,7 +60,7 @@ from transfer.service.files import FileService
 from transfer.service.publisher import SNIFF_BYTES, Candidate, file_id_for
 from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord, object_key
-from transfer.service.recordstore import read_record, write_record
+from transfer.service.recordstore import RecordStore, read_record, write_record
 
 log = logging.getLogger("transfer.chunks")
 _T = TypeVar("_T")
@@ -72,7 +71,6 @@ MAX_RUN_BYTES = 64 << 20  # bytes of one PUT of a run of chunks
 SEGMENT_BYTES = 8 << 20  # bytes of one ranged read of a pack while assembling (memory: two of them)
 HASH_BATCH = 4 << 20  # bytes of arrived chunks hashed in one thread hop
 INDEX_SHARDS = 16  # index records per key (by the first hex digit of a chunk's SHA-256)
-INDEX_ATTEMPTS = 40  # compare-and-set rounds of one index shard before giving up
 UPLOAD_CACHE = 1024  # upload records kept per process for chunk PUTs (their fields never change while open)
 
 
@@ -313,6 +311,7 @@ class ChunkService:
         self.lifecycle = files.lifecycle
         self.clock = clock
         self.locks = KeyedLocks()
+        self.records = RecordStore(self.storage)  # the index shards: compare-and-set, one retry policy
         self._uploads: dict[str, ChunkedUpload] = {}
         # open chunked uploads per key, bounded like its open sessions: a marker each (quota.py)
         self.open_uploads = SessionQuota(
@@ -378,23 +377,21 @@ class ChunkService:
             by_shard.setdefault(shard_of(sha), []).append(sha)
 
         async def one(name: str, members: list[str]) -> set[str]:
-            key = f"{folder}index/{name}.json"
-            for _ in range(INDEX_ATTEMPTS):
-                try:
-                    doc, etag = await read_record(self.storage, key)
-                except NotFound:
-                    doc, etag = {}, None
+            changed: set[str] = set()
+
+            def decode(doc: Any) -> dict[str, list[Any]]:
                 entries = doc.get("chunks") if isinstance(doc, dict) else None
-                entries = dict(entries) if isinstance(entries, dict) else {}
-                changed = {sha for sha in members if change(entries, sha)}
-                if not changed:
-                    return changed
-                try:
-                    await write_record(self.storage, key, {"chunks": entries}, if_absent=etag is None, if_match=etag)
-                except Conflict:  # VersionConflict too: another pack or sweep changed the shard; redo
-                    continue
-                return changed
-            raise StorageUnavailable(f"the chunk index {key} kept changing; try again")
+                return dict(entries) if isinstance(entries, dict) else {}  # a copy: the change edits it
+
+            def apply(entries: dict[str, list[Any]]) -> dict[str, list[Any]] | None:
+                changed.clear()  # a lost race runs the change again, on the shard as the winner left it
+                changed.update(sha for sha in members if change(entries, sha))
+                return entries if changed else None
+
+            await self.records.update(
+                f"{folder}index/{name}.json", decode, apply, lambda entries: {"chunks": entries}, absent={}
+            )
+            return changed
 
         done = await asyncio.gather(*(one(n, m) for n, m in by_shard.items()))
         return set().union(*done) if done else set()

@@ -613,16 +613,24 @@ class ChunkService:
 
     # -- complete ----------------------------------------------------------------------------------------------
 
+    async def _unpublished(self, uid: str, caller: Grant) -> tuple[ChunkedUpload, str, FileRecord | None]:
+        """Upload ``uid`` (the caller's), the id of the file it makes, and that file if it is published already
+        (completing again answers it); NotFound once the upload has expired unpublished."""
+        upload = await self.load(uid, caller)
+        file_id = file_id_for(uid)
+        if upload.state == "completed" or await self._published(file_id):
+            return upload, file_id, await self._record(file_id)
+        if self.clock() >= upload.expires_at:
+            raise NotFound(f"chunked upload {uid} has expired")
+        return upload, file_id, None
+
     async def complete(self, uid: str, caller: Grant) -> FileRecord:
         """Check every chunk is stored, verify the whole SHA-256 over them, publish. A completed upload answers its
         file again."""
         async with self.locks.hold(uid):
-            upload = await self.load(uid, caller)
-            file_id = file_id_for(uid)
-            if upload.state == "completed" or await self._published(file_id):
-                return await self._record(file_id)
-            if self.clock() >= upload.expires_at:
-                raise NotFound(f"chunked upload {uid} has expired")
+            upload, file_id, published = await self._unpublished(uid, caller)
+            if published is not None:
+                return published
             owner = upload.owner
             manifest = upload.manifest
             await self.publisher.require_room(
@@ -787,12 +795,9 @@ class ChunkService:
         is published on any mismatch (422 ``chunk_checksum_mismatch`` / ``checksum_mismatch``, 400
         ``content_length_mismatch``); the upload stays open. A completed upload answers its file again."""
         async with self.locks.hold(uid):
-            upload = await self.load(uid, caller)
-            file_id = file_id_for(uid)
-            if upload.state == "completed" or await self._published(file_id):
-                return await self._record(file_id)
-            if self.clock() >= upload.expires_at:
-                raise NotFound(f"chunked upload {uid} has expired")
+            upload, file_id, published = await self._unpublished(uid, caller)
+            if published is not None:
+                return published
             owner, manifest = upload.owner, upload.manifest
             if length is not None and length != manifest.size:
                 raise ContentLengthMismatch(f"the file is {manifest.size} bytes, the body {length}")

@@ -138,6 +138,24 @@ class _Duplicate(Exception):
 SignatureCheck = Callable[[str, str, str, bytes | str | None, tuple[str, ...]], None]
 
 
+def _candidate(session: Session, size: int, sha256: str, head: bytes, source: str) -> Candidate:
+    """What a session hands the publisher: its bytes' size, SHA-256 and first bytes, and the file it asked for."""
+    return Candidate(
+        owner=session.owner,
+        upload_id=session.id,
+        size=size,
+        sha256=sha256,
+        head=head,
+        source=source,
+        name=session.name,
+        content_type=session.content_type,
+        role=FileRole(session.role) if session.role else None,
+        description=session.description,
+        lifetime=session.file_ttl,
+        republishable_until=session.expires_at,
+    )
+
+
 class SessionService:
     """Chunked sessions over one storage backend; completion hands the file to the file layer's records."""
 
@@ -269,20 +287,7 @@ class SessionService:
         its own sharing those bytes (:meth:`Publisher.publish_known`), and the session is born completed: no
         chunk to send, no slot, reservation or staged file held. None: the scope stores no such content."""
         assert session.size is not None
-        candidate = Candidate(
-            owner=session.owner,
-            upload_id=session.id,
-            size=session.size,
-            sha256=checksum_hex(declared),
-            head=b"",
-            source="session (shared)",
-            name=session.name,
-            content_type=session.content_type,
-            role=FileRole(session.role) if session.role else None,
-            description=session.description,
-            lifetime=session.file_ttl,
-            republishable_until=session.expires_at,
-        )
+        candidate = _candidate(session, session.size, checksum_hex(declared), b"", "session (shared)")
         record = await self.publisher.publish_known(candidate)
         if record is None:
             return None
@@ -616,20 +621,8 @@ class SessionService:
             digests = [session.parts[i].xxh3 for i in range(total)]
             # the file id follows from the session id: two replicas completing at once compose the same object
             # and write the same record, so there is one outcome, one charge and no orphan
-            candidate = Candidate(
-                owner=session.owner,
-                upload_id=sid,
-                size=size,
-                sha256=sha_hex,
-                head=bytes(hasher.head),  # the hasher kept the first bytes as it went: no read
-                source="session",
-                name=session.name,
-                content_type=session.content_type,
-                role=FileRole(session.role) if session.role else None,
-                description=session.description,
-                lifetime=session.file_ttl,
-                republishable_until=session.expires_at,
-            )
+            # the first bytes: the hasher kept them as it went (no read)
+            candidate = _candidate(session, size, sha_hex, bytes(hasher.head), "session")
 
             async def place(record: FileRecord) -> None:
                 if session.staged:

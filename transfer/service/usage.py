@@ -77,6 +77,7 @@ class StateChange:
     applied: bool
 
     def to_json(self) -> list[Any]:
+        """The entry as the record stores it: ``[bytes, files, until, applied]``."""
         return [self.nbytes, self.files, self.until, self.applied]
 
 

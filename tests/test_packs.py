@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from tests.conftest import Clock, LiveServer, running
+from tests.test_chunked_dedup import changed
 from transfer.core.auth import token_hash
 from transfer.core.chunking import Chunk, Manifest
 from transfer.errors import StorageUnavailable
@@ -53,15 +54,6 @@ def manifest_of(data: bytes, *, smallest: int = 16 * KiB, largest: int = 128 * K
         chunks.append(Chunk(at, length, hashlib.sha256(data[at : at + length]).hexdigest()))
         at += length
     return Manifest(size=len(data), sha256=hashlib.sha256(data).hexdigest(), chunks=tuple(chunks))
-
-
-def changed(data: bytes, places: int, width: int, seed: int = 7) -> bytes:
-    rng = random.Random(seed)
-    out = bytearray(data)
-    for _ in range(places):
-        at = rng.randrange(0, len(data) - width)
-        out[at : at + width] = rng.randbytes(width)
-    return bytes(out)
 
 
 def body(data: bytes, manifest: Manifest, positions: list[int]) -> bytes:

@@ -151,7 +151,7 @@ def concurrent_memory(
                 rows.append(
                     {
                         "budget": budget,
-                        "budget_bytes": int(run_env.get("TRANSFER_S3_BUFFER_BUDGET", 96 << 20)),
+                        "budget_bytes": int(run_env.get("TRANSFER_S3_BUFFER_BUDGET", _default_budget())),
                         "clients": n,
                         "size": size,
                         "peak_rss": peak_rss_bytes(pid),
@@ -161,19 +161,28 @@ def concurrent_memory(
                     }
                 )
     src.unlink()
-    return {"engine": endpoint.engine, "rows": rows}
+    from benchmarks.summary import host_cpu
+
+    return {"engine": endpoint.engine, "cpu": host_cpu(), "rows": rows}
+
+
+def _default_budget() -> int:
+    from transfer.settings import Settings
+
+    return int(Settings.model_fields["s3_buffer_budget"].default)
 
 
 def concurrent_memory_table(report: dict[str, Any]) -> str:
     lines = [
-        f"Concurrent uploads into S3 ({report['engine']}), peak RSS of a fresh service:",
+        f"Concurrent uploads into S3 ({report['engine']}), peak RSS of a fresh service"
+        f" ({report.get('cpu', 'CPU not recorded')}):",
         "",
         "| part buffers | clients × size | peak RSS | aggregate MB/s | failed |",
         "|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         budget = (
-            f"one budget ({r.get('budget_bytes', 96 << 20) >> 20} MiB)"
+            f"one budget ({r.get('budget_bytes', 96 << 20) >> 20} MiB)"  # reports from before budget_bytes: 96
             if r["budget"] == "default"
             else "per upload (no budget)"
         )

@@ -157,7 +157,7 @@ class S3Config:
     part_buffers: int = 10  # parts in flight per upload: as many as boto3's upload_file sends
     # bytes of part buffers (filling and in flight) for every upload of the process together: 10 parts of 8 MiB in
     # flight and one filling, what one upload uses at full speed; more uploads share it (and wait for it)
-    buffer_budget: int = 96 << 20
+    buffer_budget: int = 64 << 20  # 8 parts of 8 MiB: what boto3's upload_file keeps in flight, for all uploads
     max_concurrency: int = 16  # threads (and HTTP connections) for boto3 calls, shared by every transfer
     max_object_size: int = 64 << 30
     buffer_size: int = 1 << 20  # bytes per read call

@@ -45,8 +45,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from transfer.api.middleware.limits import MinRate
 
 # bytes waiting for the application before the socket stops being read: a few socket reads, so that a busy
-# application takes them in one message
-HIGH_WATER = 1 << 20
+# application takes them in one message. Held per connection while an upload waits (e.g. for an S3 part buffer):
+# 256 KiB, not 1 MiB, so 32 paused uploads hold 8 MiB, not 32
+HIGH_WATER = 256 << 10
 
 
 class BodyCycle(RequestResponseCycle):

@@ -118,6 +118,17 @@ def resolve_command(descriptor: Path, out: Path, connections: int) -> list[str]:
     ]
 
 
+# how long a service (ours or a baseline) may take to answer after it is started: generous, since the pair is
+# lost when it is missed and start-up on a loaded 2-core machine takes far longer than the usual second or two
+START_TIMEOUT = 120.0
+
+
+def read_log(workdir: Path, name: str = "serve.log") -> str:
+    """The last lines of a service's log in ``workdir``, for the error that says why it did not start."""
+    path = workdir / name
+    return "\n".join(path.read_text(errors="replace").splitlines()[-40:]) if path.exists() else "(no log)"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -145,15 +156,20 @@ def service(
     proc = subprocess.Popen([*pin(0), *command], stdout=log, stderr=subprocess.STDOUT, cwd=workdir, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + START_TIMEOUT
         while True:
             try:
-                if httpx.get(url + "/healthz").status_code == 200:
+                if httpx.get(url + "/healthz", timeout=5).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("service did not start: " + (workdir / "serve.log").read_text())
+            if proc.poll() is not None:
+                raise RuntimeError(f"service exited ({proc.returncode}) before it was ready: " + read_log(workdir))
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"service not ready on {url}/healthz after {START_TIMEOUT:.0f} s "
+                    f"(load average {os.getloadavg()[0]:.1f}): " + read_log(workdir)
+                )
             time.sleep(0.1)
         yield url, proc.pid
     finally:
@@ -185,11 +201,16 @@ http {{ access_log off; sendfile on; tcp_nopush on; client_body_temp_path {workd
     )
     proc = subprocess.Popen([*pin(0), binary, "-c", str(conf), "-p", str(workdir)], stderr=subprocess.DEVNULL)
     try:
-        for _ in range(100):
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"nginx exited ({proc.returncode}): " + read_log(workdir, "nginx.err")) from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"nginx not listening on port {port} after {START_TIMEOUT:.0f} s") from None
                 time.sleep(0.05)
         yield f"http://127.0.0.1:{port}"
     finally:

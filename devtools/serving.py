@@ -2,16 +2,39 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import FastAPI
 
 from transfer.api.protocol.server import uvicorn_config
 from transfer.settings import Settings
+
+T = TypeVar("T")
+
+
+class ThreadServer(uvicorn.Server):
+    """uvicorn's server, remembering the event loop it serves on: the app's services (their locks, their S3
+    clients) belong to that loop, so a test that calls them directly does so there (:meth:`call`), never from
+    its own loop in another thread."""
+
+    loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    async def call(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run ``work`` on the server's loop and wait for it from the caller's loop."""
+        if self.loop is None:
+            work.close()
+            raise RuntimeError("the server is not serving")
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self.loop))
 
 
 def free_port() -> int:
@@ -21,10 +44,10 @@ def free_port() -> int:
         return port
 
 
-def serve_in_thread(app: FastAPI) -> tuple[str, Any, threading.Thread]:
+def serve_in_thread(app: FastAPI) -> tuple[str, ThreadServer, threading.Thread]:
     port = free_port()
     settings = app.state.services.settings if hasattr(app.state, "services") else Settings()
-    server = uvicorn.Server(uvicorn_config(app, settings, host="127.0.0.1", port=port, log_level="warning"))
+    server = ThreadServer(uvicorn_config(app, settings, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 120  # generous: the suite runs beside other work on two cores

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -17,7 +17,7 @@ from fastapi import FastAPI
 
 from devtools.ceph import CephCluster, ceph_cluster, ceph_missing
 from devtools.s3server import S3Endpoint, s3_client, swift_s3_server
-from devtools.serving import serve_in_thread
+from devtools.serving import ThreadServer, serve_in_thread
 from tests.layout import stored_keys
 from transfer.hosts import create_app
 from transfer.settings import Settings
@@ -64,11 +64,24 @@ def app(settings: Settings, clock: Clock) -> FastAPI:
     return create_app(settings, clock=clock)
 
 
+T = TypeVar("T")
+
+
 @dataclass
 class LiveServer:
     url: str
     app: FastAPI
     settings: Settings
+    server: ThreadServer | None = None
+
+    async def call(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run ``work`` (a call into ``app.state.services``) on the server's event loop, where the services'
+        locks and clients live; awaited from the test's loop. Calling them from the test's loop directly races
+        the server thread on the same asyncio objects ("bound to a different event loop" under load)."""
+        if self.server is None:
+            work.close()
+            raise RuntimeError("not served by serving(): await the services directly")
+        return await self.server.call(work)
 
     @property
     def data_dir(self) -> Path:
@@ -217,7 +230,7 @@ def serving(app: FastAPI, settings: Settings) -> Iterator[LiveServer]:
     """``app`` served by uvicorn on a loopback port, in a thread, for the block's duration."""
     url, server, thread = serve_in_thread(app)
     try:
-        yield LiveServer(url, app, settings)
+        yield LiveServer(url, app, settings, server)
     finally:
         server.should_exit = True
         thread.join(timeout=10)

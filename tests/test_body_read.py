@@ -18,7 +18,7 @@ from uvicorn.server import ServerState
 
 from devtools.serving import serve_in_thread
 from tests.conftest import running
-from transfer.api.protocol.bodyread import BodyCycle
+from transfer.api.protocol.bodyread import HIGH_WATER, BodyCycle
 from transfer.api.protocol.server import uvicorn_config
 from transfer.settings import Settings
 
@@ -149,7 +149,8 @@ class _Transport(asyncio.Transport):
 async def test_a_content_length_body_reaches_the_application_as_the_socket_reads_without_copies() -> None:
     """uvicorn's own path copied every body byte three times (httptools' slice, the cycle's bytearray, bytes() in
     receive) and paused reading at 64 KiB; here each read past the head is handed on as the very object the socket
-    read produced, reading pauses only past 1 MiB, and the next request on the connection is parsed afresh."""
+    read produced, reading pauses only past HIGH_WATER (256 KiB), and the next request on the connection is parsed
+    afresh."""
     started: list[Any] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -164,16 +165,17 @@ async def test_a_content_length_body_reaches_the_application_as_the_socket_reads
     protocol.data_received(b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % size + b"a" * 1000)
     cycle = protocol.cycle
     assert isinstance(cycle, BodyCycle)
-    reads = [os.urandom(256 << 10) for _ in range(3)]
+    reads = [os.urandom(64 << 10) for _ in range(3)]
     for read in reads:
         protocol.data_received(read)
-    assert transport.reading  # 769,000 bytes waiting: under the high-water mark
+    assert transport.reading  # 197,608 bytes waiting: under the high-water mark
+    assert 1000 + 3 * (64 << 10) < HIGH_WATER
     assert [piece for piece in cycle.pieces][1:] == reads and all(
         a is b for a, b in zip(list(cycle.pieces)[1:], reads, strict=True)
     )
     first = await cycle.receive()
-    assert first["more_body"] and len(first["body"]) == 1000 + 3 * (256 << 10)
-    rest = size - 1000 - 3 * (256 << 10)
+    assert first["more_body"] and len(first["body"]) == 1000 + 3 * (64 << 10)
+    rest = size - 1000 - 3 * (64 << 10)
     last = os.urandom(rest)
     protocol.data_received(last + b"GET /next HTTP/1.1\r\nhost: x\r\n\r\n")
     message = await cycle.receive()

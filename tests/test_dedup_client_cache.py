@@ -62,21 +62,20 @@ async def test_a_resolve_leaves_the_cache_within_its_limit(server: LiveServer, t
     assert cache_bytes(cache) <= MiB
 
 
+def _resolve(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``transfer resolve d.json ARGS`` in ``cwd``, as a user types it."""
+    return subprocess.run(
+        [sys.executable, "-m", "transfer", "resolve", "d.json", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
 def test_the_cli_takes_a_cache_size_only_with_a_cache(tmp_path: Path) -> None:
     (tmp_path / "d.json").write_text('{"type": "inline", "data": "aGk=", "encoding": "base64", "size": 2}')
-    run = subprocess.run(
-        [sys.executable, "-m", "transfer", "resolve", "d.json", "-o", "o.bin", "--cache-size", "1M"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    run = _resolve(tmp_path, "-o", "o.bin", "--cache-size", "1M")
     assert run.returncode != 0 and "--cache-size needs --cache" in run.stderr
-    bad = subprocess.run(
-        [sys.executable, "-m", "transfer", "resolve", "d.json", "--cache", "c", "--cache-size", "lots"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    bad = _resolve(tmp_path, "--cache", "c", "--cache-size", "lots")
     assert bad.returncode == 2 and "not a size" in bad.stderr

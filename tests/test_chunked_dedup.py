@@ -238,16 +238,19 @@ def test_transfer_upload_dedup_sends_what_changed_and_resolve_uses_its_cache(tmp
     workdir = tmp_path / "serve"
     workdir.mkdir()
     with service(workdir) as (url, _pid):
-        first = cli("upload", "--dedup", "--server", url, str(tmp_path / "v1.bin"))
+        # the default: a file whose head the key lacks goes whole at once, then its chunks are indexed
+        first = cli("upload", "--server", url, str(tmp_path / "v1.bin"))
         assert first.returncode == 0, first.stderr
-        assert f"sent {len(v1)} of {len(v1)} bytes" in first.stderr
-        second = cli("upload", "--dedup", "--server", url, str(tmp_path / "v2.bin"))
+        assert f"new to this key, sent whole ({len(v1)} bytes)" in first.stderr
+        second = cli("upload", "--server", url, str(tmp_path / "v2.bin"))
         assert second.returncode == 0, second.stderr
         sent = int(second.stderr.split("sent ")[1].split(" ")[0])
         assert 0 < sent <= 2 * 2 * 256 * 1024  # about a chunk or two per change
-        whole = cli("upload", "--server", url, str(tmp_path / "v2.bin"))  # off by default
+        whole = cli("upload", "--no-dedup", "--server", url, str(tmp_path / "v2.bin"))
         assert whole.returncode == 0 and "sent " not in whole.stderr
         assert json.loads(whole.stdout)["checksum"] == json.loads(second.stdout)["checksum"]
+        encoded = cli("upload", "--dedup", "--encoding", "gzip", "--server", url, str(tmp_path / "v2.bin"))
+        assert encoded.returncode != 0 and "invalid_request" in encoded.stderr
 
         (tmp_path / "d1.json").write_text(first.stdout)
         (tmp_path / "d2.json").write_text(second.stdout)

@@ -306,6 +306,7 @@ _SERVICE_FLAGS = (
 async def cmd_upload(args: argparse.Namespace) -> int:
     options = ResolveOptions(buffer_size=1 << 20, connections=args.connections)
     results: list[dict[str, Any]] = []
+    remember = Path(args.state_dir) if args.state_dir else state_dir()
     async with AsyncTransferClient(args.server, options=options, api_key=_api_key(args)) as client:
         for file in args.files:
             path = Path(file)
@@ -322,33 +323,15 @@ async def cmd_upload(args: argparse.Namespace) -> int:
                 "progress": progress,
                 "expires_in": args.expires_in,
             }
-            remember = Path(args.state_dir) if args.state_dir else state_dir()
-            try:
-                # opt-in: a new file goes whole but only after the client has cut and hashed it (README, "Chunked
-                # deduplicating uploads": 1.0-2.1x a plain upload of a new 64 MiB file on this machine, not yet the
-                # 1.25x that would make it the default), and the plain path must not get slower by default
-                dedup = bool(args.dedup) and path.stat().st_size >= AUTO_DEDUP_THRESHOLD
-                if dedup:
-                    deduplicated = await client.upload_dedup(
-                        path, download_method=args.download_method, ttl=args.ttl, **about
-                    )
-                    if deduplicated is not None:
-                        print(
-                            f"{path.name}: sent {deduplicated.sent_bytes} of {path.stat().st_size} bytes "
-                            f"({deduplicated.sent_chunks} of {deduplicated.chunks} chunks; the service had the rest)",
-                            file=sys.stderr,
-                        )
-                        results.append(deduplicated.descriptor.to_json())
-                        continue
-                    print("the server offers no chunked uploads; sending the whole file", file=sys.stderr)
+
+            async def send_whole(path: Path = path, about: dict[str, Any] = about) -> FileContent:
+                """The file whole, the way the options ask: direct to the bucket, a chunked session, or one body."""
                 direct = args.direct
                 if direct is None:  # automatic: large files, unless another way was asked for
                     direct = not args.chunked and path.stat().st_size >= AUTO_DIRECT_THRESHOLD
                 if direct:
                     try:
-                        descriptor = await client.upload_direct(path, remember=remember, **about)
-                        results.append(descriptor.to_json())
-                        continue
+                        return await client.upload_direct(path, remember=remember, **about)
                     except DirectUploadUnsupported:
                         if args.direct:
                             print("the server cannot take direct uploads; sending through it", file=sys.stderr)
@@ -357,12 +340,10 @@ async def cmd_upload(args: argparse.Namespace) -> int:
                     def announce(session: dict[str, Any], server: str = args.server) -> None:
                         _announce_session(session, server)
 
-                    descriptor = await client.upload_chunked(
+                    return await client.upload_chunked(
                         path, chunk_size=args.chunk_size, remember=remember, on_session=announce, **about
                     )
-                    results.append(descriptor.to_json())
-                    continue
-                descriptor = await client.upload(
+                return await client.upload(
                     path,
                     encoding=args.encoding,
                     download_method=args.download_method,
@@ -370,6 +351,46 @@ async def cmd_upload(args: argparse.Namespace) -> int:
                     inline=False if args.url else None,
                     **about,
                 )
+
+            try:
+                # by default (unless another way or an encoding was asked for): the first chunks are probed; a new
+                # file goes whole at once and its chunks are indexed after, a known one sends only what the key
+                # lacks (README, "Chunked deduplicating uploads")
+                descriptor = None
+                dedup = args.dedup
+                if dedup is None:
+                    dedup = not args.chunked and not args.direct and args.encoding == "none"
+                elif dedup and args.encoding != "none":
+                    raise CliError("invalid_request", "--dedup sends the file's own bytes: it takes no --encoding")
+                if dedup and path.stat().st_size >= AUTO_DEDUP_THRESHOLD:
+                    deduplicated = await client.upload_dedup(
+                        path, download_method=args.download_method, ttl=args.ttl, send_whole=send_whole, **about
+                    )
+                    if deduplicated is not None:
+                        if deduplicated.how == "chunks":
+                            print(
+                                f"{path.name}: sent {deduplicated.sent_bytes} of {path.stat().st_size} bytes "
+                                f"({deduplicated.sent_chunks} of {deduplicated.chunks} chunks; "
+                                "the service had the rest)",
+                                file=sys.stderr,
+                            )
+                        elif deduplicated.index_error:
+                            print(
+                                f"{path.name}: new to this key, sent whole; its chunks were not indexed "
+                                f"({deduplicated.index_error}): its next version goes whole too",
+                                file=sys.stderr,
+                            )
+                        else:
+                            print(
+                                f"{path.name}: new to this key, sent whole ({deduplicated.sent_bytes} bytes); its "
+                                f"{deduplicated.chunks} chunks are indexed: its next version sends what changed",
+                                file=sys.stderr,
+                            )
+                        descriptor = deduplicated.descriptor
+                    elif args.dedup:
+                        print("the server offers no chunked uploads; sending the whole file", file=sys.stderr)
+                if descriptor is None:
+                    descriptor = await send_whole()
             finally:
                 close()
             results.append(descriptor.to_json())
@@ -836,8 +857,9 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="content-defined chunks: send only those the service lacks for this key (a new version sends about "
-        "what changed), for files of at least 1 MiB when the server offers it; a file the service lacks goes "
-        "whole; off by default (a new file waits for its cut before its first byte goes)",
+        "what changed), for files of at least 1 MiB when the server offers it; a file whose first 4 MiB the key "
+        "lacks goes whole at once and its chunks are indexed after it; default: on, unless --chunked, --direct "
+        "or --encoding is given",
     )
     p.add_argument(
         "--state-dir", help="where --chunked/--direct remember uploads to resume (default ~/.cache/transfer)"

@@ -10,12 +10,18 @@ PUT    /v1/chunked/{id}/chunks/{index}      the bytes of chunk ``index`` (``?cou
 PUT    /v1/chunked/{id}/missing?start=k&count=n  the bytes of the chunks at positions k..k+n-1 of the creation's
                                             ``missing`` list, back to back: one body (one pack) for chunks that
                                             need not be consecutive -> 200 {stored, stored_bytes}
+POST   /v1/chunked/probe                    {chunks: [sha256, …]} (a file's first chunks) -> 200 {held: [positions of
+                                            those this key holds]}: a client sends a file whose first chunks the
+                                            key lacks whole at once, and cuts the rest only when it pays
 POST   /v1/chunked/{id}/complete            assemble, verify the whole SHA-256, publish -> 201 the FileContent
 PUT    /v1/chunked/{id}/file                the whole file in order (the key lacks most of it): each chunk and the
                                             whole SHA-256 verified on the way, written once as the new file,
                                             published -> 201 the FileContent (no complete: one request)
 DELETE /v1/chunked/{id}                     abort (the chunks stay for a retry, within their grace)
 GET    /v1/files/{file_id}/chunks           the chunk manifest of a file uploaded this way, for its key
+PUT    /v1/files/{file_id}/chunks           the manifest of a file of this key that went whole by another door:
+                                            checked against its stored bytes, then its chunks indexed (its next
+                                            version sends only what changed) -> 200 {chunks, indexed}
 GET    /v1/files/{file_id}/manifest?exp&kid&sig   the same for whoever holds a signed URL of the file (its query):
                                             a resolver with a cache fetches only the ranges of the chunks it lacks
 """
@@ -40,11 +46,12 @@ from transfer.core.chunking import MAX_CHUNKS
 from transfer.core.content import DownloadMethod, format_timestamp
 from transfer.core.numerals import parse_count
 from transfer.errors import ClientDisconnected, InvalidManifest, InvalidRequest, ManifestTooLarge
-from transfer.service.chunkstore import ChunkedUpload, ChunkService, manifest_document
+from transfer.service.chunkstore import MAX_PROBE, ChunkedUpload, ChunkService, manifest_document
 from transfer.service.files import FileService
 
 MANIFEST_BYTES_PER_CHUNK = 128  # {"offset":…,"length":…,"sha256":"<64 hex>"} with room for spaces
 MAX_MANIFEST_BODY = MAX_CHUNKS * MANIFEST_BYTES_PER_CHUNK + (64 << 10)
+MAX_PROBE_BODY = MAX_PROBE * 72 + (4 << 10)  # "<64 hex>", per hash with room for spaces
 META_FIELDS = ("name", "content_type", "role", "description", "expires_in")
 
 
@@ -69,17 +76,17 @@ def upload_document(upload: ChunkedUpload) -> dict[str, Any]:
     }
 
 
-async def _manifest_body(request: Request) -> Any:
+async def _manifest_body(request: Request, limit: int = MAX_MANIFEST_BODY) -> Any:
     """The request's JSON, bounded before it is parsed (a manifest is parsed whole)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_MANIFEST_BODY:
-        raise ManifestTooLarge(f"a manifest is at most {MAX_MANIFEST_BODY} bytes", limit=MAX_MANIFEST_BODY)
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ManifestTooLarge(f"a manifest is at most {limit} bytes", limit=limit)
     body = bytearray()
     try:
         async for piece in request.stream():
             body += piece
-            if len(body) > MAX_MANIFEST_BODY:
-                raise ManifestTooLarge(f"a manifest is at most {MAX_MANIFEST_BODY} bytes", limit=MAX_MANIFEST_BODY)
+            if len(body) > limit:
+                raise ManifestTooLarge(f"a manifest is at most {limit} bytes", limit=limit)
     except OSError as exc:
         raise ClientDisconnected("the client went away while sending the manifest") from exc
     try:
@@ -128,6 +135,13 @@ def chunked_router(
             expires_in=about.expires_in,
         )
         return upload_document(made)
+
+    @router.post("/v1/chunked/probe", dependencies=upload, tags=["chunked"], summary="Which of these chunks are held")
+    async def probe(request: Request) -> dict[str, Any]:
+        doc = await _manifest_body(request, MAX_PROBE_BODY)
+        if not isinstance(doc, dict) or "chunks" not in doc:
+            raise InvalidManifest('a probe is a JSON object {"chunks": [SHA-256 hex, …]}')
+        return {"held": await chunks.probe(doc["chunks"], caller_of(request))}
 
     @router.put("/v1/chunked/{uid}/chunks/{index}", dependencies=upload, tags=["chunked"], summary="Send chunks")
     async def put_chunks(
@@ -200,6 +214,14 @@ def chunked_router(
     )
     async def file_chunks(request: Request, file_id: str) -> dict[str, Any]:
         return manifest_document(await chunks.manifest(file_id, caller_of(request)))
+
+    @router.put(
+        "/v1/files/{file_id}/chunks", dependencies=upload, tags=["files"], summary="Index a stored file's chunks"
+    )
+    async def index_file(request: Request, file_id: str) -> dict[str, Any]:
+        doc = await _manifest_body(request)
+        total, indexed = await chunks.index_file(file_id, doc, caller_of(request))
+        return {"chunks": total, "indexed": indexed}
 
     @router.get("/v1/files/{file_id}/manifest", tags=["files"], summary="A file's chunks, with its signed URL's query")
     async def signed_chunks(request: Request, file_id: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 from urllib.parse import quote
@@ -25,7 +25,7 @@ from transfer.client.dedup import (
     DedupOutcome,
     offer,
     resolve_with_cache,
-    upload_deduplicated,
+    upload_probed,
 )
 from transfer.client.direct import DirectOptions, PartFilter, upload_direct
 from transfer.client.events import JobEvent, follow_job
@@ -164,18 +164,37 @@ class AsyncTransferClient:
         ttl: int | None = None,
         progress: Progress | None = None,
         expires_in: int | None = None,
+        send_whole: Callable[[], Awaitable[FileContent]] | None = None,
     ) -> DedupOutcome | None:
         """Upload the file at ``path`` in content-defined chunks, sending only those the service lacks for this key
         (a new version of a file sends about what changed): its descriptor and what was sent; None when the server
-        offers no chunked uploads (then upload another way). See :mod:`transfer.client.dedup`."""
+        offers no chunked uploads (then upload another way). A file whose first chunks the key lacks is new: it
+        goes whole at once, by ``send_whole`` (default: :meth:`upload`), and its chunks are indexed afterwards.
+        See :mod:`transfer.client.dedup`."""
         doc = await offer(self.http, self.server)
         if doc is None:
             return None
-        return await upload_deduplicated(
+
+        async def whole() -> FileContent:
+            return await self.upload(
+                path,
+                name=name,
+                content_type=content_type,
+                role=role,
+                description=description,
+                download_method=download_method,
+                ttl=ttl,
+                inline=False,
+                progress=progress,
+                expires_in=expires_in,
+            )
+
+        return await upload_probed(
             self.http,
             self.server,
             path,
-            chunking=doc["chunking"],
+            doc,
+            send_whole or whole,
             connections=self.options.connections,
             name=name,
             content_type=content_type,

@@ -4,7 +4,9 @@ Upload (:func:`upload_deduplicated`): the file is cut with FastCDC using the ser
 /v1/chunked``), each chunk hashed (SHA-256); the manifest goes to ``POST /v1/chunked``; the service answers which
 chunks this key lacks; those are sent as runs of consecutive chunks (one PUT per run, ``connections`` in parallel);
 ``complete`` publishes once the service has verified the whole SHA-256. A completion that finds chunks missing (a
-sweep removed one meanwhile) sends them and completes again.
+sweep removed one meanwhile) sends them and completes again. :func:`upload_probed` (the default of ``transfer upload``
+and :meth:`AsyncTransferClient.upload_dedup`) asks first, of the file's first chunks only, whether the key holds
+any: a new file then goes whole at once by an ordinary upload, and its manifest follows to be indexed.
 
 Resolve with a cache (:class:`ChunkCache`, :func:`resolve_with_cache`): chunks of what was resolved are kept in a
 directory, one file per SHA-256. For a descriptor whose manifest the service gives (``/v1/files/{id}/manifest``
@@ -16,6 +18,7 @@ its destination and its new chunks kept.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import mmap
 import os
@@ -43,6 +46,9 @@ FETCH_RUN_BYTES = 8 << 20  # bytes of consecutive missing chunks fetched in one 
 COMPLETE_ATTEMPTS = 3
 WHOLE_FRACTION = 0.9  # the key lacks this share of the file's bytes or more: send it whole (PUT …/file)
 CUT_HASH_BATCH = 8 << 20  # bytes of chunks hashed per task while the file is cut
+PROBE_BYTES = 4 << 20  # the head of a file whose chunks are probed before the rest is cut (about 64 chunks)
+UNHASHED = "-"  # cut_file's whole_sha256 when the caller knows it another way
+NEW_FRACTION = 0.1  # the key holds less than this share of the probed head: the file is new, it goes whole at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,28 +60,39 @@ class DedupOutcome:
     sent_chunks: int
     sent_bytes: int  # chunk bytes sent (the manifest not counted)
     manifest_bytes: int
+    # "chunks": the manifest first, then what the key lacked; "whole": a new file (its probed head unknown to the
+    # key), sent whole at once and its chunks indexed afterwards
+    how: str = "chunks"
+    index_error: str | None = None  # "whole": why its chunks were not indexed (the file is published all the same)
 
 
-def cut_file(path: str | os.PathLike[str], chunking: dict[str, Any] | None = None) -> Manifest:
-    """The manifest of the file at ``path``: FastCDC chunks with the service's parameters, each SHA-256 hashed, and
-    the whole file's SHA-256. Runs in the calling thread (CPU and file reads: call it off the event loop); the
-    chunk hashes and the whole-file hash run on two helper threads while the cutter finds the next boundaries
-    (all three release the GIL), so on two free cores the cut costs about one SHA-256 pass of wall time."""
+def _chunker(chunking: dict[str, Any] | None) -> FastCDC:
     params = chunking or CHUNKING
-    cdc = FastCDC(
+    return FastCDC(
         avg_size=int(params["avg_size"]),
         min_size=int(params["min_size"]),
         max_size=int(params["max_size"]),
         normalized_chunking=int(params.get("normalized_chunking", 1)),  # type: ignore[arg-type]
         seed=int(params.get("seed", 0)),
     )
+
+
+def cut_file(
+    path: str | os.PathLike[str], chunking: dict[str, Any] | None = None, *, whole_sha256: str | None = None
+) -> Manifest:
+    """The manifest of the file at ``path``: FastCDC chunks with the service's parameters, each SHA-256 hashed, and
+    the whole file's SHA-256 (``whole_sha256``: taken as given, not computed; the service checks a manifest
+    against the bytes it stores). Runs in the calling thread (CPU and file reads: call it off the event loop); the
+    chunk hashes and the whole-file hash run on two helper threads while the cutter finds the next boundaries
+    (all three release the GIL), so on two free cores the cut costs about one SHA-256 pass of wall time."""
+    cdc = _chunker(chunking)
     if os.path.getsize(path) == 0:
         return Manifest(size=0, sha256=hashlib.sha256().hexdigest(), chunks=())
     with open(path, "rb") as f, _mapped(f.fileno()) as mapped:
         view = memoryview(mapped)
         try:
             with ThreadPoolExecutor(max_workers=2, thread_name_prefix="cut") as pool:
-                whole = pool.submit(lambda: hashlib.sha256(view).hexdigest())
+                whole = pool.submit(lambda: whole_sha256 or hashlib.sha256(view).hexdigest())
                 bounds: list[tuple[int, int]] = []
                 batches: list[Future[list[str]]] = []
                 first = 0  # the first chunk of the batch not yet handed to a hasher
@@ -93,6 +110,22 @@ def cut_file(path: str | os.PathLike[str], chunking: dict[str, Any] | None = Non
             view.release()
     chunks = tuple(Chunk(offset, length, d) for (offset, length), d in zip(bounds, digests, strict=True))
     return Manifest(size=piece_end(bounds[-1]), sha256=sha, chunks=chunks)
+
+
+def cut_head(
+    path: str | os.PathLike[str], chunking: dict[str, Any] | None = None, limit: int = PROBE_BYTES
+) -> list[Chunk]:
+    """The chunks of the first ``limit`` bytes of the file at ``path``, hashed, as a cut of the whole file finds
+    them: the last chunk of a prefix that ends before the file does is left out (its end is the prefix's, not a
+    boundary of the file)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(min(limit, size))
+    view = memoryview(data)
+    spans = [(piece.offset, piece.length) for piece in _chunker(chunking).cut_buf(view)]
+    if len(data) < size and spans:
+        spans.pop()
+    return [Chunk(offset, length, sha) for (offset, length), sha in zip(spans, _hash_spans(view, spans), strict=True)]
 
 
 def _mapped(fd: int) -> mmap.mmap:
@@ -143,12 +176,75 @@ async def offer(http: httpx.AsyncClient, server: str) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) and isinstance(doc.get("chunking"), dict) else None
 
 
+async def probe_head(http: httpx.AsyncClient, server: str, url: str, head: list[Chunk]) -> int:
+    """Bytes of ``head`` (a file's first chunks) that the caller's key holds, by the service's probe."""
+    if not head:
+        return 0
+    response = await http.post(server + url, json={"chunks": [c.sha256 for c in head]})
+    await raise_for_error(response)
+    held = response.json().get("held", [])
+    return sum(head[int(i)].length for i in held if 0 <= int(i) < len(head))
+
+
+async def upload_probed(
+    http: httpx.AsyncClient,
+    server: str,
+    path: str | os.PathLike[str],
+    offered: dict[str, Any],
+    send_whole: Callable[[], Awaitable[FileContent]],
+    **options: Any,
+) -> DedupOutcome:
+    """Upload the file at ``path`` as the service's offer ``offered`` allows, without waiting for a cut when the
+    file is new: its first :data:`PROBE_BYTES` are cut and probed; a head the key (almost) lacks means a new file,
+    sent whole at once by ``send_whole`` (the caller's plain or direct upload) while the rest is cut beside it, and
+    its chunks indexed afterwards (``index_url``), so that its next version sends only what changed. Otherwise
+    (or with an offer that has no probe), :func:`upload_deduplicated` with the manifest. ``options``: those of
+    :func:`upload_deduplicated`."""
+    path = Path(path)
+    chunking = offered.get("chunking")
+    probe_url, index_url = offered.get("probe_url"), offered.get("index_url")
+    if not isinstance(probe_url, str) or not isinstance(index_url, str):
+        return await upload_deduplicated(http, server, path, chunking=chunking, **options)
+    head = await asyncio.to_thread(cut_head, path, chunking)
+    probed = sum(c.length for c in head)
+    if probed and await probe_head(http, server, probe_url, head) >= NEW_FRACTION * probed:
+        manifest = await asyncio.to_thread(cut_file, path, chunking)
+        return await upload_deduplicated(http, server, path, chunking=chunking, manifest=manifest, **options)
+    # cut beside the body (threads that release the GIL); the whole-file hash is not computed twice: it is the one
+    # the upload verified (and the service checks every chunk against what it stored)
+    cutting = asyncio.create_task(asyncio.to_thread(cut_file, path, chunking, whole_sha256=UNHASHED))
+    try:
+        descriptor = await send_whole()
+        cut = await cutting
+    finally:
+        if not cutting.done():
+            await asyncio.wait([cutting])
+    size = descriptor.size or 0
+    file_id = (descriptor.metadata or {}).get("file_id")
+    if not file_id or not descriptor.checksum:
+        return DedupOutcome(descriptor, 0, 0, size, 0, how="whole", index_error="the service named no file id")
+    manifest = dataclasses.replace(cut, sha256=descriptor.checksum.split(":", 1)[-1])
+    body = httpx.Request("PUT", "/", json=manifest.to_json()).read()
+    error: str | None = None
+    try:
+        response = await http.put(
+            server + index_url.replace("{id}", str(file_id)),
+            content=body,
+            headers={"content-type": "application/json"},
+        )
+        await raise_for_error(response)
+    except (TransferError, httpx.HTTPError) as exc:
+        error = str(exc) or type(exc).__name__
+    return DedupOutcome(descriptor, len(manifest.chunks), len(manifest.chunks), size, len(body), "whole", error)
+
+
 async def upload_deduplicated(
     http: httpx.AsyncClient,
     server: str,
     path: str | os.PathLike[str],
     *,
     chunking: dict[str, Any] | None = None,
+    manifest: Manifest | None = None,
     connections: int = 4,
     name: str | None = None,
     content_type: str | None = None,
@@ -161,7 +257,8 @@ async def upload_deduplicated(
 ) -> DedupOutcome:
     """Upload the file at ``path`` sending only the chunks the service lacks for this key (module text)."""
     path = Path(path)
-    manifest = await asyncio.to_thread(cut_file, path, chunking)
+    if manifest is None:
+        manifest = await asyncio.to_thread(cut_file, path, chunking)
     doc: dict[str, Any] = manifest.to_json()
     about = {"name": name or path.name, "content_type": content_type, "role": role, "description": description}
     doc.update({k: v for k, v in about.items() if v is not None})

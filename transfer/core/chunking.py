@@ -31,7 +31,7 @@ MIN_CHUNK = 16 << 10
 MAX_CHUNK_CUT = 256 << 10  # what the chunker cuts at most
 MAX_CHUNK = 4 << 20  # what the service accepts as one chunk (any client's chunker, bounded buffers)
 MAX_CHUNKS = 200_000  # chunks per manifest: 15 GiB at the average size; a manifest is parsed whole
-_HEX = re.compile(r"^[0-9a-f]{64}$")
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 CHUNKING: dict[str, Any] = {
     "algorithm": ALGORITHM,
@@ -128,7 +128,7 @@ def parse_manifest(doc: Any, *, max_chunks: int = MAX_CHUNKS, max_size: int | No
             raise InvalidManifest(f"chunk {i} starts at {offset}, the previous one ends at {at}", index=i)
         if not 1 <= length <= MAX_CHUNK:
             raise InvalidManifest(f"chunk {i} is {length} bytes; a chunk is 1 to {MAX_CHUNK}", index=i)
-        if not isinstance(digest, str) or not _HEX.match(digest.lower()):
+        if not isinstance(digest, str) or not SHA256_HEX.match(digest.lower()):
             raise InvalidManifest(f"chunk {i} sha256 must be 64 hex digits", index=i)
         chunks.append(Chunk(offset, length, digest.lower()))
         at += length

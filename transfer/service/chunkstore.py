@@ -39,8 +39,8 @@ from typing import Any, TypeVar
 from storage.base import Storage
 from storage.keyed import KeyedLocks
 from transfer.core.auth import TRUSTED, Grant
-from transfer.core.chunking import CHUNKING, MAX_CHUNK, MAX_CHUNKS, Chunk, Manifest, parse_manifest
-from transfer.core.content import FileRole
+from transfer.core.chunking import CHUNKING, MAX_CHUNK, MAX_CHUNKS, SHA256_HEX, Chunk, Manifest, parse_manifest
+from transfer.core.content import ContentEncoding, FileRole
 from transfer.core.ids import is_id, new_id
 from transfer.errors import (
     AccessDenied,
@@ -49,7 +49,10 @@ from transfer.errors import (
     ChunkNotInManifest,
     ChunksMissing,
     ContentLengthMismatch,
+    InvalidManifest,
     InvalidRequest,
+    ManifestSizeMismatch,
+    ManifestTooLarge,
     NotFound,
     StorageUnavailable,
     TooLarge,
@@ -71,6 +74,8 @@ MAX_RUN_BYTES = 64 << 20  # bytes of one PUT of a run of chunks
 SEGMENT_BYTES = 8 << 20  # bytes of one ranged read of a pack while assembling (memory: two of them)
 HASH_BATCH = 4 << 20  # bytes of arrived chunks hashed in one thread hop
 INDEX_SHARDS = 16  # index records per key (by the first hex digit of a chunk's SHA-256)
+INDEX_CHECKS = 2  # batches of a stored file hashed at once while its manifest is checked (index_file)
+MAX_PROBE = 4096  # chunk hashes one probe may name (a client probes the first few MiB of a file)
 UPLOAD_CACHE = 1024  # upload records kept per process for chunk PUTs (their fields never change while open)
 
 
@@ -223,16 +228,17 @@ async def _batches(
             raise ContentLengthMismatch(f"the body is longer than the {total} bytes of its chunks")
 
 
-def _check_batch(view: memoryview, chunks: list[Chunk], sha: Any) -> tuple[Chunk, str] | None:
-    """Hash each of ``chunks`` (back to back in ``view``) and feed ``view`` to the whole-file ``sha``; the first
-    chunk that does not hash to its name, with its digest (None: all do). Runs off the event loop."""
+def _check_batch(view: memoryview, chunks: list[Chunk], sha: Any | None) -> tuple[Chunk, str] | None:
+    """Hash each of ``chunks`` (back to back in ``view``) and feed ``view`` to the whole-file ``sha`` (if any); the
+    first chunk that does not hash to its name, with its digest (None: all do). Runs off the event loop."""
     at = 0
     for chunk in chunks:
         digest = hashlib.sha256(view[at : at + chunk.length]).hexdigest()
         if digest != chunk.sha256:
             return chunk, digest
         at += chunk.length
-    sha.update(view)
+    if sha is not None:
+        sha.update(view)
     return None
 
 
@@ -337,6 +343,9 @@ class ChunkService:
             "max_chunk_size": MAX_CHUNK,
             "max_run_bytes": MAX_RUN_BYTES,
             "file_url": "/v1/chunked/{id}/file",  # the whole file in one body, written once (put_file)
+            "probe_url": "/v1/chunked/probe",  # which of a file's first chunks the key holds (probe)
+            "max_probe": MAX_PROBE,
+            "index_url": "/v1/files/{id}/chunks",  # PUT: index a file that went whole by another door (index_file)
             "max_size": self.settings.max_upload_size,
         }
 
@@ -432,6 +441,77 @@ class ChunkService:
             first.setdefault(chunk.sha256, i)
         known = await self._locate(owner, first)
         return sorted(i for sha, i in first.items() if sha not in known)
+
+    async def probe(self, shas_doc: Any, caller: Grant) -> list[int]:
+        """Which of the chunk hashes ``shas_doc`` (a list of SHA-256 hex) the caller's key holds: their positions.
+        A client asks this of the first chunks of a file before it cuts the rest: a file whose first chunks the
+        key lacks is new and goes whole at once. Only the caller's own store is looked in (module text)."""
+        if not isinstance(shas_doc, list) or not all(isinstance(s, str) and SHA256_HEX.match(s) for s in shas_doc):
+            raise InvalidManifest('a probe is {"chunks": [SHA-256 hex, …]}, lowercase hex, 64 digits each')
+        if len(shas_doc) > MAX_PROBE:
+            raise ManifestTooLarge(f"a probe names at most {MAX_PROBE} chunks", limit=MAX_PROBE)
+        known = await self._locate(caller.owner, shas_doc)
+        return [i for i, sha in enumerate(shas_doc) if sha in known]
+
+    async def index_file(self, file_id: str, manifest_doc: Any, caller: Grant) -> tuple[int, int]:
+        """Index the chunks of a stored file of the caller's that went whole by another door (a plain upload, tus,
+        a direct upload): its next version then sends only what changed, and resolvers with a cache get its
+        manifest. The manifest must describe the file (its size and SHA-256, 400 ``manifest_size_mismatch`` /
+        422 ``checksum_mismatch``), and every chunk is checked against the stored bytes, read back (422
+        ``chunk_checksum_mismatch``: nothing indexed). Returns (chunks, chunks newly indexed); a file indexed
+        already answers its chunk count again. NotFound for another key's file, as for an unknown one."""
+        s = self.settings
+        manifest = parse_manifest(manifest_doc, max_chunks=MAX_CHUNKS, max_size=s.max_upload_size)
+        record = await self.files.record(file_id, caller)
+        if record.encoding is not ContentEncoding.NONE:
+            raise InvalidManifest(
+                f"file {file_id} is stored {record.encoding.value}-encoded: its chunks are not ranges of its bytes"
+            )
+        if manifest.size != record.size:
+            raise ManifestSizeMismatch(f"the manifest is of {manifest.size} bytes, file {file_id} of {record.size}")
+        self._require_checksum(manifest, record.sha256)
+        owner = record.owner
+        try:
+            await read_record(self.storage, manifest_key(owner, record.id))
+            return len(manifest.chunks), 0  # indexed before (its manifest is the file's: same bytes, same cut)
+        except NotFound:
+            pass
+        # every chunk checked against the stored bytes; the chunks tile the file (parse_manifest), and those bytes
+        # hash to the record's SHA-256 (checked when they were stored): no second whole-file pass
+        checks: set[asyncio.Future[tuple[Chunk, str] | None]] = set()
+
+        def refuse(bad: tuple[Chunk, str] | None) -> None:
+            if bad is not None:
+                raise ChunkChecksumMismatch(
+                    f"chunk at offset {bad[0].offset} is not the file's bytes there; nothing was indexed",
+                    offset=bad[0].offset,
+                    expected=bad[0].sha256,
+                    actual=bad[1],
+                )
+
+        try:
+            with storage_errors_translated():
+                async with await self.publisher.shared.open(record) as reader:
+                    body = _whole_chunks(reader.read(0, record.size), manifest)
+                    async for data, first, count in _received_ahead(body, depth=INDEX_CHECKS):
+                        batch = list(manifest.chunks[first : first + count])
+                        checks.add(asyncio.ensure_future(asyncio.to_thread(_check_batch, data, batch, None)))
+                        if len(checks) >= INDEX_CHECKS:  # batches hashed on that many threads at once
+                            done, checks = await asyncio.wait(checks, return_when=asyncio.FIRST_COMPLETED)
+                            for check in done:
+                                refuse(check.result())
+                    for bad in await asyncio.gather(*checks):
+                        refuse(bad)
+        finally:  # never leave a hash running on a thread past the request
+            if checks:
+                await asyncio.wait(checks)
+        placed: dict[str, Located] = {}
+        if record.content is None:  # bytes of its own: its chunks are ranges of its object (no copy, no charge)
+            for chunk in manifest.chunks:
+                placed.setdefault(chunk.sha256, Located(FILE_PACK + record.id, chunk.offset, chunk.length))
+        indexed = await self._index_add(owner, placed) if placed else set()
+        await write_record(self.storage, manifest_key(owner, record.id), {"file_id": record.id, **manifest.compact()})
+        return len(manifest.chunks), len(indexed)
 
     # -- create ------------------------------------------------------------------------------------------------
 

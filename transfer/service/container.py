@@ -164,6 +164,10 @@ class Services:
             metrics.sweep_ran(sweep.name, 0, ok=False)
             log.exception("sweep %s failed; retrying at the next interval", sweep.name)
             return -1
+        except Exception:  # noqa: BLE001 - a bug in one sweep must not end its loop for the process's lifetime
+            metrics.sweep_ran(sweep.name, 0, ok=False)
+            log.exception("sweep %s failed unexpectedly (a bug); retrying at the next interval", sweep.name)
+            return -1
         metrics.sweep_ran(sweep.name, removed)
         if removed:
             log.info("sweep %s removed %d", sweep.name, removed)

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import http.server
+import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ from tests.test_chunked_dedup import changed, error_code, key, keyed_settings
 from transfer.client.client import AsyncTransferClient
 from transfer.client.dedup import PROBE_BYTES, cut_file, cut_head
 from transfer.core.chunking import Chunk
+from transfer.errors import RemoteError
 from transfer.service.chunkstore import MAX_PROBE
 
 pytestmark = pytest.mark.anyio
@@ -184,3 +188,80 @@ async def test_a_file_deleted_after_its_index_is_sent_again_whole_by_its_next_ve
         second = await client.upload_dedup(tmp_path / "v2.bin")
         assert second is not None
         assert second.descriptor.checksum == "sha256:" + hashlib.sha256((tmp_path / "v2.bin").read_bytes()).hexdigest()
+
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+    """A service that offers chunked uploads and answers its probe and its opening with the junk in ``answers``."""
+
+    offer: bytes = b""
+    answers: dict[str, bytes] = {}
+    seen: list[str] = []
+
+    def log_message(self, *args: Any) -> None:  # quiet: pytest runs with warnings as errors, not with a log
+        pass
+
+    def _answer(self, body: bytes, status: int = 200) -> None:
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self.seen.append(f"GET {self.path}")
+        self._answer(self.offer)
+
+    def do_POST(self) -> None:
+        self.seen.append(f"POST {self.path}")
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self._answer(self.answers.get(self.path, b"{}"), 201 if self.path == "/v1/chunked" else 200)
+
+
+@pytest.fixture
+def junk_service(live_server: LiveServer) -> Iterator[tuple[str, type[_Answers]]]:
+    """A loopback service whose offer is the real one's and whose other answers each test chooses."""
+    offer = httpx.get(f"{live_server.url}/v1/chunked")
+    assert offer.status_code == 200, offer.text
+    handler = type("Answers", (_Answers,), {"offer": offer.content, "answers": {}, "seen": []})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", handler
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(10)
+
+
+@pytest.mark.parametrize(
+    "probe", [b"<html>oops</html>", b'{"held": [0, 999]}', b'{"held": "0"}', b'{"held": [0.5]}', b"[]", b"{}"]
+)
+async def test_a_probe_answer_that_is_not_chunk_positions_is_a_remote_error(
+    junk_service: tuple[str, type[_Answers]], tmp_path: Path, probe: bytes
+) -> None:
+    url, handler = junk_service
+    handler.answers["/v1/chunked/probe"] = probe
+    (tmp_path / "f.bin").write_bytes(os.urandom(2 * MiB))
+    async with AsyncTransferClient(url) as client:
+        with pytest.raises(RemoteError) as caught:
+            await client.upload_dedup(tmp_path / "f.bin")
+    assert caught.value.code == "remote_error" and "'held'" in caught.value.message
+    assert handler.seen == ["GET /v1/chunked", "POST /v1/chunked/probe"]  # no body was sent on a wrong answer
+
+
+@pytest.mark.parametrize(
+    "opened", [b'{"id": "u1", "missing": [7]}', b'{"id": "u1"}', b'{"missing": [0]}', b'{"id": 5, "missing": []}']
+)
+async def test_an_opening_that_names_no_upload_or_wrong_chunks_is_a_remote_error(
+    junk_service: tuple[str, type[_Answers]], tmp_path: Path, opened: bytes
+) -> None:
+    url, handler = junk_service
+    data = os.urandom(MiB)
+    (tmp_path / "f.bin").write_bytes(data)
+    handler.answers["/v1/chunked/probe"] = json.dumps({"held": list(range(len(cut_head(tmp_path / "f.bin"))))}).encode()
+    handler.answers["/v1/chunked"] = opened
+    async with AsyncTransferClient(url) as client:
+        with pytest.raises(RemoteError):
+            await client.upload_dedup(tmp_path / "f.bin")
+    assert handler.seen == ["GET /v1/chunked", "POST /v1/chunked/probe", "POST /v1/chunked"]

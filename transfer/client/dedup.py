@@ -172,8 +172,28 @@ async def offer(http: httpx.AsyncClient, server: str) -> dict[str, Any] | None:
         return None
     if response.status_code != 200:
         return None
-    doc = response.json()
+    try:
+        doc = response.json()
+    except ValueError:  # not JSON: not an offer this client understands
+        return None
     return doc if isinstance(doc, dict) and isinstance(doc.get("chunking"), dict) else None
+
+
+def _indexes(response: httpx.Response, field: str, count: int) -> list[int]:
+    """The chunk positions a 2xx JSON answer lists in ``field``, each in ``range(count)``; :class:`RemoteError`
+    (never a KeyError or a wrong chunk sent) when the answer is not that."""
+    try:
+        doc = response.json()
+        listed = doc[field]
+        if not isinstance(listed, list) or not all(type(i) is int and 0 <= i < count for i in listed):
+            raise ValueError(field)
+    except (ValueError, KeyError, TypeError):
+        raise RemoteError(
+            f"the service's answer to {response.request.method} {response.request.url.path} has no valid"
+            f" {field!r} list of chunk positions below {count}",
+            http_status=response.status_code,
+        ) from None
+    return listed
 
 
 async def probe_head(http: httpx.AsyncClient, server: str, url: str, head: list[Chunk]) -> int:
@@ -182,8 +202,7 @@ async def probe_head(http: httpx.AsyncClient, server: str, url: str, head: list[
         return 0
     response = await http.post(server + url, json={"chunks": [c.sha256 for c in head]})
     await raise_for_error(response)
-    held = response.json().get("held", [])
-    return sum(head[int(i)].length for i in held if 0 <= int(i) < len(head))
+    return sum(head[i].length for i in set(_indexes(response, "held", len(head))))
 
 
 async def upload_probed(
@@ -267,9 +286,11 @@ async def upload_deduplicated(
     body = httpx.Request("POST", "/", json=doc).read()
     response = await http.post(f"{server}/v1/chunked", content=body, headers={"content-type": "application/json"})
     await raise_for_error(response)
+    missing = list(dict.fromkeys(_indexes(response, "missing", len(manifest.chunks))))  # each sent once
     made = response.json()
-    uid = str(made["id"])
-    missing = [int(i) for i in made["missing"]]
+    if not isinstance(made.get("id"), str) or not made["id"]:
+        raise RemoteError("the service opened a chunked upload without naming it", http_status=response.status_code)
+    uid = made["id"]
     missing_bytes = sum(manifest.chunks[i].length for i in missing)
     params = {k: v for k, v in {"download_method": download_method, "ttl": ttl}.items() if v is not None}
     if made.get("file_url") and manifest.size and missing_bytes >= WHOLE_FRACTION * manifest.size:

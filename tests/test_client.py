@@ -237,3 +237,16 @@ def test_sync_client_round_trip(live_server: LiveServer, tmp_path: Path) -> None
         assert isinstance(d, FileContent) and d.name == "sync.bin"
         assert c.resolve(d) == data
         assert Path(c.resolve(d.to_json(), tmp_path / "s.bin")).read_bytes() == data
+
+
+def test_sync_client_sends_a_new_version_in_changed_chunks(live_server: LiveServer, tmp_path: Path) -> None:
+    v1 = bytearray(os.urandom(6 * MiB))
+    (tmp_path / "v1.bin").write_bytes(v1)
+    v1[3 * MiB : 3 * MiB + 100] = os.urandom(100)
+    (tmp_path / "v2.bin").write_bytes(v1)
+    with TransferClient(live_server.url) as c:
+        first = c.upload_dedup(tmp_path / "v1.bin")
+        assert first is not None and first.how == "whole" and first.index_error is None
+        second = c.upload_dedup(tmp_path / "v2.bin", name="v2")
+        assert second is not None and second.how == "chunks" and 0 < second.sent_bytes < MiB
+        assert second.descriptor.name == "v2" and c.resolve(second.descriptor) == bytes(v1)

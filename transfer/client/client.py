@@ -453,6 +453,11 @@ class TransferClient:
         result: FileContent = self._call(self._client.upload, source, **kwargs)
         return result
 
+    def upload_dedup(self, path: str | os.PathLike[str], **kwargs: Any) -> DedupOutcome | None:
+        """:meth:`AsyncTransferClient.upload_dedup`: only the chunks the service lacks; None without its offer."""
+        result: DedupOutcome | None = self._call(self._client.upload_dedup, path, **kwargs)
+        return result
+
     def describe(self, file_id: str, **params: Any) -> FileContent:
         result: FileContent = self._call(self._client.describe, file_id, **params)
         return result

@@ -10,15 +10,19 @@ import os
 import sys
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from storage.budget import ByteBudget
-from storage.s3 import S3Storage
-from tests.conftest import in_progress_uploads, s3_config
+from storage.s3 import S3Storage, S3Writer
+from tests.conftest import in_progress_uploads, running, s3_config
 from tests.storage_conformance import read_all
-from transfer.service.ingest import _batches
+from transfer.api.protocol.bodyread import HIGH_WATER
+from transfer.service.ingest import PACED_BATCH, _batches
+from transfer.settings import Settings
 
 pytestmark = [pytest.mark.anyio]
 MiB = 1 << 20
@@ -343,3 +347,27 @@ async def test_part_buffers_of_concurrent_uploads_stay_within_the_default_budget
     finally:
         await backend.close()
     assert in_progress_uploads(s3_endpoint, s3_bucket) == []
+
+
+@pytest.mark.s3
+def test_an_upload_into_s3_is_written_in_batches_of_a_socket_read_or_two(
+    s3_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S3's writer copies each batch into a part buffer it already holds, so the pipeline keeps its batches small
+    (:data:`PACED_BATCH` and at most one body message more): bytes waiting in the queue are bytes held twice."""
+    sizes: list[int] = []
+    write = S3Writer.write
+
+    async def spied(self: S3Writer, data: bytes | bytearray | memoryview) -> None:
+        sizes.append(len(data))
+        await write(self, data)
+
+    monkeypatch.setattr(S3Writer, "write", spied)
+    data = os.urandom(24 * MiB)
+    settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"}, storage="s3")
+    with running(settings) as live:
+        made = httpx.post(f"{live.url}/v1/files", params={"inline": "false"}, content=data, timeout=120)
+        assert made.status_code == 201, made.text
+        assert made.json()["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert sum(sizes) > len(data)  # the file, and its records
+    assert max(sizes) <= PACED_BATCH + HIGH_WATER + (256 << 10), sorted(sizes)[-5:]  # 1 MiB batches before

@@ -9,10 +9,11 @@
                   the rest of the run are not kept), counted in the key's usage before it is stored, stored once
     complete   -> :meth:`ChunkService.complete`: every chunk present (409 ``chunks_missing`` otherwise), the
                   whole-file SHA-256 computed over the chunks in order and compared with the manifest's, then
-                  published through the Publisher like every other upload; the bytes placed with the backend's
-                  compose (local: ``copy_file_range``, the bytes never enter this process) where part sizes allow,
-                  else streamed chunk by chunk into a new object; the manifest kept (``cdc/<key>/manifests/``) so
-                  that a reader can fetch only the chunks it lacks (:meth:`ChunkService.manifest`)
+                  published through the Publisher like every other upload; the bytes are streamed range by range
+                  of the packs into a new object, hashed on the way (the whole-file SHA-256 needs every byte read
+                  anyway; a server-side copy — local ``copy_file_range``, S3 ``UploadPartCopy`` — would save the
+                  write, not the read, and is not done); the manifest kept (``cdc/<key>/manifests/``) so that a
+                  reader can fetch only the chunks it lacks (:meth:`ChunkService.manifest`)
 
 Privacy: a key's chunks live under its own folder, ``cdc/<key hash>/chunks/<sha256>``; a lookup, a chunk upload
 and an assembly only ever read that folder. So no answer (lacks, stored, missing, an error, a timing of a lookup that

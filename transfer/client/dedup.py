@@ -179,9 +179,9 @@ async def offer(http: httpx.AsyncClient, server: str) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) and isinstance(doc.get("chunking"), dict) else None
 
 
-def _indexes(response: httpx.Response, field: str, count: int) -> list[int]:
-    """The chunk positions a 2xx JSON answer lists in ``field``, each in ``range(count)``; :class:`RemoteError`
-    (never a KeyError or a wrong chunk sent) when the answer is not that."""
+def _positions(response: httpx.Response, field: str, count: int) -> tuple[dict[str, Any], list[int]]:
+    """A 2xx JSON answer, parsed once, and the chunk positions it lists in ``field``, each in ``range(count)``;
+    :class:`RemoteError` (never a KeyError or a wrong chunk sent) when the answer is not that."""
     try:
         doc = response.json()
         listed = doc[field]
@@ -193,7 +193,7 @@ def _indexes(response: httpx.Response, field: str, count: int) -> list[int]:
             f" {field!r} list of chunk positions below {count}",
             http_status=response.status_code,
         ) from None
-    return listed
+    return doc, listed
 
 
 async def probe_head(http: httpx.AsyncClient, server: str, url: str, head: list[Chunk]) -> int:
@@ -202,7 +202,8 @@ async def probe_head(http: httpx.AsyncClient, server: str, url: str, head: list[
         return 0
     response = await http.post(server + url, json={"chunks": [c.sha256 for c in head]})
     await raise_for_error(response)
-    return sum(head[i].length for i in set(_indexes(response, "held", len(head))))
+    _, held = _positions(response, "held", len(head))
+    return sum(head[i].length for i in set(held))
 
 
 async def upload_probed(
@@ -286,8 +287,8 @@ async def upload_deduplicated(
     body = httpx.Request("POST", "/", json=doc).read()
     response = await http.post(f"{server}/v1/chunked", content=body, headers={"content-type": "application/json"})
     await raise_for_error(response)
-    missing = list(dict.fromkeys(_indexes(response, "missing", len(manifest.chunks))))  # each sent once
-    made = response.json()
+    made, listed = _positions(response, "missing", len(manifest.chunks))
+    missing = list(dict.fromkeys(listed))  # each sent once
     if not isinstance(made.get("id"), str) or not made["id"]:
         raise RemoteError("the service opened a chunked upload without naming it", http_status=response.status_code)
     uid = made["id"]

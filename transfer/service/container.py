@@ -160,13 +160,10 @@ class Services:
         again at its next interval)."""
         try:
             removed = await sweep.run()
-        except TransferError:
+        except Exception as exc:  # noqa: BLE001 - a bug in one sweep must not end its loop for the process's lifetime
             metrics.sweep_ran(sweep.name, 0, ok=False)
-            log.exception("sweep %s failed; retrying at the next interval", sweep.name)
-            return -1
-        except Exception:  # noqa: BLE001 - a bug in one sweep must not end its loop for the process's lifetime
-            metrics.sweep_ran(sweep.name, 0, ok=False)
-            log.exception("sweep %s failed unexpectedly (a bug); retrying at the next interval", sweep.name)
+            how = "failed" if isinstance(exc, TransferError) else "failed unexpectedly (a bug)"
+            log.exception("sweep %s %s; retrying at the next interval", sweep.name, how)
             return -1
         metrics.sweep_ran(sweep.name, removed)
         if removed:

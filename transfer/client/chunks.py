@@ -237,7 +237,11 @@ async def upload_chunked(
     state_file = remember / f"{_state_key(path, server)}.json" if remember else None
     sid: str | None = None
     if state_file is not None and state_file.exists():
-        sid = json.loads(state_file.read_text()).get("session")
+        try:
+            remembered = json.loads(state_file.read_text()).get("session")
+        except (ValueError, AttributeError):  # unreadable (an older client's half-written file): start afresh
+            remembered = None
+        sid = remembered if isinstance(remembered, str) else None
     status: dict[str, Any] | None = None
     if sid:
         response = await http.get(f"{server}/v1/sessions/{sid}")
@@ -258,8 +262,7 @@ async def upload_chunked(
         status = response.json()
         sid = status["streaming_session_id"]
         if state_file is not None:
-            state_file.parent.mkdir(parents=True, exist_ok=True)
-            state_file.write_text(json.dumps({"session": sid, "path": str(path)}))
+            write_atomically(state_file, json.dumps({"session": sid, "path": str(path)}).encode())
         stored: set[int] = set()
     else:
         stored = {i for a, b in status["stored"] for i in range(a, b + 1)}
@@ -386,3 +389,19 @@ async def _read_range(path: Path, start: int, length: int) -> AsyncIterator[byte
             yield piece
     finally:
         os.close(fd)
+
+
+def write_atomically(dest: Path, data: bytes) -> None:
+    """``data`` as the file ``dest``, whole or not at all (a process killed while writing leaves the old file or
+    none, never a truncated one)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.{secrets.token_hex(6)}.part"
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+        os.replace(tmp, dest)
+    finally:
+        try:
+            os.remove(tmp)
+        except FileNotFoundError:
+            pass

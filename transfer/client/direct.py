@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from transfer.client.chunks import _error_from, _first, _state_key
+from transfer.client.chunks import _error_from, _first, _state_key, write_atomically
 from transfer.core.content import checksum_hex
 from transfer.errors import ChecksumMismatch, RemoteError
 
@@ -92,8 +92,7 @@ async def upload_direct(
         plan: dict[str, Any] = response.json()
         stored: set[int] = set()
         if state_file is not None:
-            state_file.parent.mkdir(parents=True, exist_ok=True)
-            state_file.write_text(json.dumps({"plan": plan["id"], "path": str(path)}))
+            write_atomically(state_file, json.dumps({"plan": plan["id"], "path": str(path)}).encode())
     else:
         plan, stored = resumed
     pid, part_size, count = plan["id"], int(plan["part_size"]), int(plan["part_count"])

@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pybase64
 
-from transfer.client.chunks import ChunkOptions, follow, streaming_to_path
+from transfer.client.chunks import ChunkOptions, follow, streaming_to_path, write_atomically
 from transfer.client.fetch import Fetcher, FetchPlan, RangeIgnored, hash_range, lean_path_possible, pwrite_all
 from transfer.core.content import (
     CodeContent,
@@ -140,7 +140,7 @@ class Resolver:
         if descriptor.type is TransferMode.INLINE or not isinstance(descriptor, FileContent):
             data = inline_bytes(descriptor)
             verify_bytes(descriptor, hashlib.sha256(data).hexdigest(), len(data))
-            await asyncio.to_thread(_atomic_write, dest_path, data)
+            await asyncio.to_thread(write_atomically, dest_path, data)
             if progress:
                 progress(len(data), len(data))
             return dest_path
@@ -530,17 +530,3 @@ def _decode_file(
             size += len(piece)
             fout.write(piece)
     return sha.hexdigest(), size
-
-
-def _atomic_write(dest: Path, data: bytes) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.{secrets.token_hex(6)}.part"
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-        os.replace(tmp, dest)
-    finally:
-        try:
-            os.remove(tmp)
-        except FileNotFoundError:
-            pass

@@ -109,6 +109,11 @@ T = TypeVar("T")
 _cleanups: set[asyncio.Future[None]] = set()  # clean-ups of opens that finished after their caller was cancelled
 
 _LIST_BATCH = 256  # keys stat-ed per thread hop while listing
+# what every local storage offers (asked on every descriptor: one set, not a new one per call)
+_CAPABILITIES = frozenset(
+    {Capability.COMPOSE, Capability.ATOMIC_IF_ABSENT, Capability.ATOMIC_IF_MATCH}
+    | ({Capability.WRITE_AT_OFFSET} if OFD_LOCKS else set())
+)
 _FOLDER, _SHARD, _NAME = 0, 1, 2  # what a listing walk's heap holds: a sub-folder, a shard, a key
 _SEGMENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*")  # folders keys can be in
 
@@ -788,8 +793,7 @@ class LocalStorage(StagedFiles):
 
     @property
     def capabilities(self) -> frozenset[Capability]:
-        caps = {Capability.COMPOSE, Capability.ATOMIC_IF_ABSENT, Capability.ATOMIC_IF_MATCH}
-        return frozenset(caps | ({Capability.WRITE_AT_OFFSET} if OFD_LOCKS else set()))
+        return _CAPABILITIES
 
     def object_path(self, key: str) -> Path:
         """Where the bytes of ``key`` lie: in the shard of its name, inside its folder."""

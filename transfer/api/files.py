@@ -313,7 +313,8 @@ def files_router(services: Services, base_url: Callable[[Request], str], needs: 
         `invalid_cursor`."""
         size = LIST_DEFAULT if limit is None else parse_bounded(limit, "limit", low=1, high=LIST_MAX)
         page = await service.list(caller_of(request), size, cursor)
-        items = [(await service.describe(r, base_url(request), inline=False)).to_json() for r in page.records]
+        origin = base_url(request)
+        items = [(await service.describe(r, origin, inline=False)).to_json() for r in page.records]
         return {"files": items, "next_cursor": page.next_cursor}
 
     @router.get(

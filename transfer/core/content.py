@@ -184,6 +184,7 @@ class CodeContent(ContentBase):
 
 
 _ORIGIN_RE = re.compile(r"https?://[^/?#]*", re.IGNORECASE)
+_ABSOLUTE_URL_RE = re.compile(r"^https?://[^\s/?#]+[^\s]*$", re.IGNORECASE)
 _ASCII_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")  # what httpx refuses anywhere in a URL (non-ASCII: quoted)
 _URL_MAX = 65536  # httpx's longest URL
 
@@ -234,7 +235,7 @@ class FileContent(ContentBase):
     @field_validator("url", "thumbnail_url")
     @classmethod
     def _absolute_url(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^https?://[^\s/?#]+[^\s]*$", v, re.IGNORECASE):
+        if v is not None and not _ABSOLUTE_URL_RE.match(v):
             raise ValueError("must be an absolute http(s) URL")
         if v is not None:
             # parsed here by the parser that fetches it, so a URL it cannot parse (an ambiguous IPv4 form such as

@@ -82,7 +82,7 @@ import secrets
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -383,15 +383,30 @@ class LocalWriter(WriterContext):
             self._pending.append(bytes(data))  # kept until commit (a copy only if the caller's buffer is mutable)
             self._written += len(data)
             return
+        await self.write_many([data])
+
+    async def write_many(self, pieces: Sequence[bytes | bytearray | memoryview]) -> None:
+        """:meth:`write` of ``pieces`` in turn, in one system call (``writev``) once the object is in its file: a
+        caller holding several socket reads need not join them into one buffer first (a copy of every byte)."""
+        if self._done:
+            raise BackendUnavailable("write after commit or abort")
+        if self._file is None and self._written + sum(map(len, pieces)) <= self._storage.small_object:
+            for piece in pieces:
+                await self.write(piece)
+            return
         f = await self._open()
         if self._pending:
             await self._write_pending(f)
-        view = memoryview(data)
+        views = [memoryview(piece) for piece in pieces if piece]
         try:
-            while view:  # an unbuffered write may be partial
-                n = await f.write(view)
-                view = view[n:]
+            while views:  # an unbuffered write may be partial
+                n = await (f.write(views[0]) if len(views) == 1 else asyncio.to_thread(os.writev, f.fileno(), views))
                 self._written += n
+                while views and n >= len(views[0]):  # the pieces written whole
+                    n -= len(views[0])
+                    views.pop(0)
+                if n:
+                    views[0] = views[0][n:]  # the one written in part
             if self._sync_every and self._written - self._synced >= self._sync_every:
                 # Flush as we go: the disk works while the network delivers, instead of one long fsync at commit
                 # with gigabytes of dirty pages behind it. Not awaited: waiting here would stop the upload for

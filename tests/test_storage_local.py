@@ -207,3 +207,36 @@ async def test_a_reader_never_pairs_bytes_with_another_publish_s_version(storage
                 assert seen.setdefault(r.info.etag, data) == data  # one version, one content
 
     await asyncio.gather(writer(), reader(), reader())
+
+
+async def test_pieces_written_in_one_call_land_in_order_even_when_the_kernel_takes_them_in_part(
+    storage: LocalStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``write_many`` hands several pieces to one ``writev``; a regular file's write may still end early (a signal,
+    a file-size limit), and what is left of a piece, and the pieces after it, must follow in order. The kernel's
+    partial write is the one fault here that cannot be produced on demand: ``writev`` is made to take at most
+    100,003 bytes (a prime, so the cuts fall inside pieces and on no boundary)."""
+    real = os.writev
+    calls: list[int] = []
+
+    def partial(fd: int, buffers: list[memoryview]) -> int:
+        left, taken = 100_003, []
+        for b in buffers:
+            if left <= 0:
+                break
+            taken.append(b[:left])
+            left -= len(taken[-1])
+        calls.append(len(buffers))
+        return real(fd, taken)
+
+    monkeypatch.setattr(os, "writev", partial)
+    pieces = [random.randbytes(n) for n in (70_000, 1, 250_000, 0, 131_072, 99_999)]
+    head = random.randbytes(storage.small_object)  # past the size kept in memory: the pieces go to the file
+    async with storage.create("files/many") as writer:
+        await writer.write(head)
+        await writer.write_many(pieces)
+        await writer.write_many(pieces[:1])  # one piece: a plain write
+        assert writer.bytes_written == len(head) + sum(map(len, pieces)) + len(pieces[0])
+        await writer.commit({})
+    assert await read_all(storage, "files/many") == head + b"".join(pieces) + pieces[0]
+    assert len(calls) >= 5 and max(calls) > 1  # several writev calls, some of several pieces

@@ -1,6 +1,6 @@
 """The upload pipeline: a request body in, a verified, published object out.
 
-    body pieces --(coalesce to buffer_size)--> queue(2) --> [worker thread: digest of the body as sent,
+    body pieces --(gathered to buffer_size)--> queue(2) --> [worker thread: digest of the body as sent,
     decode Content-Encoding (bomb-guarded), SHA-256 + size of the original, sniff head, encode for storage,
     SHA-256 of the stored bytes] --> storage writer (the write of step N overlaps the work of step N+1)
 
@@ -113,16 +113,17 @@ class _Digests:
         self.stored.update(out)
         return out
 
-    def begin(self, batch: bytes) -> None:
+    def begin(self, batch: list[bytes]) -> None:
         """Take the next batch of bytes as received (call once :meth:`step` has reported it done). Lazy: the
         hashing and decoding happen in the steps, in the worker thread."""
         self._pieces = self._decoded(batch)
-        self.cheap = self._identity and len(batch) <= INLINE_STEP
+        self.cheap = self._identity and sum(map(len, batch)) <= INLINE_STEP
 
-    def _decoded(self, batch: bytes) -> Iterator[bytes]:
-        if self.body is not None:
-            self.body.update(batch)
-        yield from self.decoder.feed(batch)
+    def _decoded(self, batch: list[bytes]) -> Iterator[bytes]:
+        for piece in batch:
+            if self.body is not None:
+                self.body.update(piece)
+            yield from self.decoder.feed(piece)
 
     def begin_finish(self) -> None:
         """The body has ended: the next steps return what the decoder and the encoder still hold."""
@@ -153,8 +154,10 @@ async def _batches(
     max_raw: int,
     declared: int | None,
     room: Callable[[int], Awaitable[int]] | None = None,
-) -> AsyncIterator[bytes]:
-    """Coalesce body pieces into batches of about ``size`` bytes (fewer thread hops, fewer write calls); stop at
+) -> AsyncIterator[list[bytes]]:
+    """Gather body pieces into batches of about ``size`` bytes (fewer thread hops, fewer write calls), as lists:
+    the pieces are hashed and written one after another, never joined (a copy of every byte, ~8 % of an upload's
+    CPU when the body arrives as 256 KiB socket reads); stop at
     the first piece past ``max_raw`` or past the ``declared`` length. ``room(total)``, awaited before each batch:
     how many bytes past the ``total`` read so far the writer can take without waiting for memory (it waits for
     some), so a batch is no larger than that and no body is read for a writer that waits."""
@@ -177,12 +180,12 @@ async def _batches(
         pending.append(piece)
         pending_len += len(piece)
         if pending_len >= size:
-            yield pending[0] if len(pending) == 1 else b"".join(pending)
+            yield pending
             pending, pending_len = [], 0
             if room is not None:
                 size = max(1, min(target, await room(total)))
     if pending:
-        yield b"".join(pending)
+        yield pending
 
 
 async def ingest(
@@ -224,7 +227,7 @@ async def ingest(
             if declared is not None and declared > room:
                 raise _quota_exceeded(room)
     digests = _Digests(request, DecodeLimits(max_size, max_decode_ratio), levels, buffer_size, room=room)
-    queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=2)
+    queue: asyncio.Queue[list[bytes] | None] = asyncio.Queue(maxsize=2)
     received = 0
 
     async def produce(writer: ObjectWriter) -> None:
@@ -237,14 +240,20 @@ async def ingest(
         # bytes held twice, so they are kept to a socket read or two (32 uploads into S3: 24 MB less at the peak)
         size = buffer_size if room is None else min(buffer_size, PACED_BATCH)
         async for batch in _batches(body, size, max_size, request.declared_length, room):
-            received += len(batch)
+            received += sum(map(len, batch))
             await queue.put(batch)
         await queue.put(None)
 
     async def consume(writer: ObjectWriter) -> None:
         pending_write: asyncio.Task[None] | None = None
 
+        # a writer that takes several pieces in one call (local storage: one writev) is given them so
+        many = getattr(writer, "write_many", None)
+
         async def write_all(pieces: list[bytes]) -> None:
+            if many is not None and len(pieces) > 1:
+                await many(pieces)
+                return
             for piece in pieces:
                 await writer.write(piece)
 

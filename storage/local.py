@@ -1039,27 +1039,40 @@ class LocalStorage(StagedFiles):
     ) -> None:
         """Rename the staged temp files into place: the compare and the renames under the key's lock stripe."""
         key = self._key_of(final)
-        for folder in (final.parent, final_meta.parent):
+        folders = (final.parent, final_meta.parent)
+        for folder in folders:
             if folder not in self._folders:  # made once: a mkdir per publish is two failing system calls
                 folder.mkdir(parents=True, exist_ok=True)
                 if len(self._folders) < MAX_KNOWN_FOLDERS:
                     self._folders.add(folder)
+        if if_absent:
+            # FileExistsError at the link: another writer published first; the temp part goes last, so a temp meta
+            # never outlives its part (see the sweep)
+            steps = [lambda: os.link(tmp, final), lambda: os.replace(tmp_meta, final_meta), lambda: os.remove(tmp)]
+        else:
+            steps = [lambda: os.replace(tmp_meta, final_meta), lambda: os.replace(tmp, final)]
         with self._key_locked(key):  # the compare and the renames: one step for every process (microseconds)
             if if_match is not None:
                 current = self._current_version(key)
                 if current != if_match:
                     raise ObjectChanged(f"{key} is at version {current or 'none'}, not {if_match}")
-            try:
-                if if_absent:
-                    os.link(tmp, final)  # FileExistsError: another writer published first
-                    os.replace(tmp_meta, final_meta)
-                    os.remove(tmp)  # last: a temp meta never outlives its part (see the sweep)
-                else:
-                    os.replace(tmp_meta, final_meta)
-                    os.replace(tmp, final)
-            except FileNotFoundError:
-                self._folders.clear()  # a folder was removed behind our back: the next publish makes it again
-                raise
+            done, remade = 0, 0
+            while done < len(steps):
+                try:
+                    steps[done]()
+                except FileNotFoundError:
+                    # a folder removed behind our back (by hand, or a restore): made again, and the publish goes on
+                    # from the step that failed, so its metadata is never left in place without its bytes; a
+                    # missing temp file is not that, and fails as it is
+                    self._folders.clear()
+                    missing = [folder for folder in folders if not folder.is_dir()]
+                    if not missing or remade == 2:
+                        raise
+                    remade += 1
+                    for folder in missing:
+                        folder.mkdir(parents=True, exist_ok=True)
+                    continue
+                done += 1
 
     async def compose(self, key: str, sources: list[str], metadata: Mapping[str, str]) -> ObjectInfo:
         """Concatenate ``sources`` into ``key`` with copy_file_range (the bytes never enter this process)."""

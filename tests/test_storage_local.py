@@ -7,6 +7,7 @@ import contextlib
 import gc
 import os
 import random
+import shutil
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -240,3 +241,20 @@ async def test_pieces_written_in_one_call_land_in_order_even_when_the_kernel_tak
         await writer.commit({})
     assert await read_all(storage, "files/many") == head + b"".join(pieces) + pieces[0]
     assert len(calls) >= 5 and max(calls) > 1  # several writev calls, some of several pieces
+
+
+@pytest.mark.parametrize("if_absent", [True, False])
+async def test_a_publish_into_a_folder_removed_behind_its_back_makes_it_again(
+    storage: LocalStorage, if_absent: bool
+) -> None:
+    """The storage remembers the folders it made (a mkdir per publish costs two failing system calls); one removed
+    by hand meanwhile (a cleanup, a restore) is made again by the publish that finds it gone, which then succeeds:
+    no error for an upload that did nothing wrong, and never a metadata file published without its bytes."""
+    await put(storage, "files/f_aa01", b"first")  # the shard folder of f_aa… is made and remembered
+    for folder in {storage.object_path("files/f_aa01").parent, storage.meta_path("files/f_aa01").parent}:
+        shutil.rmtree(folder)
+    async with storage.create("files/f_aa02", if_absent=if_absent) as writer:
+        await writer.write(b"second")
+        await writer.commit({"k": "v"})
+    assert await read_all(storage, "files/f_aa02") == b"second"
+    assert (await storage.stat("files/f_aa02")).metadata == {"k": "v"}

@@ -19,6 +19,7 @@ from devtools.ceph import CephCluster, ceph_cluster, ceph_missing
 from devtools.s3server import S3Endpoint, s3_client, swift_s3_server
 from devtools.serving import ThreadServer, serve_in_thread
 from tests.layout import stored_keys
+from transfer import metrics
 from transfer.hosts import create_app
 from transfer.settings import Settings
 
@@ -95,6 +96,18 @@ class LiveServer:
     def objects(self) -> list[str]:
         """The keys of every object stored (read from the data directory)."""
         return stored_keys(self.data_dir)
+
+
+def requests_ended(method: str, route: str) -> float:
+    """Requests of ``method`` on the route template ``route`` that this process's servers have ended (answered, or
+    given up on when the client left): wait for it to grow before checking what a request left behind, since
+    checked earlier, nothing may have been written yet."""
+    return sum(
+        sample.value
+        for metric in metrics.requests.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total") and (sample.labels["method"], sample.labels["route"]) == (method, route)
+    )
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import zstandard
 
-from tests.conftest import LiveServer, running
+from tests.conftest import LiveServer, requests_ended, running
 from transfer.settings import Settings
 
 MiB = 1 << 20
@@ -256,6 +256,7 @@ def test_multipart_errors_leave_nothing(http: httpx.Client, live_server: LiveSer
 
 def test_client_disconnect_mid_upload_leaves_nothing(live_server: LiveServer) -> None:
     host, port = live_server.url.removeprefix("http://").split(":")
+    ended = requests_ended("POST", "/v1/files")
     with socket.create_connection((host, int(port))) as s:
         s.sendall(
             f"POST /v1/files HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/octet-stream\r\n"
@@ -263,7 +264,12 @@ def test_client_disconnect_mid_upload_leaves_nothing(live_server: LiveServer) ->
         )
         for _ in range(30):
             s.sendall(b"a" * 65536)  # ~2 MiB of the promised 10 MiB, then vanish
+    # the server must have ended that request before "nothing is left" means anything: checked earlier, its temp
+    # file may not exist yet (the check passes for nothing, or sees the file appear after it)
     deadline = time.monotonic() + 30  # generous: the suite runs beside other work on two cores
+    while requests_ended("POST", "/v1/files") == ended and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert requests_ended("POST", "/v1/files") > ended, "the server never ended the upload whose client left"
     while live_server.leftovers() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert_nothing_stored(live_server)

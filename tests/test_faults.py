@@ -14,7 +14,7 @@ import httpx
 import pytest
 import xxhash
 
-from tests.conftest import Clock, LiveServer, running
+from tests.conftest import Clock, LiveServer, requests_ended, running
 from tests.test_api_upload import assert_error
 from transfer.settings import Settings
 
@@ -88,6 +88,8 @@ def test_client_gone_mid_chunk_leaves_nothing_and_the_session_resumes(server: Li
         sid = doc["streaming_session_id"]
         host, port = live_server.url.removeprefix("http://").split(":")
         piece = os.urandom(chunk)
+        route = "/v1/sessions/{sid}/chunks/{index}"
+        ended = requests_ended("PUT", route)
         with socket.create_connection((host, int(port))) as s:
             s.sendall(
                 f"PUT /v1/sessions/{sid}/chunks/0 HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: {chunk}\r\n"
@@ -95,6 +97,9 @@ def test_client_gone_mid_chunk_leaves_nothing_and_the_session_resumes(server: Li
             )
             s.sendall(piece[: chunk // 2])  # half the chunk, then the client is gone
         deadline = time.monotonic() + 30
+        while requests_ended("PUT", route) == ended and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the server has ended that request: before, its temp file may not exist yet
+        assert requests_ended("PUT", route) > ended, "the server never ended the chunk whose client left"
         while live_server.leftovers() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert live_server.leftovers() == []

@@ -98,6 +98,17 @@ class LiveServer:
         return stored_keys(self.data_dir)
 
 
+def wait_indexed(base_url: str, file_id: str, timeout: float = 30.0) -> None:
+    """Until the service has checked and indexed file ``file_id``'s chunks (its manifest answers 200): the default
+    deduplicating upload leaves that to the service after its answer (``Prefer: respond-async``), so a test whose
+    next upload relies on the index waits for it first, as a client that uploads its next version later would."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(base_url=base_url, timeout=10) as http:
+        while (status := http.get(f"/v1/files/{file_id}/chunks").status_code) != 200:
+            assert status == 404 and time.monotonic() < deadline, f"file {file_id} was never indexed ({status})"
+            time.sleep(0.02)
+
+
 def requests_ended(method: str, route: str) -> float:
     """Requests of ``method`` on the route template ``route`` that this process's servers have ended (answered, or
     given up on when the client left): wait for it to grow before checking what a request left behind, since

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from benchmarks.e2e import service
-from tests.conftest import Clock, LiveServer, running
+from tests.conftest import Clock, LiveServer, running, wait_indexed
 from transfer.client.dedup import ChunkCache, cut_file, offer, resolve_with_cache, upload_deduplicated
 from transfer.core.auth import token_hash
 from transfer.core.chunking import Manifest
@@ -242,6 +242,7 @@ def test_transfer_upload_dedup_sends_what_changed_and_resolve_uses_its_cache(tmp
         first = cli("upload", "--server", url, str(tmp_path / "v1.bin"))
         assert first.returncode == 0, first.stderr
         assert f"new to this key, sent whole ({len(v1)} bytes)" in first.stderr
+        wait_indexed(url, json.loads(first.stdout)["metadata"]["file_id"])
         second = cli("upload", "--server", url, str(tmp_path / "v2.bin"))
         assert second.returncode == 0, second.stderr
         sent = int(second.stderr.split("sent ")[1].split(" ")[0])

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Clock, LiveServer
+from tests.conftest import Clock, LiveServer, wait_indexed
 from transfer.client import AsyncTransferClient, ResolveOptions, TransferClient, load_descriptor
 from transfer.core.content import FileContent
 from transfer.errors import ChecksumMismatch, InvalidDescriptor, NotFound, SizeMismatch, UrlExpired
@@ -247,6 +247,7 @@ def test_sync_client_sends_a_new_version_in_changed_chunks(live_server: LiveServ
     with TransferClient(live_server.url) as c:
         first = c.upload_dedup(tmp_path / "v1.bin")
         assert first is not None and first.how == "whole" and first.index_error is None
+        wait_indexed(live_server.url, first.descriptor.metadata["file_id"])
         second = c.upload_dedup(tmp_path / "v2.bin", name="v2")
         assert second is not None and second.how == "chunks" and 0 < second.sent_bytes < MiB
         assert second.descriptor.name == "v2" and c.resolve(second.descriptor) == bytes(v1)

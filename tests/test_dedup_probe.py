@@ -6,6 +6,7 @@ bytes indexes nothing; another key's file is 404."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import http.server
@@ -19,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Clock, LiveServer, running
+from tests.conftest import Clock, LiveServer, running, wait_indexed
 from tests.test_chunked_dedup import changed, error_code, key, keyed_settings
 from transfer.client.client import AsyncTransferClient
 from transfer.client.dedup import PROBE_BYTES, cut_file, cut_head
@@ -150,6 +151,48 @@ def test_an_index_must_describe_the_stored_bytes_and_only_the_owner_may_give_it(
         assert answer.status_code == 400 and error_code(answer) == "invalid_manifest"
 
 
+async def test_an_index_given_respond_async_is_answered_first_and_checked_after_with_the_same_rules(
+    tenants: LiveServer, tmp_path: Path
+) -> None:
+    """``Prefer: respond-async``: 202 once the manifest fits the file (size, SHA-256, owner: the same errors as
+    without it, at once), and the chunks checked against the stored bytes after the answer: a lie among them
+    indexes nothing, the truth indexes them all."""
+    data = os.urandom(3 * MiB)
+    src = tmp_path / "f.bin"
+    src.write_bytes(data)
+    manifest = cut_file(src)
+    shas = [c.sha256 for c in manifest.chunks]
+    later = {"prefer": "respond-async"}
+    services = tenants.app.state.services
+    with httpx.Client(base_url=tenants.url, headers=key("bob"), timeout=60) as bob:
+        fid = file_id(plain_upload(bob, data))
+        url = f"/v1/files/{fid}/chunks"
+        other = bob.put(url, json=manifest.to_json(), headers={**key("carol"), **later})
+        assert other.status_code == 404 and error_code(other) == "not_found"
+        twin = tmp_path / "twin.bin"
+        twin.write_bytes(os.urandom(len(data)))
+        answer = bob.put(url, json=cut_file(twin).to_json(), headers=later)
+        assert answer.status_code == 422 and error_code(answer) == "checksum_mismatch"  # before any answer
+
+        lying = list(manifest.chunks)
+        lying[2] = Chunk(lying[2].offset, lying[2].length, hashlib.sha256(b"another chunk").hexdigest())
+        answer = bob.put(url, json=dataclasses.replace(manifest, chunks=tuple(lying)).to_json(), headers=later)
+        assert answer.status_code == 202 and answer.headers["preference-applied"] == "respond-async"
+        assert answer.json() == {"chunks": len(shas), "indexed": None}
+        await tenants.call(services.chunks.indexing_done())
+        assert bob.post("/v1/chunked/probe", json={"chunks": shas}).json() == {"held": []}
+        assert bob.get(url).status_code == 404  # the lie indexed nothing, not even its manifest
+
+        answer = bob.put(url, json=manifest.to_json(), headers={"prefer": "handling=lenient, respond-async; x=1"})
+        assert answer.status_code == 202, answer.text
+        await tenants.call(services.chunks.indexing_done())
+        assert bob.post("/v1/chunked/probe", json={"chunks": shas}).json() == {"held": list(range(len(shas)))}
+        kept = bob.get(url)
+        assert kept.status_code == 200 and [c["sha256"] for c in kept.json()["chunks"]] == shas
+        again = bob.put(url, json=manifest.to_json(), headers=later)  # indexed already: nothing left to do later
+        assert again.status_code == 200 and again.json() == {"chunks": len(shas), "indexed": 0}
+
+
 async def test_the_client_sends_a_new_file_whole_and_its_next_version_sends_what_changed(
     server: LiveServer, tmp_path: Path
 ) -> None:
@@ -161,6 +204,8 @@ async def test_the_client_sends_a_new_file_whole_and_its_next_version_sends_what
         first = await client.upload_dedup(tmp_path / "v1.bin")
         assert first is not None and first.how == "whole" and first.index_error is None
         assert first.sent_bytes == len(v1) and first.descriptor.checksum == "sha256:" + hashlib.sha256(v1).hexdigest()
+        assert first.indexed_later  # the service took the manifest and checks it after its answer
+        await asyncio.to_thread(wait_indexed, server.url, first.descriptor.metadata["file_id"])
         second = await client.upload_dedup(tmp_path / "v2.bin")
         assert second is not None and second.how == "chunks"
         assert 0 < second.sent_bytes <= 3 * 2 * 256 * 1024  # about a chunk or two per change

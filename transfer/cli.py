@@ -383,7 +383,8 @@ async def cmd_upload(args: argparse.Namespace) -> int:
                         else:
                             print(
                                 f"{path.name}: new to this key, sent whole ({deduplicated.sent_bytes} bytes); its "
-                                f"{deduplicated.chunks} chunks are indexed: its next version sends what changed",
+                                f"{deduplicated.chunks} chunks {'are being' if deduplicated.indexed_later else 'are'} "
+                                "indexed: its next version sends what changed",
                                 file=sys.stderr,
                             )
                         descriptor = deduplicated.descriptor

@@ -21,7 +21,9 @@ DELETE /v1/chunked/{id}                     abort (the chunks stay for a retry, 
 GET    /v1/files/{file_id}/chunks           the chunk manifest of a file uploaded this way, for its key
 PUT    /v1/files/{file_id}/chunks           the manifest of a file of this key that went whole by another door:
                                             checked against its stored bytes, then its chunks indexed (its next
-                                            version sends only what changed) -> 200 {chunks, indexed}
+                                            version sends only what changed) -> 200 {chunks, indexed}; with
+                                            ``Prefer: respond-async``, 202 once the manifest fits the file, and
+                                            the chunks checked and indexed after the answer
 GET    /v1/files/{file_id}/manifest?exp&kid&sig   the same for whoever holds a signed URL of the file (its query):
                                             a resolver with a cache fetches only the ranges of the chunks it lacks
 """
@@ -44,6 +46,7 @@ from transfer.api.streaming import request_body
 from transfer.core.auth import Scope
 from transfer.core.chunking import MAX_CHUNKS
 from transfer.core.content import DownloadMethod, format_timestamp
+from transfer.core.negotiation import preference
 from transfer.core.numerals import parse_count
 from transfer.errors import ClientDisconnected, InvalidManifest, InvalidRequest, ManifestTooLarge
 from transfer.service.chunkstore import MAX_PROBE, ChunkedUpload, ChunkService, manifest_document
@@ -218,9 +221,18 @@ def chunked_router(
     @router.put(
         "/v1/files/{file_id}/chunks", dependencies=upload, tags=["files"], summary="Index a stored file's chunks"
     )
-    async def index_file(request: Request, file_id: str) -> dict[str, Any]:
+    async def index_file(request: Request, response: Response, file_id: str) -> dict[str, Any]:
+        """Check the manifest against the file and index its chunks: 200 {chunks, indexed}. With `Prefer:
+        respond-async` (RFC 7240) the answer comes once the manifest is known to describe the file, 202 with
+        `Preference-Applied: respond-async` and `indexed` null, and the chunks are checked and indexed after it
+        (a chunk that is not the file's bytes then indexes nothing); a service with many checks waiting answers
+        200 after its own, as without the preference."""
         doc = await _manifest_body(request)
-        total, indexed = await chunks.index_file(file_id, doc, caller_of(request))
+        later = preference(",".join(request.headers.getlist("prefer")), "respond-async") is not None
+        total, indexed = await chunks.index_file(file_id, doc, caller_of(request), later=later)
+        if indexed is None:
+            response.status_code = 202
+            response.headers["preference-applied"] = "respond-async"
         return {"chunks": total, "indexed": indexed}
 
     @router.get("/v1/files/{file_id}/manifest", tags=["files"], summary="A file's chunks, with its signed URL's query")

@@ -32,6 +32,7 @@ from transfer.core.content import (
 )
 from transfer.core.delivery import CONTENT_SAFETY_HEADERS
 from transfer.core.digests import sha256_from_digest_field
+from transfer.core.negotiation import preference
 from transfer.core.numerals import decimal
 from transfer.errors import InvalidRequest, SessionIncomplete
 from transfer.service import session_views
@@ -57,15 +58,10 @@ class SessionComplete(BaseModel):
 
 def parse_prefer_wait(value: str | None, default: float, maximum: float) -> float:
     """``Prefer: wait=<seconds>`` (RFC 7240 §4.3); the service's default when absent."""
-    if value:
-        for pref in value.split(","):
-            name, _, arg = pref.strip().partition("=")
-            # delta-seconds is 1*DIGIT (RFC 9111 §1.2.2); a value that is not is ignored, as any preference the
-            # server does not understand (RFC 7240 §2)
-            seconds = decimal(arg.strip().strip('"'), max_digits=9)
-            if name.strip().lower() == "wait" and seconds is not None:
-                return min(float(seconds), maximum)
-    return default
+    # delta-seconds is 1*DIGIT (RFC 9111 §1.2.2); a value that is not is ignored, as any preference the server does
+    # not understand (RFC 7240 §2)
+    seconds = decimal(preference(value, "wait") or "", max_digits=9)
+    return default if seconds is None else min(float(seconds), maximum)
 
 
 def sessions_router(

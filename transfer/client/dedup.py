@@ -64,6 +64,7 @@ class DedupOutcome:
     # key), sent whole at once and its chunks indexed afterwards
     how: str = "chunks"
     index_error: str | None = None  # "whole": why its chunks were not indexed (the file is published all the same)
+    indexed_later: bool = False  # "whole": the service took the manifest and checks and indexes the chunks after
 
 
 def _chunker(chunking: dict[str, Any] | None) -> FastCDC:
@@ -246,16 +247,21 @@ async def upload_probed(
     manifest = dataclasses.replace(cut, sha256=descriptor.checksum.split(":", 1)[-1])
     body = httpx.Request("PUT", "/", json=manifest.to_json()).read()
     error: str | None = None
+    later = False
     try:
+        # the upload is done once the manifest is taken: checking every chunk against the stored bytes (a read
+        # of the whole file) is the service's to finish after its answer (RFC 7240 respond-async, 202)
         response = await http.put(
             server + index_url.replace("{id}", str(file_id)),
             content=body,
-            headers={"content-type": "application/json"},
+            headers={"content-type": "application/json", "prefer": "respond-async"},
         )
         await raise_for_error(response)
+        later = response.status_code == 202
     except (TransferError, httpx.HTTPError) as exc:
         error = str(exc) or type(exc).__name__
-    return DedupOutcome(descriptor, len(manifest.chunks), len(manifest.chunks), size, len(body), "whole", error)
+    chunks = len(manifest.chunks)
+    return DedupOutcome(descriptor, chunks, chunks, size, len(body), "whole", error, indexed_later=later)
 
 
 async def upload_deduplicated(

@@ -30,3 +30,17 @@ def explicitly_accepts(accept: str | None, media_type: str) -> bool:
         if 0 < weight <= 1:
             return True
     return False
+
+
+def preference(prefer: str | None, name: str) -> str | None:
+    """The value of preference ``name`` (lowercase) in a ``Prefer`` field (RFC 7240 §2: comma-separated
+    ``token [= word] *(; parameter)``): ``""`` when it has none, None when it is absent. Only the first instance
+    counts (§2); parameters are ignored, as any the server does not understand, and so are members past
+    :data:`MAX_ACCEPT_MEMBERS`."""
+    if not prefer:
+        return None
+    for member in prefer.split(",")[:MAX_ACCEPT_MEMBERS]:
+        token, _, value = member.split(";", 1)[0].partition("=")
+        if token.strip().lower() == name:
+            return value.strip().strip('"')
+    return None

@@ -76,6 +76,7 @@ SEGMENT_BYTES = 8 << 20  # bytes of one ranged read of a pack while assembling (
 HASH_BATCH = 4 << 20  # bytes of arrived chunks hashed in one thread hop
 INDEX_SHARDS = 16  # index records per key (by the first hex digit of a chunk's SHA-256)
 INDEX_CHECKS = 2  # batches of a stored file hashed at once while its manifest is checked (index_file)
+INDEX_LATER_MAX = 8  # checks of index_file(later=True) waiting at once on one process; past it a caller waits
 MAX_PROBE = 4096  # chunk hashes one probe may name (a client probes the first few MiB of a file)
 UPLOAD_CACHE = 1024  # upload records kept per process for chunk PUTs (their fields never change while open)
 
@@ -320,6 +321,7 @@ class ChunkService:
         self.locks = KeyedLocks()
         self.records = RecordStore(self.storage)  # the index shards: compare-and-set, one retry policy
         self._uploads: dict[str, ChunkedUpload] = {}
+        self._indexing: set[asyncio.Task[None]] = set()  # checks of files indexed after their answer (index_file)
         # open chunked uploads per key, bounded like its open sessions: a marker each (quota.py)
         self.open_uploads = SessionQuota(
             self.storage,
@@ -454,13 +456,22 @@ class ChunkService:
         known = await self._locate(caller.owner, shas_doc)
         return [i for i, sha in enumerate(shas_doc) if sha in known]
 
-    async def index_file(self, file_id: str, manifest_doc: Any, caller: Grant) -> tuple[int, int]:
+    async def index_file(
+        self, file_id: str, manifest_doc: Any, caller: Grant, *, later: bool = False
+    ) -> tuple[int, int | None]:
         """Index the chunks of a stored file of the caller's that went whole by another door (a plain upload, tus,
         a direct upload): its next version then sends only what changed, and resolvers with a cache get its
         manifest. The manifest must describe the file (its size and SHA-256, 400 ``manifest_size_mismatch`` /
         422 ``checksum_mismatch``), and every chunk is checked against the stored bytes, read back (422
         ``chunk_checksum_mismatch``: nothing indexed). Returns (chunks, chunks newly indexed); a file indexed
-        already answers its chunk count again. NotFound for another key's file, as for an unknown one."""
+        already answers its chunk count again. NotFound for another key's file, as for an unknown one.
+
+        ``later``: answer once the manifest is known to describe the file, and check its chunks and index them
+        afterwards, on this process (newly indexed: None). The same check decides what is indexed: a chunk that
+        is not the file's bytes there indexes nothing (logged), and a check that never ends (the process stops)
+        indexes nothing either, which only makes the file's next version send more. At most
+        :data:`INDEX_LATER_MAX` checks wait at once; past that the caller waits for its own, as without
+        ``later``."""
         s = self.settings
         manifest = parse_manifest(manifest_doc, max_chunks=MAX_CHUNKS, max_size=s.max_upload_size)
         record = await self.files.record(file_id, caller)
@@ -477,6 +488,39 @@ class ChunkService:
             return len(manifest.chunks), 0  # indexed before (its manifest is the file's: same bytes, same cut)
         except NotFound:
             pass
+        if later and len(self._indexing) < INDEX_LATER_MAX:
+            task = asyncio.create_task(self._index_later(record, manifest), name=f"index:{record.id}")
+            self._indexing.add(task)
+            task.add_done_callback(self._indexing.discard)
+            return len(manifest.chunks), None
+        return len(manifest.chunks), await self._check_and_index(record, manifest)
+
+    async def _index_later(self, record: FileRecord, manifest: Manifest) -> None:
+        try:
+            indexed = await self._check_and_index(record, manifest)
+        except TransferError as exc:  # the file is published as it is; its next version sends these chunks again
+            log.warning("chunks of %s were not indexed: %s", record.id, exc)
+        except Exception:  # noqa: BLE001 - nobody awaits this task: a bug is logged, not lost
+            log.exception("checking the chunks of %s failed unexpectedly (a bug); nothing was indexed", record.id)
+        else:
+            log.info("indexed %d new chunks of %s", indexed, record.id)
+
+    async def indexing_done(self) -> None:
+        """Until every check :meth:`index_file` left for later has ended (tests; close)."""
+        while self._indexing:
+            await asyncio.wait(set(self._indexing))
+
+    async def close(self) -> None:
+        """Stop the checks left for later (nothing of theirs is indexed) and wait for them to end."""
+        tasks = set(self._indexing)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _check_and_index(self, record: FileRecord, manifest: Manifest) -> int:
+        """Check every chunk of ``manifest`` against ``record``'s stored bytes, then index them; how many were
+        newly indexed. ChunkChecksumMismatch (nothing indexed) when one is not the file's bytes there."""
+        owner = record.owner
         # every chunk checked against the stored bytes; the chunks tile the file (parse_manifest), and those bytes
         # hash to the record's SHA-256 (checked when they were stored): no second whole-file pass
         checks: set[asyncio.Future[tuple[Chunk, str] | None]] = set()
@@ -512,7 +556,7 @@ class ChunkService:
                 placed.setdefault(chunk.sha256, Located(FILE_PACK + record.id, chunk.offset, chunk.length))
         indexed = await self._index_add(owner, placed) if placed else set()
         await write_record(self.storage, manifest_key(owner, record.id), {"file_id": record.id, **manifest.compact()})
-        return len(manifest.chunks), len(indexed)
+        return len(indexed)
 
     # -- create ------------------------------------------------------------------------------------------------
 

@@ -186,6 +186,7 @@ class Services:
             task.cancel()
         await asyncio.gather(*sweepers, return_exceptions=True)
         await self.tp.close()
+        await self.chunks.close()
         await self.imports.close()
         await self.hub.close()
         await self.journal.close()

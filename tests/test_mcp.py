@@ -503,3 +503,51 @@ async def test_lifetimes_and_numbers_are_checked_as_on_every_door(mcp_server: tu
             assert bad["code"] == "invalid_request", bad
         bad = tool_error(await client.call_tool("open_session", {"name": "a.bin", "size": True}))
         assert bad["code"] == "invalid_request", bad
+
+
+LAZY_MCP_SCRIPT = r"""
+import json, sys
+from fastapi.testclient import TestClient
+from transfer.core.auth import token_hash
+from transfer.hosts import create_app
+from transfer.settings import Settings
+
+key = "k" * 40
+settings = Settings(data_dir=sys.argv[1], api_keys={"u": {"sha256": token_hash(key), "scopes": ["upload", "read"]}})
+app = create_app(settings)
+seen = {"built": "transfer.bindings.mcp" in sys.modules}
+initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
+              "capabilities": {}, "clientInfo": {"name": "lazy", "version": "1"}}}
+accept = {"accept": "application/json, text/event-stream"}
+with TestClient(app, base_url="http://127.0.0.1:8000") as client:
+    uploaded = client.post("/v1/files?name=a.txt", content=b"hello", headers={"authorization": "Bearer " + key})
+    seen["served"] = [uploaded.status_code, "transfer.bindings.mcp" in sys.modules]
+    refused = client.post("/mcp", json=initialize, headers=accept)
+    seen["refused"] = [refused.status_code, refused.json()["error"]["code"], "transfer.bindings.mcp" in sys.modules]
+    answered = client.post("/mcp", json=initialize, headers={**accept, "authorization": "Bearer " + key})
+    seen["answered"] = [answered.status_code, "serverInfo" in answered.text, "transfer.bindings.mcp" in sys.modules]
+print(json.dumps(seen))
+"""
+
+
+def test_http_mcp_is_loaded_on_its_first_authenticated_call_and_stops_with_the_app(tmp_path: Path) -> None:
+    """The MCP SDK is most of an idle server's heap: ``create_app`` and every other route leave it unloaded, a
+    request without a key is refused before it loads, the first one with a key loads it and is answered as any
+    later one, and the app's lifespan ends (its session manager stopped) without hanging."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", LAZY_MCP_SCRIPT, str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "built": False,
+        "served": [201, False],
+        "refused": [401, "unauthenticated", False],
+        "answered": [200, True, True],
+    }

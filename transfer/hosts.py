@@ -24,7 +24,7 @@ from storage.base import Storage
 from transfer.api.app import build_routes, public_base_url, rest_app
 from transfer.api.protocol.server import uvicorn_config
 from transfer.bindings.a2a import a2a_router
-from transfer.bindings.mcp import add_mcp_endpoint, build_mcp
+from transfer.bindings.mcp_http import add_mcp_endpoint
 from transfer.bindings.tp import tp_http_router, tp_jsonrpc_router, tp_websocket_router
 from transfer.core.auth import Authenticator, parse_keys
 from transfer.service.container import Services
@@ -83,6 +83,8 @@ async def run_mcp_stdio(settings: Settings, *, root: Path, base_url: str | None,
     """MCP over stdio until the client closes it, with the service's maintenance running; with ``sock``, the
     HTTP application is served there too (from the same services), so that descriptors' URLs reach something."""
     import uvicorn
+
+    from transfer.bindings.mcp import build_mcp
 
     services = Services.build(settings)
     await services.start()

@@ -109,7 +109,8 @@ def public_base_url(settings: Settings) -> Callable[[Request], str]:
             return settings.public_url
         scope = request.scope
         root = scope.get("app_root_path", scope.get("root_path", ""))
-        key = (scope["scheme"], scope.get("server"), root, request.headers.get("host"))
+        server = scope.get("server")  # ASGI: a two-item iterable; uvicorn gives a tuple, Starlette's TestClient a list
+        key = (scope["scheme"], None if server is None else tuple(server), root, request.headers.get("host"))
         found = known.get(key)
         if found is None:  # Starlette's URL parsing, once per Host (the allow-list bounds how many there are)
             if len(known) > 1024:

@@ -29,17 +29,14 @@ from typing import Annotated, Any, Literal, ParamSpec
 
 import httpx
 import xxhash
-from fastapi import FastAPI
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
-from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import CallToolResult, InputRequiredResult, TextContent
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema
 from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp
 
 from transfer import __version__
 from transfer.bindings.mcp_schemas import (
@@ -666,8 +663,10 @@ def _tp_tool(binding: McpBinding, message_type: str) -> Callable[..., Awaitable[
     return tool
 
 
-def add_mcp_endpoint(app: FastAPI, services: Services, auth: Authenticator) -> None:
-    """Serve the MCP tools at ``/mcp`` (streamable HTTP) of the app; API keys are checked before MCP sees it."""
+def mcp_http_app(services: Services, auth: Authenticator) -> tuple[ASGIApp, StreamableHTTPSessionManager]:
+    """The MCP tools over streamable HTTP: the ASGI app that serves ``/mcp`` and the session manager that must run
+    (``async with manager.run()``) while it serves. API keys are checked before this app is called
+    (:mod:`transfer.bindings.mcp_http`); each tool checks its own scope."""
     settings = services.settings
     server = build_mcp(services, auth if auth.enabled else None, http=True, root=settings.mcp_root)
     allowed_hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
@@ -683,30 +682,7 @@ def add_mcp_endpoint(app: FastAPI, services: Services, auth: Authenticator) -> N
     server.streamable_http_app(
         transport_security=security, max_request_body_size=settings.mcp_max_inline_bytes * 2 + (1 << 20)
     )
-    endpoint = _AuthenticatedMcp(StreamableHTTPASGIApp(server.session_manager), auth)
-    app.router.routes.append(
-        Route("/mcp", endpoint=endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
-    )
-    app.state.lifespan_contexts.append(server.session_manager.run)
-
-
-class _AuthenticatedMcp:
-    """An ASGI app (a class, so that Starlette routes to it raw): 401 without a valid key, else MCP."""
-
-    def __init__(self, inner: StreamableHTTPASGIApp, auth: Authenticator) -> None:
-        self.inner = inner
-        self.auth = auth
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.auth.enabled:
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-            try:
-                self.auth.authenticate(headers.get("authorization"))
-            except TransferError as exc:
-                response = JSONResponse(exc.to_payload(), status_code=exc.status, headers=exc.headers or None)
-                await response(scope, receive, send)
-                return
-        await self.inner(scope, receive, send)
+    return StreamableHTTPASGIApp(server.session_manager), server.session_manager
 
 
 async def _read_file(path: Path, buffer_size: int) -> AsyncIterator[bytes]:

@@ -1,0 +1,107 @@
+"""``/mcp`` of ``transfer serve``: the MCP tools over streamable HTTP, loaded on the first call that passes the key.
+
+The MCP SDK and the tool schemas built from it are the largest part of the server's start-up heap (about 22 MB of
+the ~100 MB an idle local-storage server holds, and a third of its start-up time), and most deployments never call
+``/mcp``. So the route is here, light: it checks the API key (401 before MCP sees anything, as before), and the
+first request that passes imports :mod:`transfer.bindings.mcp` (in a thread: the event loop goes on serving),
+builds the server and starts its session manager in a task of its own, which runs until the application's lifespan
+ends. Every later request goes straight to the same MCP app; what a client sees does not change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from transfer.core.auth import Authenticator
+from transfer.errors import ShuttingDown, TransferError
+
+if TYPE_CHECKING:
+    from transfer.service.container import Services
+
+log = logging.getLogger("transfer.mcp")
+
+
+def add_mcp_endpoint(app: FastAPI, services: Services, auth: Authenticator) -> None:
+    """Serve the MCP tools at ``/mcp`` (streamable HTTP) of the app; API keys are checked before MCP sees it."""
+    endpoint = LazyMcp(services, auth)
+    app.router.routes.append(
+        Route("/mcp", endpoint=endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
+    )
+    app.state.lifespan_contexts.append(endpoint.lifetime)
+
+
+class LazyMcp:
+    """An ASGI app (a class, so that Starlette routes to it raw): 401 without a valid key, else MCP, built on the
+    first such request. Its session manager runs from then until :meth:`lifetime` ends."""
+
+    def __init__(self, services: Services, auth: Authenticator) -> None:
+        self.services = services
+        self.auth = auth
+        self.inner: ASGIApp | None = None
+        self._loading = asyncio.Lock()
+        self._closing = asyncio.Event()
+        self._closed = False
+        self._runner: asyncio.Task[None] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            if self.auth.enabled:
+                headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+                self.auth.authenticate(headers.get("authorization"))
+            inner = self.inner or await self._load()
+        except TransferError as exc:
+            response = JSONResponse(exc.to_payload(), status_code=exc.status, headers=exc.headers or None)
+            await response(scope, receive, send)
+            return
+        await inner(scope, receive, send)
+
+    async def _load(self) -> ASGIApp:
+        async with self._loading:
+            if self.inner is not None:
+                return self.inner
+            if self._closed:
+                raise ShuttingDown("the server is shutting down: MCP is not started now")
+            # the import is the slow part (hundreds of modules): off the event loop
+            await asyncio.to_thread(importlib.import_module, "transfer.bindings.mcp")
+            from transfer.bindings.mcp import mcp_http_app  # imported now: at once
+
+            inner, manager = mcp_http_app(self.services, self.auth)
+            started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            async def run() -> None:
+                try:
+                    async with manager.run():
+                        started.set_result(None)
+                        await self._closing.wait()
+                except BaseException as exc:
+                    if not started.done():
+                        started.set_exception(exc)
+                    raise
+
+            self._runner = asyncio.create_task(run(), name="mcp session manager")
+            await started
+            self.inner = inner
+            log.info("MCP over streamable HTTP loaded on its first request")
+            return inner
+
+    @asynccontextmanager
+    async def lifetime(self) -> AsyncIterator[None]:
+        """The application's lifespan: on its end, the session manager (if it ever started) stops, as it did when
+        it ran for the whole lifespan: its open sessions end."""
+        try:
+            yield
+        finally:
+            self._closed = True
+            self._closing.set()
+            if self._runner is not None:
+                await self._runner

@@ -191,6 +191,10 @@ async def test_an_index_given_respond_async_is_answered_first_and_checked_after_
         assert kept.status_code == 200 and [c["sha256"] for c in kept.json()["chunks"]] == shas
         again = bob.put(url, json=manifest.to_json(), headers=later)  # indexed already: nothing left to do later
         assert again.status_code == 200 and again.json() == {"chunks": len(shas), "indexed": 0}
+        # the API description says so too: a generated client expects the 202 and its header
+        documented = bob.get("/openapi.json").json()["paths"]["/v1/files/{file_id}/chunks"]["put"]["responses"]
+        assert {"200", "202"} <= set(documented)
+        assert "Preference-Applied" in documented["202"]["headers"]
 
 
 async def test_the_client_sends_a_new_file_whole_and_its_next_version_sends_what_changed(

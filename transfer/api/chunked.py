@@ -219,7 +219,17 @@ def chunked_router(
         return manifest_document(await chunks.manifest(file_id, caller_of(request)))
 
     @router.put(
-        "/v1/files/{file_id}/chunks", dependencies=upload, tags=["files"], summary="Index a stored file's chunks"
+        "/v1/files/{file_id}/chunks",
+        dependencies=upload,
+        tags=["files"],
+        summary="Index a stored file's chunks",
+        responses={
+            202: {
+                "description": "`Prefer: respond-async`: the manifest fits the file; its chunks are checked and "
+                "indexed after this answer (`indexed` is null)",
+                "headers": {"Preference-Applied": {"schema": {"type": "string", "enum": ["respond-async"]}}},
+            }
+        },
     )
     async def index_file(request: Request, response: Response, file_id: str) -> dict[str, Any]:
         """Check the manifest against the file and index its chunks: 200 {chunks, indexed}. With `Prefer:

@@ -506,7 +506,7 @@ async def test_lifetimes_and_numbers_are_checked_as_on_every_door(mcp_server: tu
 
 
 LAZY_MCP_SCRIPT = r"""
-import json, sys
+import gc, json, sys
 from fastapi.testclient import TestClient
 from transfer.core.auth import token_hash
 from transfer.hosts import create_app
@@ -516,6 +516,8 @@ key = "k" * 40
 settings = Settings(data_dir=sys.argv[1], api_keys={"u": {"sha256": token_hash(key), "scopes": ["upload", "read"]}})
 app = create_app(settings)
 seen = {"built": "transfer.bindings.mcp" in sys.modules}
+gc.freeze()  # as transfer serve does with its start-up heap
+frozen = gc.get_freeze_count()
 initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
               "capabilities": {}, "clientInfo": {"name": "lazy", "version": "1"}}}
 accept = {"accept": "application/json, text/event-stream"}
@@ -526,6 +528,7 @@ with TestClient(app, base_url="http://127.0.0.1:8000") as client:
     seen["refused"] = [refused.status_code, refused.json()["error"]["code"], "transfer.bindings.mcp" in sys.modules]
     answered = client.post("/mcp", json=initialize, headers={**accept, "authorization": "Bearer " + key})
     seen["answered"] = [answered.status_code, "serverInfo" in answered.text, "transfer.bindings.mcp" in sys.modules]
+    seen["frozen with the start-up heap"] = gc.get_freeze_count() > frozen
 print(json.dumps(seen))
 """
 
@@ -533,7 +536,8 @@ print(json.dumps(seen))
 def test_http_mcp_is_loaded_on_its_first_authenticated_call_and_stops_with_the_app(tmp_path: Path) -> None:
     """The MCP SDK is most of an idle server's heap: ``create_app`` and every other route leave it unloaded, a
     request without a key is refused before it loads, the first one with a key loads it and is answered as any
-    later one, and the app's lifespan ends (its session manager stopped) without hanging."""
+    later one (what it loaded frozen with the start-up heap, as transfer serve freezes it), and the app's lifespan ends
+    (its session manager stopped) without hanging."""
     import subprocess
 
     done = subprocess.run(
@@ -550,4 +554,5 @@ def test_http_mcp_is_loaded_on_its_first_authenticated_call_and_stops_with_the_a
         "served": [201, False],
         "refused": [401, "unauthenticated", False],
         "answered": [200, True, True],
+        "frozen with the start-up heap": True,
     }

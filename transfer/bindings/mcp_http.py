@@ -11,6 +11,7 @@ ends. Every later request goes straight to the same MCP app; what a client sees 
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import logging
 from collections.abc import AsyncIterator
@@ -90,6 +91,10 @@ class LazyMcp:
 
             self._runner = asyncio.create_task(run(), name="mcp session manager")
             await started
+            if gc.get_freeze_count():
+                # the host froze its start-up heap (``transfer serve``) so the collector does not walk it on every
+                # old-generation pass: what the MCP import just added lives as long, and is frozen with it
+                gc.freeze()
             self.inner = inner
             log.info("MCP over streamable HTTP loaded on its first request")
             return inner

@@ -513,7 +513,8 @@ from transfer.hosts import create_app
 from transfer.settings import Settings
 
 key = "k" * 40
-settings = Settings(data_dir=sys.argv[1], api_keys={"u": {"sha256": token_hash(key), "scopes": ["upload", "read"]}})
+scopes = ["upload", "read", "admin"]
+settings = Settings(data_dir=sys.argv[1], api_keys={"u": {"sha256": token_hash(key), "scopes": scopes}})
 app = create_app(settings)
 seen = {"built": "transfer.bindings.mcp" in sys.modules}
 gc.freeze()  # as transfer serve does with its start-up heap
@@ -529,6 +530,8 @@ with TestClient(app, base_url="http://127.0.0.1:8000") as client:
     answered = client.post("/mcp", json=initialize, headers={**accept, "authorization": "Bearer " + key})
     seen["answered"] = [answered.status_code, "serverInfo" in answered.text, "transfer.bindings.mcp" in sys.modules]
     seen["frozen with the start-up heap"] = gc.get_freeze_count() > frozen
+    metrics = client.get("/metrics", headers={"authorization": "Bearer " + key}).text
+    seen["counted as /mcp"] = 'route="/mcp",status="200"' in metrics and 'route="/mcp",status="401"' in metrics
 print(json.dumps(seen))
 """
 
@@ -555,4 +558,5 @@ def test_http_mcp_is_loaded_on_its_first_authenticated_call_and_stops_with_the_a
         "refused": [401, "unauthenticated", False],
         "answered": [200, True, True],
         "frozen with the start-up heap": True,
+        "counted as /mcp": True,
     }

@@ -35,9 +35,8 @@ log = logging.getLogger("transfer.mcp")
 def add_mcp_endpoint(app: FastAPI, services: Services, auth: Authenticator) -> None:
     """Serve the MCP tools at ``/mcp`` (streamable HTTP) of the app; API keys are checked before MCP sees it."""
     endpoint = LazyMcp(services, auth)
-    app.router.routes.append(
-        Route("/mcp", endpoint=endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
-    )
+    endpoint.route = Route("/mcp", endpoint=endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
+    app.router.routes.append(endpoint.route)
     app.state.lifespan_contexts.append(endpoint.lifetime)
 
 
@@ -49,12 +48,14 @@ class LazyMcp:
         self.services = services
         self.auth = auth
         self.inner: ASGIApp | None = None
+        self.route: Route | None = None  # what a request's metrics and access log name it by (else "other")
         self._loading = asyncio.Lock()
         self._closing = asyncio.Event()
         self._closed = False
         self._runner: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope["route"] = self.route  # as FastAPI's routes set it: the observability middleware reads it at the end
         try:
             if self.auth.enabled:
                 headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}

@@ -590,3 +590,37 @@ async def test_one_connection_follows_a_bounded_number_of_ids(tmp_path: Path) ->
         assert reason["code"] == "too_many_subscriptions" and "5" in reason["message"]
         services = live.app.state.services
         assert not any(topic.startswith("resource:relay-") for topic in services.tp._topics)  # all let go
+
+
+async def test_a_shutdown_that_meets_a_connection_its_peer_is_closing_goes_on(tp_server: LiveServer) -> None:
+    """The server shuts down (SIGTERM: close 1012 to every WebSocket) just as a client's close frame has been
+    answered and the connection is closing: that connection is closed, not sent a second close frame. uvicorn's
+    own shutdown raised ``InvalidState`` there, which ended the whole shutdown (seen once under load, as the
+    teardown of a wss test). The order is forced on the server's loop: the client's close frame is fed to the
+    connection and its shutdown called in the same step, before the transport has finished closing."""
+    from websockets.frames import Close, Frame, Opcode
+
+    from transfer.api.protocol.server import TPWebSocketProtocol
+
+    assert tp_server.server is not None
+    sock = _raw_handshake(tp_server.url)
+    close = Frame(Opcode.CLOSE, Close(1000, "bye").serialize()).serialize(mask=True, extensions=[])
+
+    async def close_then_shut_down() -> list[str]:
+        assert tp_server.server is not None
+        protocols = [c for c in tp_server.server.server_state.connections if isinstance(c, TPWebSocketProtocol)]
+        states = []
+        for protocol in protocols:
+            protocol.data_received(close)  # the peer's close: answered, the transport closing
+            protocol.shutdown()
+            states.append(protocol.conn.state.name)
+        return states
+
+    try:
+        assert await tp_server.call(close_then_shut_down()) == ["CLOSING"]
+        sock.settimeout(30)
+        opcode, payload = _read_frame(sock)  # the answer to the close, then the end of the connection
+        assert opcode == 0x8 and struct.unpack("!H", payload[:2])[0] == 1000
+        assert sock.recv(1) == b""
+    finally:
+        sock.close()

@@ -27,6 +27,7 @@ from typing import Any
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.protocol import State
 
 from transfer.api.middleware.limits import MinRate
 from transfer.api.protocol import zerocopy
@@ -48,6 +49,18 @@ class TPWebSocketProtocol(WebSocketsSansIOProtocol):
         if self.pending_ping_payload is not None and bytes(event.data) == self.pending_ping_payload:
             self.missed_pongs = 0
         super().handle_pong(event)
+
+    def shutdown(self) -> None:
+        """uvicorn's shutdown (close 1012, "service restart"), except on a connection whose peer has closed it
+        already: the library has answered that close and the transport is closing; a second close frame is refused
+        (``InvalidState``), and uvicorn's shutdown, which calls this for every connection in turn, ended there —
+        the other connections left open and the application's lifespan shutdown never run. Then only the transport
+        is closed, as uvicorn does once a closing handshake is complete."""
+        if self.handshake_complete and not self.close_sent and self.conn.state is not State.OPEN:
+            self.stop_keepalive()
+            self.transport.close()
+            return
+        super().shutdown()
 
     def keepalive_timeout(self) -> None:
         self.pong_timer = None

@@ -19,10 +19,10 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
-from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from transfer.api.app import error_response
 from transfer.core.auth import Authenticator
 from transfer.errors import ShuttingDown, TransferError
 
@@ -50,8 +50,7 @@ class LazyMcp:
         self.inner: ASGIApp | None = None
         self.route: Route | None = None  # what a request's metrics and access log name it by (else "other")
         self._loading = asyncio.Lock()
-        self._closing = asyncio.Event()
-        self._closed = False
+        self._closing = asyncio.Event()  # set when the lifespan ends: no session manager starts after it
         self._runner: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -62,8 +61,7 @@ class LazyMcp:
                 self.auth.authenticate(headers.get("authorization"))
             inner = self.inner or await self._load()
         except TransferError as exc:
-            response = JSONResponse(exc.to_payload(), status_code=exc.status, headers=exc.headers or None)
-            await response(scope, receive, send)
+            await error_response(exc)(scope, receive, send)  # the API's error JSON, as every route answers it
             return
         await inner(scope, receive, send)
 
@@ -71,7 +69,7 @@ class LazyMcp:
         async with self._loading:
             if self.inner is not None:
                 return self.inner
-            if self._closed:
+            if self._closing.is_set():
                 raise ShuttingDown("the server is shutting down: MCP is not started now")
             # the import is the slow part (hundreds of modules): off the event loop
             await asyncio.to_thread(importlib.import_module, "transfer.bindings.mcp")
@@ -107,7 +105,6 @@ class LazyMcp:
         try:
             yield
         finally:
-            self._closed = True
             self._closing.set()
             if self._runner is not None:
                 await self._runner

@@ -148,9 +148,9 @@ class _Transport(asyncio.Transport):
 @pytest.mark.anyio
 async def test_a_content_length_body_reaches_the_application_as_the_socket_reads_without_copies() -> None:
     """uvicorn's own path copied every body byte three times (httptools' slice, the cycle's bytearray, bytes() in
-    receive) and paused reading at 64 KiB; here each read past the head is handed on as the very object the socket
-    read produced, reading pauses only past HIGH_WATER (256 KiB), and the next request on the connection is parsed
-    afresh."""
+    receive) and paused reading at 64 KiB of bytes copied; here each read past the head is handed on as the very
+    object the socket read produced, reading pauses once HIGH_WATER bytes wait and resumes on the next receive, and
+    the next request on the connection is parsed afresh."""
     started: list[Any] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -165,17 +165,20 @@ async def test_a_content_length_body_reaches_the_application_as_the_socket_reads
     protocol.data_received(b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % size + b"a" * 1000)
     cycle = protocol.cycle
     assert isinstance(cycle, BodyCycle)
-    reads = [os.urandom(64 << 10) for _ in range(3)]
-    for read in reads:
+    piece = HIGH_WATER // 4
+    reads = [os.urandom(piece) for _ in range(4)]
+    for read in reads[:3]:
         protocol.data_received(read)
-    assert transport.reading  # 197,608 bytes waiting: under the high-water mark
-    assert 1000 + 3 * (64 << 10) < HIGH_WATER
+    assert transport.reading  # 1000 + 3/4 of the high-water mark waiting: still read
+    protocol.data_received(reads[3])
+    assert not transport.reading  # past the mark: the client waits (TCP flow control), not our memory
     assert [piece for piece in cycle.pieces][1:] == reads and all(
         a is b for a, b in zip(list(cycle.pieces)[1:], reads, strict=True)
     )
     first = await cycle.receive()
-    assert first["more_body"] and len(first["body"]) == 1000 + 3 * (64 << 10)
-    rest = size - 1000 - 3 * (64 << 10)
+    assert first["more_body"] and len(first["body"]) == 1000 + 4 * piece
+    assert transport.reading  # the application took them: reading again
+    rest = size - 1000 - 4 * piece
     last = os.urandom(rest)
     protocol.data_received(last + b"GET /next HTTP/1.1\r\nhost: x\r\n\r\n")
     message = await cycle.receive()

@@ -354,15 +354,23 @@ def test_an_upload_into_s3_is_written_in_batches_of_a_socket_read_or_two(
     s3_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """S3's writer copies each batch into a part buffer it already holds, so the pipeline keeps its batches small
-    (:data:`PACED_BATCH` and at most one body message more): bytes waiting in the queue are bytes held twice."""
+    (:data:`PACED_BATCH` and at most one body message more) and few: bytes read but not yet written are bytes held
+    twice, outside the budget."""
     sizes: list[int] = []
+    ahead: list[int] = []  # body bytes read past what the writer has taken, each time the pipeline asks for more
     write = S3Writer.write
+    room_after = S3Writer.room_after
 
     async def spied(self: S3Writer, data: bytes | bytearray | memoryview) -> None:
         sizes.append(len(data))
         await write(self, data)
 
+    async def asked(self: S3Writer, received: int) -> int:
+        ahead.append(received - self.bytes_written)
+        return await room_after(self, received)
+
     monkeypatch.setattr(S3Writer, "write", spied)
+    monkeypatch.setattr(S3Writer, "room_after", asked)
     data = os.urandom(24 * MiB)
     settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"}, storage="s3")
     with running(settings) as live:
@@ -370,4 +378,8 @@ def test_an_upload_into_s3_is_written_in_batches_of_a_socket_read_or_two(
         assert made.status_code == 201, made.text
         assert made.json()["checksum"] == "sha256:" + hashlib.sha256(data).hexdigest()
     assert sum(sizes) > len(data)  # the file, and its records
+    assert len(ahead) > 20
+    # a batch being read, one queued, one being hashed or written (of PACED_BATCH, each up to
+    # a socket read longer): 0.77 MB here; 2.05 MB with 256 KiB batches and a queue of two
+    assert max(ahead) <= 1 * MiB, sorted(ahead)[-5:]
     assert max(sizes) <= PACED_BATCH + HIGH_WATER + (256 << 10), sorted(sizes)[-5:]  # 1 MiB batches before

@@ -36,8 +36,12 @@ from transfer.service.publisher import SNIFF_BYTES, Candidate, Publisher
 from transfer.service.records import FileRecord, object_key
 
 __all__ = ["SNIFF_BYTES", "UploadRequest", "first_error", "ingest"]
-# the batch size for a writer that paces the body by its memory (``room_after``: S3's budgeted part buffers)
-PACED_BATCH = 256 << 10
+# the batch size for a writer that paces the body by its memory (``room_after``: S3's budgeted part buffers): about
+# one socket read, and one batch waits between reading and writing, not two. Such a writer copies each batch into a
+# part buffer it already holds, so every byte in the pipeline is held twice; 32 uploads into S3 held ~2 MB each
+# in it with 256 KiB batches and a queue of two (~40 MB at the peak, by a survey of who holds body bytes)
+PACED_BATCH = 64 << 10
+PACED_QUEUE = 1
 # A step over at most this many received bytes, with no coding to undo or apply, runs on the event loop: hashing
 # 64 KiB takes ~30 µs, less than the thread hop it would otherwise cost (small objects are mostly hops).
 INLINE_STEP = 64 << 10
@@ -227,19 +231,14 @@ async def ingest(
             if declared is not None and declared > room:
                 raise _quota_exceeded(room)
     digests = _Digests(request, DecodeLimits(max_size, max_decode_ratio), levels, buffer_size, room=room)
-    queue: asyncio.Queue[list[bytes] | None] = asyncio.Queue(maxsize=2)
+    queue: asyncio.Queue[list[bytes] | None]
+    pace: Callable[[int], Awaitable[int]] | None
     received = 0
 
-    async def produce(writer: ObjectWriter) -> None:
+    async def produce() -> None:
         nonlocal received
-        # a writer whose memory is budgeted (S3's part buffers) paces the reading of the body; the bytes it is given
-        # are the body's own only without a coding to undo or apply
-        identity = request.body_encoding is ContentEncoding.NONE and request.store_encoding is ContentEncoding.NONE
-        room = getattr(writer, "room_after", None) if identity else None
-        # such a writer copies every batch into a part buffer it already holds: batches waiting in the queue are
-        # bytes held twice, so they are kept to a socket read or two (32 uploads into S3: 24 MB less at the peak)
-        size = buffer_size if room is None else min(buffer_size, PACED_BATCH)
-        async for batch in _batches(body, size, max_size, request.declared_length, room):
+        size = buffer_size if pace is None else min(buffer_size, PACED_BATCH)
+        async for batch in _batches(body, size, max_size, request.declared_length, pace):
             received += sum(map(len, batch))
             await queue.put(batch)
         await queue.put(None)
@@ -285,9 +284,14 @@ async def ingest(
                 pending_write.exception()  # retrieved: the first error is already on its way up
 
     async with storage.create(object_key(file_id), size_hint=request.expected_size) as writer:
+        # a writer whose memory is budgeted (S3's part buffers) paces the reading of the body; the bytes it is given
+        # are the body's own only without a coding to undo or apply
+        identity = request.body_encoding is ContentEncoding.NONE and request.store_encoding is ContentEncoding.NONE
+        pace = getattr(writer, "room_after", None) if identity else None
+        queue = asyncio.Queue(maxsize=2 if pace is None else PACED_QUEUE)
         try:
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(produce(writer))
+                tg.create_task(produce())
                 tg.create_task(consume(writer))
         except BaseExceptionGroup as group:
             raise first_error(group) from None

@@ -560,3 +560,53 @@ def test_http_mcp_is_loaded_on_its_first_authenticated_call_and_stops_with_the_a
         "frozen with the start-up heap": True,
         "counted as /mcp": True,
     }
+
+
+BROKEN_MCP_SCRIPT = r"""
+import importlib.abc, json, sys
+
+
+class NoMcp(importlib.abc.MetaPathFinder):  # an install whose MCP SDK is missing
+    def find_spec(self, name, path, target=None):
+        if name == "mcp" or name.startswith("mcp."):
+            raise ImportError(f"No module named {name!r}")
+        return None
+
+
+sys.meta_path.insert(0, NoMcp())
+from fastapi.testclient import TestClient
+from transfer.core.auth import token_hash
+from transfer.hosts import create_app
+from transfer.settings import Settings
+
+key = "k" * 40
+settings = Settings(data_dir=sys.argv[1], api_keys={"u": {"sha256": token_hash(key), "scopes": ["upload", "read"]}})
+initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
+              "capabilities": {}, "clientInfo": {"name": "broken", "version": "1"}}}
+headers = {"accept": "application/json, text/event-stream", "authorization": "Bearer " + key}
+seen = {}
+with TestClient(create_app(settings), base_url="http://127.0.0.1:8000") as client:
+    for attempt in ("first", "again"):
+        r = client.post("/mcp", json=initialize, headers=headers)
+        seen[attempt] = [r.status_code, r.json()["error"]["code"], "mcp" in r.json()["error"]["message"]]
+    up = client.post("/v1/files?name=a.txt", content=b"hello", headers={"authorization": "Bearer " + key})
+    seen["upload"] = up.status_code
+print(json.dumps(seen))
+"""
+
+
+def test_http_mcp_without_a_working_sdk_answers_503_and_the_rest_serves_on(tmp_path: Path) -> None:
+    """An install whose MCP SDK cannot be imported: ``/mcp`` answers 503 ``mcp_unavailable`` with the cause (a 500
+    before), every time it is asked, and uploads go on."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", BROKEN_MCP_SCRIPT, str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"first": [503, "mcp_unavailable", True], "again": [503, "mcp_unavailable", True], "upload": 201}

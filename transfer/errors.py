@@ -84,6 +84,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── StorageUnavailable             503 storage_unavailable
     ├── ShuttingDown                   503 shutting_down         (the grace after SIGTERM ran out; retry elsewhere)
     ├── AssetsMissing                  503 assets_missing        (web page / docs libraries not installed)
+    ├── McpUnavailable                 503 mcp_unavailable       (/mcp: the MCP SDK could not be imported)
     ├── HeartbeatTimeout               408 TP-TRA010             (WebSocket: two pongs missed)
     ├── RequestTimeout                 408 request_timeout       (header fields or body sent too slowly)
     ├── UpstreamTimeout                504 TP-TRA011             (server-side fetch timed out)
@@ -537,6 +538,14 @@ class AssetsMissing(TransferError):
     """A browser library the web page or the API docs need was not installed (``make install``)."""
 
     code = "assets_missing"
+    status = 503
+
+
+class McpUnavailable(TransferError):
+    """``/mcp`` could not load the MCP binding (the SDK missing or broken in this install); the rest of the API
+    serves on. Nothing was started; the next call tries again."""
+
+    code = "mcp_unavailable"
     status = 503
 
 

@@ -5,7 +5,9 @@ the ~100 MB an idle local-storage server holds, and a third of its start-up time
 ``/mcp``. So the route is here, light: it checks the API key (401 before MCP sees anything, as before), and the
 first request that passes imports :mod:`transfer.bindings.mcp` (in a thread: the event loop goes on serving),
 builds the server and starts its session manager in a task of its own, which runs until the application's lifespan
-ends. Every later request goes straight to the same MCP app; what a client sees does not change.
+ends. Every later request goes straight to the same MCP app; what a client sees does not change. If the binding
+cannot be imported (an install without a working MCP SDK), the call answers 503 ``mcp_unavailable`` and the rest of
+the API serves on; the next call tries again.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from transfer.api.app import error_response
 from transfer.core.auth import Authenticator
-from transfer.errors import ShuttingDown, TransferError
+from transfer.errors import McpUnavailable, ShuttingDown, TransferError
 
 if TYPE_CHECKING:
     from transfer.service.container import Services
@@ -72,7 +74,13 @@ class LazyMcp:
             if self._closing.is_set():
                 raise ShuttingDown("the server is shutting down: MCP is not started now")
             # the import is the slow part (hundreds of modules): off the event loop
-            await asyncio.to_thread(importlib.import_module, "transfer.bindings.mcp")
+            try:
+                await asyncio.to_thread(importlib.import_module, "transfer.bindings.mcp")
+            except ImportError as exc:  # an install without a working MCP SDK: a clear 503, not a 500
+                log.error("MCP over streamable HTTP cannot load: %s", exc)
+                raise McpUnavailable(
+                    f"MCP is not available on this server: {exc} (reinstall the service with its dependencies)"
+                ) from None
             from transfer.bindings.mcp import mcp_http_app  # imported now: at once
 
             inner, manager = mcp_http_app(self.services, self.auth)

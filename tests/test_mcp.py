@@ -536,22 +536,24 @@ print(json.dumps(seen))
 """
 
 
+def _run_app_script(script: str, data_dir: Path) -> Any:
+    """Run ``script`` in a fresh interpreter (nothing else has imported the MCP SDK there); its last line of output,
+    as JSON."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(data_dir)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def test_http_mcp_is_loaded_on_its_first_authenticated_call_and_stops_with_the_app(tmp_path: Path) -> None:
     """The MCP SDK is most of an idle server's heap: ``create_app`` and every other route leave it unloaded, a
     request without a key is refused before it loads, the first one with a key loads it and is answered as any
     later one (what it loaded frozen with the start-up heap, as transfer serve freezes it), and the app's lifespan ends
     (its session manager stopped) without hanging."""
-    import subprocess
-
-    done = subprocess.run(
-        [sys.executable, "-c", LAZY_MCP_SCRIPT, str(tmp_path / "data")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = _run_app_script(LAZY_MCP_SCRIPT, tmp_path / "data")
     assert seen == {
         "built": False,
         "served": [201, False],
@@ -598,15 +600,5 @@ print(json.dumps(seen))
 def test_http_mcp_without_a_working_sdk_answers_503_and_the_rest_serves_on(tmp_path: Path) -> None:
     """An install whose MCP SDK cannot be imported: ``/mcp`` answers 503 ``mcp_unavailable`` with the cause (a 500
     before), every time it is asked, and uploads go on."""
-    import subprocess
-
-    done = subprocess.run(
-        [sys.executable, "-c", BROKEN_MCP_SCRIPT, str(tmp_path / "data")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = _run_app_script(BROKEN_MCP_SCRIPT, tmp_path / "data")
     assert seen == {"first": [503, "mcp_unavailable", True], "again": [503, "mcp_unavailable", True], "upload": 201}

@@ -1,6 +1,6 @@
 """The upload pipeline: a request body in, a verified, published object out.
 
-    body pieces --(gathered to buffer_size)--> queue(2) --> [worker thread: digest of the body as sent,
+    body pieces --(gathered to buffer_size)--> queue (2; 1 when paced) --> [worker thread: digest of the body as sent,
     decode Content-Encoding (bomb-guarded), SHA-256 + size of the original, sniff head, encode for storage,
     SHA-256 of the stored bytes] --> storage writer (the write of step N overlaps the work of step N+1)
 
@@ -37,12 +37,13 @@ from transfer.service.records import FileRecord, object_key
 
 __all__ = ["SNIFF_BYTES", "UploadRequest", "first_error", "ingest"]
 # the batch size for a writer that paces the body by its memory (``room_after``: S3's budgeted part buffers), and
-# the batches waiting between reading and writing (two otherwise). Such a writer copies each batch into a part
-# buffer it already holds, so every byte in the pipeline is held twice: 32 uploads into S3 held ~2 MB each in it
-# with 256 KiB batches and a queue of two (~40 MB at the peak, by a survey of who holds body bytes), ~0.8 MB now.
-# 64 KiB batches save no more memory (one socket read is the floor) and cost ~9 % more CPU
+# the batches waiting between reading and writing (``QUEUED_BATCHES`` for any other writer). Such a writer copies
+# each batch into a part buffer it already holds, so every byte in the pipeline is held twice: 32 uploads into S3
+# held ~2 MB each in it with 256 KiB batches and a queue of two (~40 MB at the peak, by a survey of who holds body
+# bytes), ~0.8 MB now. 64 KiB batches save no more memory (one socket read is the floor) and cost ~9 % more CPU
 PACED_BATCH = 128 << 10
-PACED_QUEUE = 1
+QUEUED_BATCHES = 2
+PACED_QUEUED_BATCHES = 1
 # A step over at most this many received bytes, with no coding to undo or apply, runs on the event loop: hashing
 # 64 KiB takes ~30 µs, less than the thread hop it would otherwise cost (small objects are mostly hops).
 INLINE_STEP = 64 << 10
@@ -232,11 +233,10 @@ async def ingest(
             if declared is not None and declared > room:
                 raise _quota_exceeded(room)
     digests = _Digests(request, DecodeLimits(max_size, max_decode_ratio), levels, buffer_size, room=room)
-    queue: asyncio.Queue[list[bytes] | None]
-    pace: Callable[[int], Awaitable[int]] | None
+    Queue = asyncio.Queue[list[bytes] | None]
     received = 0
 
-    async def produce() -> None:
+    async def produce(queue: Queue, pace: Callable[[int], Awaitable[int]] | None) -> None:
         nonlocal received
         size = buffer_size if pace is None else min(buffer_size, PACED_BATCH)
         async for batch in _batches(body, size, max_size, request.declared_length, pace):
@@ -244,7 +244,7 @@ async def ingest(
             await queue.put(batch)
         await queue.put(None)
 
-    async def consume(writer: ObjectWriter) -> None:
+    async def consume(queue: Queue, writer: ObjectWriter) -> None:
         pending_write: asyncio.Task[None] | None = None
 
         # a writer that takes several pieces in one call (local storage: one writev) is given them so
@@ -289,11 +289,11 @@ async def ingest(
         # are the body's own only without a coding to undo or apply
         identity = request.body_encoding is ContentEncoding.NONE and request.store_encoding is ContentEncoding.NONE
         pace = getattr(writer, "room_after", None) if identity else None
-        queue = asyncio.Queue(maxsize=2 if pace is None else PACED_QUEUE)
+        queue: Queue = asyncio.Queue(maxsize=QUEUED_BATCHES if pace is None else PACED_QUEUED_BATCHES)
         try:
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(produce())
-                tg.create_task(consume(writer))
+                tg.create_task(produce(queue, pace))
+                tg.create_task(consume(queue, writer))
         except BaseExceptionGroup as group:
             raise first_error(group) from None
 

@@ -61,6 +61,7 @@ class Capability(enum.Enum):
     WRITE_AT_OFFSET = (
         "write_at_offset"  # staged objects written at offsets, published by rename (SupportsWriteAtOffset)
     )
+    COPY_RANGE = "copy_range"  # a writer appends ranges of published objects server-side (CopiesRanges)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +101,26 @@ class ObjectWriter(Protocol):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         """Abort unless committed."""
+
+
+@runtime_checkable
+class CopiesRanges(Protocol):
+    """Capability COPY_RANGE, of a backend's writers: append a range of a published object without its bytes passing
+    through this process (local: ``copy_file_range``, which shares the extents where the filesystem can reflink;
+    S3: ``UploadPartCopy`` with ``CopySourceRange``). The caller still reads what it must verify; what it saves is
+    the write. A writer may take a copy only where its engine's rules allow (S3: every part but the last at least
+    5 MiB), so the caller asks :meth:`copy_lead` first, and writes the lead before it copies the rest."""
+
+    def copy_lead(self, length: int) -> int | None:
+        """For a range of ``length`` bytes about to be appended: how many of its first bytes must go through
+        ``write`` before the rest may be copied (0: all of it may), or None when the range is not worth copying
+        or the engine's rules do not allow it here (write all of it)."""
+
+    async def copy_range(self, source: ObjectReader, start: int, end: int) -> None:
+        """Append bytes ``[start, end)`` of the version ``source`` has open (the same bytes its ``read`` gives: a
+        replaced or deleted object is not copied in its stead: local storage copies from the open descriptor, S3
+        fails the commit with ObjectChanged when the source changed or went). Only where :meth:`copy_lead` said
+        so (ValueError otherwise). Raises as ``write`` does; the writer must then be aborted."""
 
 
 class ObjectReader(Protocol):

@@ -93,7 +93,7 @@ import aiofiles
 import aiofiles.os
 from aiofiles.threadpool.binary import AsyncFileIO
 
-from storage.base import Capability, ObjectInfo, ReaderContext, WriterContext, validate_key
+from storage.base import Capability, ObjectInfo, ObjectReader, ReaderContext, WriterContext, validate_key
 from storage.errors import (
     BackendUnavailable,
     ObjectChanged,
@@ -111,13 +111,14 @@ _cleanups: set[asyncio.Future[None]] = set()  # clean-ups of opens that finished
 _LIST_BATCH = 256  # keys stat-ed per thread hop while listing
 # what every local storage offers (asked on every descriptor: one set, not a new one per call)
 _CAPABILITIES = frozenset(
-    {Capability.COMPOSE, Capability.ATOMIC_IF_ABSENT, Capability.ATOMIC_IF_MATCH}
+    {Capability.COMPOSE, Capability.COPY_RANGE, Capability.ATOMIC_IF_ABSENT, Capability.ATOMIC_IF_MATCH}
     | ({Capability.WRITE_AT_OFFSET} if OFD_LOCKS else set())
 )
 _FOLDER, _SHARD, _NAME = 0, 1, 2  # what a listing walk's heap holds: a sub-folder, a shard, a key
 _SEGMENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*")  # folders keys can be in
 
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+COPY_MIN = 1 << 20  # the shortest range a writer's copy_range takes (a shorter one is written: see copy_lead)
 LOCK_STRIPES = 256  # lock files under locks/: keys share them by hash (a publish holds one for microseconds)
 MAX_SHARED_DIRECTORIES = 1024  # directories with a group-commit fsync; any others are fsynced alone
 MAX_KNOWN_FOLDERS = 16384  # folders remembered as existing (others cost a failing mkdir per publish)
@@ -407,16 +408,45 @@ class LocalWriter(WriterContext):
                     views.pop(0)
                 if n:
                     views[0] = views[0][n:]  # the one written in part
-            if self._sync_every and self._written - self._synced >= self._sync_every:
-                # Flush as we go: the disk works while the network delivers, instead of one long fsync at commit
-                # with gigabytes of dirty pages behind it. Not awaited: waiting here would stop the upload for
-                # every flush (the writes, the hashing and the socket reads all wait on this write), so receiving
-                # and flushing would take turns. One flush at a time: at most two intervals' bytes are dirty.
-                await self._flushed()
-                self._synced = self._written
-                self._syncing = asyncio.ensure_future(asyncio.to_thread(os.fdatasync, f.fileno()))
+            await self._flush_as_we_go(f)
         except OSError as exc:
             raise _translate(exc, "writing") from exc
+
+    async def _flush_as_we_go(self, f: AsyncFileIO) -> None:
+        if self._sync_every and self._written - self._synced >= self._sync_every:
+            # Flush as we go: the disk works while the network delivers, instead of one long fsync at commit
+            # with gigabytes of dirty pages behind it. Not awaited: waiting here would stop the upload for
+            # every flush (the writes, the hashing and the socket reads all wait on this write), so receiving
+            # and flushing would take turns. One flush at a time: at most two intervals' bytes are dirty.
+            await self._flushed()
+            self._synced = self._written
+            self._syncing = asyncio.ensure_future(asyncio.to_thread(os.fdatasync, f.fileno()))
+
+    def copy_lead(self, length: int) -> int | None:
+        """Any range of at least :data:`COPY_MIN` bytes is copied whole; a shorter one is written (its copy would
+        cost a thread hop for no saving)."""
+        return 0 if length >= COPY_MIN else None
+
+    async def copy_range(self, source: ObjectReader, start: int, end: int) -> None:
+        """``copy_file_range`` from the descriptor ``source`` holds (the version it opened, even if the key was
+        replaced or deleted since) to the end of this writer's file: the kernel copies the pages, or shares the
+        extents where the filesystem reflinks (XFS, btrfs; ext4 copies). Where the kernel cannot copy between
+        the two (another filesystem), the bytes are read and written instead."""
+        if self._done:
+            raise BackendUnavailable("write after commit or abort")
+        if not isinstance(source, LocalReader):
+            raise ValueError("copy_range copies from a local object")
+        if self.copy_lead(end - start) != 0:
+            raise ValueError(f"a range of {end - start} bytes is written, not copied")
+        f = await self._open()
+        if self._pending:
+            await self._write_pending(f)
+        try:
+            await asyncio.to_thread(_copy_file_range, source.fileno(), f.fileno(), start, end)
+            self._written += end - start
+            await self._flush_as_we_go(f)
+        except OSError as exc:
+            raise _translate(exc, "copying") from exc
 
     async def _flushed(self) -> None:
         """Until the flush in flight (if any) has ended; raises its error. Shielded: the flush runs on in its
@@ -544,6 +574,28 @@ class LocalWriter(WriterContext):
                 await self._file.close()
             except OSError:
                 pass
+
+
+def _copy_file_range(src: int, dst: int, start: int, end: int) -> None:
+    """Bytes ``[start, end)`` of ``src`` appended at ``dst``'s position (blocking)."""
+    at = start
+    try:
+        while at < end:
+            n = os.copy_file_range(src, dst, min(end - at, 1 << 30), at)
+            if n == 0:
+                raise BackendUnavailable("the source of a copy ended before the range did")
+            at += n
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
+        while at < end:  # no copy between these two files: through a buffer
+            data = os.pread(src, min(end - at, 1 << 20), at)
+            if not data:
+                raise BackendUnavailable("the source of a copy ended before the range did") from exc
+            view = memoryview(data)
+            while view:
+                view = view[os.write(dst, view) :]
+            at += len(data)
 
 
 class LocalReader(ReaderContext):

@@ -46,7 +46,7 @@ import hashlib
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -61,6 +61,7 @@ from botocore.config import Config
 from storage.base import (
     Capability,
     ObjectInfo,
+    ObjectReader,
     PartUrl,
     ReaderContext,
     StoredPart,
@@ -80,7 +81,7 @@ from storage.errors import (
     Unsupported,
 )
 from storage.keyed import KeyedLocks
-from storage.parts import S3Rules, plan_part_size
+from storage.parts import MIN_PART_SIZE, S3Rules, plan_part_size
 
 T = TypeVar("T")
 MAX_PRESIGN_SECONDS = 7 * 24 * 3600  # SigV4 presigned URLs live at most 7 days
@@ -280,6 +281,9 @@ class S3Writer(WriterContext):
         self._part_size = plan_part_size(
             size_hint, max_size=storage.config.max_object_size, preferred=storage.config.part_size
         )
+        # the smallest part next to a copied one (copy_range): S3's minimum, or more when the object would not fit
+        # in 10,000 parts of it
+        self._copy_floor = plan_part_size(size_hint, max_size=storage.config.max_object_size, preferred=MIN_PART_SIZE)
         self._size_hint = size_hint
         # the part being filled: its first _fill bytes. A budgeted part is allocated once at its full size and
         # filled in place, never grown by appending (a bytearray grown by += carries up to 1/8 more as slack, and
@@ -298,6 +302,7 @@ class S3Writer(WriterContext):
         self._written = 0
         self._done = False
         self._meta_written = False
+        self._copied: dict[str, str] = {}  # the sources of copy_range: key -> the ETag of the version copied
 
     @property
     def bytes_written(self) -> int:
@@ -411,10 +416,46 @@ class S3Writer(WriterContext):
             self._s.buffers.release(self._held)
             self._held = 0
 
-    async def _submit(self, part: bytearray, held: int) -> None:
-        """Upload ``part`` in the background; the ``held`` bytes of the budget go back when it is stored."""
+    def copy_lead(self, length: int) -> int | None:
+        """A copied part and the written part before it are each at least the copy floor (5 MiB, S3's minimum for
+        every part but the last; more for an object that would not fit 10,000 parts of it): the bytes gathered for
+        the next part that fall short of it are the lead."""
+        floor = self._copy_floor
+        lead = floor - self._fill if 0 < self._fill < floor else 0
+        return lead if length - lead >= floor else None
+
+    async def copy_range(self, source: ObjectReader, start: int, end: int) -> None:
+        """The part being filled is uploaded as it is, then ``[start, end)`` of ``source`` becomes the next part(s)
+        by UploadPartCopy (one per 5 GiB), conditional on the version ``source`` has open, in the background like
+        every part: a failure (the source deleted or replaced meanwhile: ObjectChanged) fails the commit. An engine
+        may ignore the copy's condition (Ceph 16 does: it copies whatever is there), so the commit also asks each
+        source's version once the copies are done (a HEAD) and publishes only if it is still the one copied."""
+        if self._done:
+            raise BackendUnavailable("write after commit or abort")
+        if self._failure is not None:
+            raise self._failure
+        if not isinstance(source, S3Reader) or source.storage is not self._s:
+            raise ValueError("copy_range copies from an object of the same bucket")
+        if self.copy_lead(end - start) != 0:
+            raise ValueError(f"a copy of {end - start} bytes after {self._fill} gathered breaks S3's part minimum")
+        held, self._held = self._held, 0
+        if self._fill:
+            await self._submit(self._take_part(), held)
+        elif held:
+            self._s.buffers.release(held)
+        self._copied[source.info.key] = source.etag
+        for piece in copy_ranges(end - start, self._s.rules.max_compose_source):
+            first, last = (start, end) if piece is None else (start + piece[0], start + piece[1])
+            number = await self._claim_part(0)
+            self._track(self._copy_part(number, source, first, last))
+        self._written += end - start
+        self._progress.set()
+
+    async def _claim_part(self, held: int) -> int:
+        """The next part's number, once a slot is free (at most part_buffers parts in flight) and the multipart
+        upload is started; the ``held`` bytes of the budget go back if it fails."""
         try:
-            await self._slots.acquire()  # bounded: at most part_buffers parts in flight
+            await self._slots.acquire()
         except BaseException:
             self._s.buffers.release(held)
             raise
@@ -437,9 +478,42 @@ class S3Writer(WriterContext):
             raise
         number = self._next_part
         self._next_part += 1
-        task = asyncio.create_task(self._upload_part(number, part, held))
+        return number
+
+    def _track(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _submit(self, part: bytearray, held: int) -> None:
+        """Upload ``part`` in the background; the ``held`` bytes of the budget go back when it is stored."""
+        number = await self._claim_part(held)
+        self._track(self._upload_part(number, part, held))
+
+    async def _copy_part(self, number: int, source: S3Reader, start: int, end: int) -> None:
+        s = self._s
+        what = f"copying part {number} from {source.info.key}"
+        try:
+            response = await s.call(
+                what,
+                s.client.upload_part_copy,
+                Bucket=s.config.bucket,
+                Key=s.data_key(self._key),
+                UploadId=self._upload_id,
+                PartNumber=number,
+                CopySource={"Bucket": s.config.bucket, "Key": s.data_key(source.info.key)},
+                CopySourceRange=f"bytes={start}-{end - 1}",
+                **{f"CopySource{name}": value for name, value in s.get_if_match(source.etag).items()},
+            )
+            self._etags[number] = str(response["CopyPartResult"]["ETag"])
+        except ObjectNotFound as exc:
+            self._failure = self._failure or ObjectChanged(f"{what}: the source is gone ({exc})")
+        except StorageError as exc:
+            if _status(exc) == 412:
+                exc = ObjectChanged(f"{what}: the source was replaced ({exc})")
+            self._failure = self._failure or exc
+        finally:
+            self._slots.release()
 
     async def _upload_part(self, number: int, body: bytearray, held: int) -> None:
         try:
@@ -479,6 +553,7 @@ class S3Writer(WriterContext):
             await self._drain()
             if self._failure is not None:
                 raise self._failure
+            await self._sources_unchanged()
             record = {"metadata": dict(metadata), "size": self._written}
             conditional_put = self._if_absent or self._if_match is not None
             if not conditional_put:  # replace: metadata first, the bytes are the visibility point
@@ -516,6 +591,19 @@ class S3Writer(WriterContext):
         self._give_back()
         # what was just published, from the PUT's own answer: no HEAD and metadata GET to learn it again
         return ObjectInfo(self._key, self._written, datetime.now(UTC), dict(metadata), etag=etag)
+
+    async def _sources_unchanged(self) -> None:
+        """Each source of copy_range still at the version that was copied, asked after the copies ended: a version
+        there before and after a copy is the one it copied, whether or not the engine kept the copy's condition
+        (keys are not re-published with other bytes under the same ETag in between: an S3 ETag follows the bytes)."""
+        s = self._s
+        for key, etag in self._copied.items():
+            try:
+                head = await s.call(f"stat {key}", s.client.head_object, Bucket=s.config.bucket, Key=s.data_key(key))
+            except ObjectNotFound as exc:
+                raise ObjectChanged(f"{key}, copied into {self._key}, is gone") from exc
+            if unquoted(str(head["ETag"])) != unquoted(etag):
+                raise ObjectChanged(f"{key}, copied into {self._key}, was replaced while it was copied")
 
     async def _compare(self) -> None:
         """The HEAD compare of a server without conditional PUTs (see the module's docstring)."""
@@ -604,6 +692,15 @@ class S3Reader(ReaderContext):
     @property
     def info(self) -> ObjectInfo:
         return self._info
+
+    @property
+    def storage(self) -> S3Storage:
+        return self._s
+
+    @property
+    def etag(self) -> str:
+        """The ETag of the version open: every read (and a copy_range from it) is of that version."""
+        return self._etag
 
     async def read(self, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
         stop = self._info.size if end is None else min(end, self._info.size)
@@ -699,7 +796,7 @@ class S3Storage:
     def capabilities(self) -> frozenset[Capability]:
         """What this backend offers on its engine: before start() (or without probing) what the configuration
         says; after start() only what the probes saw working."""
-        caps = {Capability.COMPOSE, Capability.ABANDONED_UPLOADS}
+        caps = {Capability.COMPOSE, Capability.COPY_RANGE, Capability.ABANDONED_UPLOADS}
         if self.engine is None or self.engine.presign != "none":
             caps |= {Capability.PRESIGN, Capability.DIRECT_UPLOAD}
         if self.atomic_if_absent:

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from storage.base import Capability, Storage, SupportsCompose
+from storage.base import Capability, CopiesRanges, Storage, SupportsCompose
 from storage.errors import InvalidKey, ObjectChanged, ObjectExists, ObjectNotFound
 
 pytestmark = pytest.mark.anyio
@@ -220,6 +220,46 @@ class StorageConformance:
             await storage.compose("broken", ["parts/0", "parts/missing"], {})
         with pytest.raises(ObjectNotFound):
             await storage.stat("broken")
+
+    # -- copy_range (COPY_RANGE) -----------------------------------------------------------------------------
+
+    async def test_copy_range_appends_a_range_of_another_object(self, storage: Storage) -> None:
+        if Capability.COPY_RANGE not in storage.capabilities:
+            pytest.skip("backend's writers cannot copy ranges")
+        source, head, tail = os.urandom(12 << 20), os.urandom(6 << 20), os.urandom(1 << 20)
+        await put(storage, "src", source)
+        async with await storage.open("src") as r, storage.create("out", size_hint=17 << 20) as w:
+            assert isinstance(w, CopiesRanges)
+            await w.write(head)
+            lead = w.copy_lead(10 << 20)  # what must be written first for the engine's rules (S3: 5 MiB parts)
+            assert lead is not None and lead < 10 << 20
+            await w.write(source[2 << 20 : (2 << 20) + lead])
+            await w.copy_range(r, (2 << 20) + lead, 12 << 20)
+            await w.write(tail)
+            assert w.bytes_written == 17 << 20
+            info = await w.commit({"k": "v"})
+        assert info.size == 17 << 20
+        assert await read_all(storage, "out") == head + source[2 << 20 : 12 << 20] + tail
+        assert await read_all(storage, "src") == source  # the source stays
+
+    async def test_copy_range_copies_the_version_open_or_nothing(self, storage: Storage) -> None:
+        """A source replaced after it was opened: the copy is of the version open (what its reads gave), or the
+        commit fails with ObjectChanged and publishes nothing; never the new version's bytes."""
+        if Capability.COPY_RANGE not in storage.capabilities:
+            pytest.skip("backend's writers cannot copy ranges")
+        old, new = os.urandom(8 << 20), os.urandom(8 << 20)
+        await put(storage, "src", old)
+        async with await storage.open("src") as r, storage.create("out", size_hint=8 << 20) as w:
+            assert isinstance(w, CopiesRanges)
+            await put(storage, "src", new)
+            try:
+                await w.copy_range(r, 0, 8 << 20)
+                await w.commit({})
+            except ObjectChanged:
+                with pytest.raises(ObjectNotFound):
+                    await storage.stat("out")
+                return
+        assert await read_all(storage, "out") == old
 
     # -- compare-and-set (if_match) --------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import pytest
 
 from storage.base import Capability
 from storage.errors import BackendUnavailable
-from storage.local import LocalStorage
+from storage.local import COPY_MIN, LocalStorage
 from tests.layout import object_file
 from tests.storage_conformance import StorageConformance, put, read_all
 
@@ -42,6 +42,23 @@ async def test_open_reader_keeps_its_version(storage: LocalStorage) -> None:
     async with await storage.open("v") as r:
         await storage.delete("v")
         assert b"".join([c async for c in r.read()]) == b"first version"
+
+
+async def test_copy_range_copies_runs_of_a_mebibyte_or_more_from_the_open_version(storage: LocalStorage) -> None:
+    """A shorter range is written (copy_lead None: a thread hop for nothing), a longer one copied whole, from the
+    descriptor the reader holds: a source deleted after it was opened is still copied, pending small bytes first."""
+    source = os.urandom(3 << 20)
+    await put(storage, "src", source)
+    async with await storage.open("src") as r, storage.create("out") as w:
+        assert w.copy_lead(COPY_MIN - 1) is None and w.copy_lead(COPY_MIN) == 0
+        with pytest.raises(ValueError):
+            await w.copy_range(r, 0, COPY_MIN - 1)
+        await storage.delete("src")
+        await w.write(b"head")  # small: still in memory when the copy comes
+        await w.copy_range(r, 1 << 20, 3 << 20)
+        await w.write(b"tail")
+        await w.commit({})
+    assert await read_all(storage, "out") == b"head" + source[1 << 20 :] + b"tail"
 
 
 async def test_start_sweeps_temp_files_no_live_writer_holds(tmp_path: Path) -> None:
@@ -113,10 +130,17 @@ async def test_cancellation_at_any_moment_leaks_nothing(storage: LocalStorage, t
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-    await asyncio.sleep(0.3)  # threads still opening finish, and their clean-ups run
-    gc.collect()
-    assert open_fds() <= before
-    assert list((tmp_path / "store" / "tmp").iterdir()) == []
+    # threads still opening finish and their clean-ups run; group commits a cancelled caller left go on to their
+    # end (a syncfs can take seconds while other processes write): waited for, not assumed done in a fixed time
+    deadline = time.monotonic() + 30
+    while True:
+        await asyncio.sleep(0.1)
+        gc.collect()
+        fds, temps = open_fds(), list((tmp_path / "store" / "tmp").iterdir())
+        if fds <= before and not temps or time.monotonic() > deadline:
+            break
+    assert fds <= before
+    assert temps == []
 
 
 async def test_list_reads_only_the_prefix_folder_and_what_follows_start_after(

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from storage.errors import BackendUnavailable, ObjectNotFound
+from storage.errors import BackendUnavailable, ObjectChanged, ObjectNotFound
 from storage.parts import MAX_PART_SIZE, MIN_PART_SIZE, plan_part_size
 from storage.s3 import S3Config, S3Storage
 from tests.conftest import ENGINES, engine_endpoint, in_progress_uploads, s3_client, s3_config
@@ -204,3 +204,36 @@ async def test_list_is_one_request_per_page_without_metadata_reads(storage: S3St
     calls.clear()
     assert [i.key async for i in storage.list("n/", start_after="n/5", metadata=True)] == ["n/6"]
     assert calls == ["ListObjectsV2", "GetObject"]
+
+
+async def test_copy_range_keeps_the_part_minimum(storage: S3Storage, s3_endpoint: Any, s3_bucket: str) -> None:
+    """A copied part and the written part before it are each at least 5 MiB: the writer says how much of a range
+    must be written first (the lead), refuses a copy that would break the rule, and the object comes out whole."""
+    source = os.urandom(16 * MiB)
+    await put(storage, "src", source)
+    first = os.urandom(MiB)
+    async with await storage.open("src") as r, storage.create("out", size_hint=18 * MiB) as w:
+        assert w.copy_lead(5 * MiB - 1) is None  # shorter than a part: written, not copied
+        assert w.copy_lead(5 * MiB) == 0
+        await w.write(first)
+        assert w.copy_lead(16 * MiB) == 4 * MiB  # 1 MiB gathered: 4 MiB more before a copy may start
+        assert w.copy_lead(9 * MiB - 1) is None  # 4 MiB lead would leave less than a part to copy
+        with pytest.raises(ValueError, match="part minimum"):
+            await w.copy_range(r, 0, 16 * MiB)
+        await w.write(source[: 4 * MiB])
+        await w.copy_range(r, 4 * MiB, 16 * MiB)
+        await w.write(b"end")
+        await w.commit({})
+    assert await read_all(storage, "out") == first + source + b"end"
+    assert etag_parts(s3_endpoint, s3_bucket, storage, "out") == 3  # 5 MiB written, 12 MiB copied, the end
+
+
+async def test_copy_range_from_a_source_deleted_meanwhile_fails_the_commit(storage: S3Storage) -> None:
+    await put(storage, "src", os.urandom(6 * MiB))
+    async with await storage.open("src") as r, storage.create("out", size_hint=6 * MiB) as w:
+        await storage.delete("src")
+        await w.copy_range(r, 0, 6 * MiB)
+        with pytest.raises(ObjectChanged, match="gone"):
+            await w.commit({})
+    with pytest.raises(ObjectNotFound):
+        await storage.stat("out")

@@ -9,11 +9,13 @@
                   the rest of the run are not kept), counted in the key's usage before it is stored, stored once
     complete   -> :meth:`ChunkService.complete`: every chunk present (409 ``chunks_missing`` otherwise), the
                   whole-file SHA-256 computed over the chunks in order and compared with the manifest's, then
-                  published through the Publisher like every other upload; the bytes are streamed range by range
-                  of the packs into a new object, hashed on the way (the whole-file SHA-256 needs every byte read
-                  anyway; a server-side copy — local ``copy_file_range``, S3 ``UploadPartCopy`` — would save the
-                  write, not the read, and is not done); the manifest kept (``cdc/<key>/manifests/``) so that a
-                  reader can fetch only the chunks it lacks (:meth:`ChunkService.manifest`)
+                  published through the Publisher like every other upload; the packs are read range by range,
+                  hashed on the way (the whole-file SHA-256 needs every byte read), and a run of chunks lying back
+                  to back in one pack (the old version's object, for most of a new version) is copied into the
+                  new object server-side — local ``copy_file_range``, S3 ``UploadPartCopy`` of the version read —
+                  where the writer's rules allow (S3: runs and the parts between them of at least 5 MiB), the
+                  rest written; the manifest kept (``cdc/<key>/manifests/``) so that a reader can fetch only the
+                  chunks it lacks (:meth:`ChunkService.manifest`)
 
 Privacy: a key's chunks live under its own folder, ``cdc/<key hash>/chunks/<sha256>``; a lookup, a chunk upload
 and an assembly only ever read that folder. So no answer (lacks, stored, missing, an error, a timing of a lookup that
@@ -37,7 +39,8 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from storage.base import Storage
+from storage.base import Capability, CopiesRanges, ObjectReader, Storage
+from storage.errors import ObjectChanged, ObjectNotFound
 from storage.keyed import KeyedLocks
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.chunking import CHUNKING, MAX_CHUNK, MAX_CHUNKS, SHA256_HEX, Chunk, Manifest, parse_manifest
@@ -796,7 +799,7 @@ class ChunkService:
                 actual="sha256:" + sha_hex,
             )
 
-    async def _segments(self, owner: str | None, manifest: Manifest) -> list[tuple[str, int, int]]:
+    async def _runs(self, owner: str | None, manifest: Manifest) -> list[tuple[str, int, int]]:
         """The manifest as ranges of packs, in order, consecutive chunks of one pack merged into one range:
         (pack, start, end). ChunksMissing names every chunk the index lacks."""
         where = await self._locate(owner, manifest.distinct())
@@ -811,23 +814,29 @@ class ChunkService:
             if at.length != chunk.length:
                 await self._index_drop(key_folder(owner), [chunk.sha256])
                 raise ChunksMissing("a stored chunk has another length than its name says", missing=[0])
-            if out and out[-1][0] == at.pack and out[-1][2] == at.offset and out[-1][2] - out[-1][1] < SEGMENT_BYTES:
+            if out and out[-1][0] == at.pack and out[-1][2] == at.offset:
                 out[-1] = (at.pack, out[-1][1], at.offset + at.length)
             else:
                 out.append((at.pack, at.offset, at.offset + at.length))
         return out
 
-    async def _chunks_in_order(self, owner: str | None, manifest: Manifest) -> AsyncIterator[bytes]:
-        """The bytes of the file ``manifest`` describes, read as ranges of packs (one open per pack, the next range
-        read while this one is hashed). A pack that is gone or short (lost in a crash) has its entries dropped
-        and its chunks reported missing."""
-        segments = await self._segments(owner, manifest)
-        readers: dict[str, Any] = {}
+    async def _chunks_in_order(
+        self, owner: str | None, manifest: Manifest
+    ) -> AsyncIterator[tuple[tuple[str, int, int], ObjectReader, int, bytes]]:
+        """The bytes of the file ``manifest`` describes, as (run, the reader of its pack, offset in the pack, bytes):
+        each run of :meth:`_runs` read in ranges of at most :data:`SEGMENT_BYTES` (one open per pack, the next
+        range read while this one is hashed). A pack that is gone or short (lost in a crash) has its entries
+        dropped and its chunks reported missing."""
+        runs = await self._runs(owner, manifest)
+        segments = [
+            (run, at, min(at + SEGMENT_BYTES, run[2])) for run in runs for at in range(run[1], run[2], SEGMENT_BYTES)
+        ]
+        readers: dict[str, ObjectReader] = {}
 
-        async def fetch(pack: str, start: int, end: int) -> bytes:
+        async def fetch(pack: str, start: int, end: int) -> tuple[ObjectReader | None, bytes]:
+            reader = readers.get(pack)
             try:
                 with storage_errors_translated():
-                    reader = readers.get(pack)
                     if reader is None:
                         reader = readers[pack] = await self.storage.open(pack_key(owner, pack))
                     data = b"".join([piece async for piece in reader.read(start, end)])
@@ -836,14 +845,20 @@ class ChunkService:
             if len(data) != end - start:
                 await self._drop_pack_entries(owner, manifest, pack)
                 raise ChunksMissing("a pack of stored chunks was damaged; send them and complete again", missing=[0])
-            return data
+            return reader, data
 
-        pending: asyncio.Task[bytes] | None = None
+        pending: asyncio.Task[tuple[ObjectReader | None, bytes]] | None = None
         try:
-            for k, segment in enumerate(segments):
-                task = pending or asyncio.create_task(fetch(*segment))
-                pending = asyncio.create_task(fetch(*segments[k + 1])) if k + 1 < len(segments) else None
-                yield await task
+            for k, (run, start, end) in enumerate(segments):
+                task = pending or asyncio.create_task(fetch(run[0], start, end))
+                if k + 1 < len(segments):
+                    after, first, last = segments[k + 1]
+                    pending = asyncio.create_task(fetch(after[0], first, last))
+                else:
+                    pending = None
+                reader, data = await task
+                assert reader is not None  # the bytes were read through it
+                yield run, reader, start, data
         finally:
             if pending is not None:
                 pending.cancel()
@@ -887,29 +902,62 @@ class ChunkService:
             )
 
     async def _stream_publish(self, upload: ChunkedUpload) -> FileRecord:
-        """Assemble by streaming the chunks into a new object, hashed on the way, published only if it matches."""
+        """Assemble into a new object, hashed on the way, published only if it matches. Every byte is read (the
+        whole-file SHA-256 needs them all); where the backend's writers copy ranges server-side (COPY_RANGE:
+        local ``copy_file_range``, S3 ``UploadPartCopy``), a run of chunks lying back to back in one pack is copied
+        instead of written, as far as the writer's rules allow (:meth:`~storage.base.CopiesRanges.copy_lead`)."""
         manifest, owner = upload.manifest, upload.owner
         sha = hashlib.sha256()
         head = b""
+        copied: set[str] = set()  # the packs ranges were copied from
         with storage_errors_translated():
             async with self.storage.create(object_key(file_id_for(upload.id)), size_hint=manifest.size) as writer:
-                async for data in self._chunks_in_order(owner, manifest):
+                copier = (
+                    writer
+                    if Capability.COPY_RANGE in self.storage.capabilities and isinstance(writer, CopiesRanges)
+                    else None
+                )
+                copy_from = 0  # where the copy of the current run starts: its bytes from there are not written
+                async for (pack, start, end), reader, at, data in self._chunks_in_order(owner, manifest):
                     if len(head) < SNIFF_BYTES:
                         head += data[: SNIFF_BYTES - len(head)]
+                    if at == start:  # the first bytes of a run: how much of it can be copied
+                        lead = None if copier is None else copier.copy_lead(end - start)
+                        copy_from = end if lead is None else start + lead
+                    written = data[: max(0, copy_from - at)]
+                    if written:
+                        await writer.write(written)
+                    if copier is not None and at <= copy_from < at + len(data):  # the lead is written
+                        await copier.copy_range(reader, copy_from, end)  # in the background on S3
+                        copied.add(pack)
                     if len(data) >= 1 << 20:
                         await asyncio.to_thread(sha.update, data)
                     else:
                         sha.update(data)  # a chunk of the usual size: less than the thread hop
-                    await writer.write(data)
                 digest = sha.hexdigest()
                 if digest != manifest.sha256:
                     await self._drop_damaged(owner, manifest)
                 self._require_checksum(manifest, digest)
 
                 async def place(record: FileRecord) -> None:
-                    await writer.commit(record.to_metadata())
+                    try:
+                        await writer.commit(record.to_metadata())
+                    except ObjectChanged as exc:  # a pack a range was copied from went after it was read
+                        await self._drop_gone_packs(owner, manifest, copied)
+                        raise ChunksMissing(
+                            "a file whose chunks this one shares was deleted while it was assembled; send them and "
+                            "complete again",
+                            missing=[0],
+                        ) from exc
 
                 return await self._publish(upload, digest, head, place)
+
+    async def _drop_gone_packs(self, owner: str | None, manifest: Manifest, packs: Iterable[str]) -> None:
+        for pack in packs:
+            try:
+                await self.storage.stat(pack_key(owner, pack))
+            except ObjectNotFound:
+                await self._drop_pack_entries(owner, manifest, pack)
 
     async def put_file(self, uid: str, body: AsyncIterator[bytes], caller: Grant, *, length: int | None) -> FileRecord:
         """Publish upload ``uid`` from ``body``: the whole file, in order (for a file whose key lacks most of its

@@ -17,8 +17,12 @@ import signal
 import statistics
 import subprocess
 import time
+import uuid
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from benchmarks.e2e import pin, service
 from benchmarks.summary import host_cpu
@@ -34,6 +38,13 @@ PLACES = 20
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _bytes_written(pid: int) -> int:
+    """What the process has passed to write and send calls (``wchar``): files, the S3 engine's sockets and its
+    answers alike; a server-side copy (copy_file_range, UploadPartCopy) is not in it."""
+    line = next(line for line in Path(f"/proc/{pid}/io").read_text().splitlines() if line.startswith("wchar:"))
+    return int(line.split()[1])
 
 
 def random_file(path: Path, size: int, seed: int = 1) -> None:
@@ -67,22 +78,24 @@ def appended_copy(src: Path, dst: Path, extra: int) -> int:
     return extra
 
 
-async def _plain_upload(url: str, path: Path) -> float:
+async def _plain_upload(url: str, path: Path, pid: int) -> tuple[float, int]:
+    """Seconds, and the bytes the service wrote, of one plain upload of ``path``."""
     async with AsyncTransferClient(url, options=ResolveOptions(buffer_size=MiB)) as client:
+        wrote = _bytes_written(pid)
         start = time.perf_counter()
         await client.upload(path, inline=False)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, _bytes_written(pid) - wrote
 
 
 async def _dedup_upload(url: str, path: Path, pid: int) -> dict[str, Any]:
     """One upload the way ``transfer upload`` makes it by default: the head probed, a new file whole at once and
     its chunks indexed after, a known one as the chunks the key lacks."""
     async with AsyncTransferClient(url, options=ResolveOptions(buffer_size=MiB)) as client:
-        cpu = _cpu_seconds(pid)
+        cpu, wrote = _cpu_seconds(pid), _bytes_written(pid)
         start = time.perf_counter()
         outcome = await client.upload_dedup(path)
         seconds = time.perf_counter() - start
-        server_cpu = _cpu_seconds(pid) - cpu
+        server_cpu, server_wrote = _cpu_seconds(pid) - cpu, _bytes_written(pid) - wrote
     assert outcome is not None, "the service offers no chunked uploads"
     return {
         "how": outcome.how,
@@ -91,8 +104,20 @@ async def _dedup_upload(url: str, path: Path, pid: int) -> dict[str, Any]:
         "manifest_bytes": outcome.manifest_bytes,
         "chunks": outcome.chunks,
         "server_cpu_s": server_cpu,
+        "server_wrote_bytes": server_wrote,
         "descriptor": outcome.descriptor.to_json(),
     }
+
+
+def _indexed(url: str, file_id: str, timeout: float = 300.0) -> float:
+    """Seconds until file ``file_id``'s chunks are indexed (its manifest answers 200)."""
+    start = time.perf_counter()
+    with httpx.Client(base_url=url, timeout=30) as http:
+        while (status := http.get(f"/v1/files/{file_id}/chunks").status_code) != 200:
+            if status != 404 or time.perf_counter() - start > timeout:
+                raise RuntimeError(f"file {file_id} was not indexed ({status})")
+            time.sleep(0.05)
+    return time.perf_counter() - start
 
 
 class RsyncDaemon:
@@ -135,9 +160,24 @@ class RsyncDaemon:
         self.proc.wait(10)
 
 
-def run_dedup(size: int, reps: int, workdir: Path) -> dict[str, Any]:
-    """Every row of the module text on a ``size``-byte file, medians of ``reps`` where a run can be repeated."""
-    work = workdir / "dedup"
+def run_dedup(size: int, reps: int, workdir: Path, *, s3: bool = False) -> dict[str, Any]:
+    """Every row of the module text on a ``size``-byte file, medians of ``reps`` where a run can be repeated. With
+    ``s3`` the service stores on the S3 test server (Swift's s3api, or ``TRANSFER_TEST_S3_ENDPOINT``): the uploads
+    and what the service writes to the engine, without the rsync and resolve rows (they do not depend on it)."""
+    with ExitStack() as stack:
+        env = None
+        if s3:
+            from benchmarks.s3 import s3_service_env
+            from devtools.s3server import s3_client, swift_s3_server
+
+            endpoint = stack.enter_context(swift_s3_server())
+            bucket = f"dedup-{uuid.uuid4().hex[:12]}"
+            s3_client(endpoint).create_bucket(Bucket=bucket)
+            env = s3_service_env(endpoint, bucket)
+        return _run_dedup(size, reps, workdir / ("dedup-s3" if s3 else "dedup"), env)
+
+
+def _run_dedup(size: int, reps: int, work: Path, env: dict[str, str] | None) -> dict[str, Any]:
     work.mkdir()
     base = work / "v1.bin"
     random_file(base, size)
@@ -149,17 +189,25 @@ def run_dedup(size: int, reps: int, workdir: Path) -> dict[str, Any]:
     start = time.process_time()
     cut_file(base)
     chunking_cpu = time.process_time() - start
-    report: dict[str, Any] = {"size": size, "reps": reps, "cpu": host_cpu(), "cases": {}}
+    storage = "local" if env is None else "s3"
+    report: dict[str, Any] = {"size": size, "reps": reps, "cpu": host_cpu(), "storage": storage, "cases": {}}
     report["client_chunking_cpu_s_per_GiB"] = chunking_cpu / (size / (1 << 30))
-    rsync = shutil.which("rsync") is not None
-    report["rsync"] = "rsync through a loopback daemon" if rsync else "rsync not installed: its rows are left out"
+    rsync = env is None and shutil.which("rsync") is not None
+    report["rsync"] = (
+        "rsync through a loopback daemon"
+        if rsync
+        else "rsync rows left out: " + ("not installed" if env is None else "they do not depend on the storage")
+    )
     serve = work / "serve"
     serve.mkdir()
-    with service(serve, data_dir=serve / "data") as (url, pid):
-        full = [asyncio.run(_plain_upload(url, base)) for _ in range(reps)]
-        report["full_upload_s"] = statistics.median(full)
+    with service(serve, data_dir=serve / "data", env=env) as (url, pid):
+        full = [asyncio.run(_plain_upload(url, base, pid)) for _ in range(reps)]
+        report["full_upload_s"] = statistics.median(seconds for seconds, _ in full)
+        report["full_upload_wrote_bytes"] = statistics.median(wrote for _, wrote in full)
         first = asyncio.run(_dedup_upload(url, base, pid))
         report["first_dedup_upload"] = {k: v for k, v in first.items() if k != "descriptor"}
+        # the service indexes a file sent whole after its answer: a next version comes later than that
+        report["first_indexed_after_s"] = _indexed(url, first["descriptor"]["metadata"]["file_id"])
         descriptors: dict[str, Any] = {}
         for name, (path, changed) in variants.items():
             # a version is new to the service once: its bytes sent and time are those of its first upload (the
@@ -180,6 +228,7 @@ def run_dedup(size: int, reps: int, workdir: Path) -> dict[str, Any]:
                 "vs_full": seconds / report["full_upload_s"],
                 "server_cpu_s_per_GiB": statistics.median(r["server_cpu_s"] for r in runs)
                 / (path.stat().st_size / (1 << 30)),
+                "server_wrote_bytes": statistics.median(r["server_wrote_bytes"] for r in runs),
             }
         if rsync:
             daemon = RsyncDaemon(work)
@@ -191,7 +240,8 @@ def run_dedup(size: int, reps: int, workdir: Path) -> dict[str, Any]:
                     report["cases"][name]["rsync"] = sent
             finally:
                 daemon.close()
-        report["resolve"] = asyncio.run(_resolve_rows(descriptors, work))
+        if env is None:
+            report["resolve"] = asyncio.run(_resolve_rows(descriptors, work))
     return report
 
 
@@ -215,37 +265,53 @@ async def _resolve_rows(descriptors: dict[str, Any], work: Path) -> dict[str, An
 
 
 def dedup_table(report: dict[str, Any]) -> str:
-    size = report["size"]
+    size, local = report["size"], report.get("storage", "local") == "local"
+    where = "local storage" if local else "S3 storage (Swift's s3api on loopback)"
+    first = report["first_dedup_upload"]
+    full = f"{report['full_upload_s']:.2f} s"
+    if local:
+        full += f", {report['full_upload_wrote_bytes']:,} bytes written to files"
+    notes = (
+        '"Written to files": what the service passed to write calls (`wchar`) during the upload; the runs it '
+        "copied with `copy_file_range` are not in it."
+        if local
+        else "The runs a new version shares with the old one are copied by UploadPartCopy (not sent to the engine); "
+        "every byte is read back to verify the SHA-256."
+    )
     lines = [
-        "### Chunked deduplication (FastCDC, 64 KiB average)",
+        "### Chunked deduplication (FastCDC, 64 KiB average)" + ("" if local else ", on S3"),
         "",
-        f"{size >> 20} MiB random file, local storage, `transfer serve` pinned to CPU 0; {report['cpu']}. Full upload "
-        f"(POST /v1/files, same run): {report['full_upload_s']:.2f} s. First upload the default way (its head "
-        "probed, then sent whole and its chunks indexed): "
-        f"{report['first_dedup_upload']['seconds']:.2f} s "
-        f"({report['first_dedup_upload']['seconds'] / report['full_upload_s']:.2f}x the full upload). "
-        "Client chunking + hashing: "
-        f"{report['client_chunking_cpu_s_per_GiB']:.2f} CPU s/GiB. {report['rsync']}.",
+        f"{size >> 20} MiB random file, {where}, `transfer serve` pinned to CPU 0; {report['cpu']}. Full upload "
+        f"(POST /v1/files, same run): {full}. First upload the default way (its head probed, then sent whole and "
+        f"its chunks indexed after the answer, in {report['first_indexed_after_s']:.2f} s more): "
+        f"{first['seconds']:.2f} s ({first['seconds'] / report['full_upload_s']:.2f}x the full upload). "
+        f"Client chunking + hashing: {report['client_chunking_cpu_s_per_GiB']:.2f} CPU s/GiB. {report['rsync']}. "
+        + notes,
         "",
-        "| upload again | bytes sent | of the file | within 3 % + changes | time | vs full upload | server CPU s/GiB "
-        "| rsync bytes | rsync time |",
-        "| --- | ---: | ---: | :---: | ---: | ---: | ---: | ---: | ---: |",
+        "| upload again | bytes sent | of the file | within 3 % + changes | time | vs full upload | server CPU s/GiB |"
+        + (" written to files | rsync bytes | rsync time |" if local else ""),
+        "| --- | ---: | ---: | :---: | ---: | ---: | ---: |" + (" ---: | ---: | ---: |" if local else ""),
     ]
     for name, row in report["cases"].items():
         r = row.get("rsync") or {}
+        extra = (
+            f" {row['server_wrote_bytes']:,} | {r.get('sent_bytes', 0):,} | {r.get('seconds', float('nan')):.2f} s |"
+            if local
+            else ""
+        )
         lines.append(
             f"| {name} | {row['sent_bytes'] + row['manifest_bytes']:,} | {row['sent_fraction']:.2%} | "
             f"{'yes' if row['within_budget'] else 'no'} | {row['seconds']:.2f} s | {row['vs_full']:.2f}x | "
-            f"{row['server_cpu_s_per_GiB']:.2f} | {r.get('sent_bytes', 0):,} | "
-            f"{r.get('seconds', float('nan')):.2f} s |"
+            f"{row['server_cpu_s_per_GiB']:.2f} |" + extra
         )
-    res = report["resolve"]
-    lines += [
-        "",
-        f"Resolve of the changed file with the old one's chunks cached: {res['cached_s']:.2f} s, "
-        f"{res['fetched_bytes']:,} bytes fetched ({res['cached_bytes']:,} from the cache) vs a plain resolve "
-        f"{res['plain_s']:.2f} s ({res['vs_plain']:.2f}x).",
-    ]
+    res = report.get("resolve")
+    if res is not None:
+        lines += [
+            "",
+            f"Resolve of the changed file with the old one's chunks cached: {res['cached_s']:.2f} s, "
+            f"{res['fetched_bytes']:,} bytes fetched ({res['cached_bytes']:,} from the cache) vs a plain resolve "
+            f"{res['plain_s']:.2f} s ({res['vs_plain']:.2f}x).",
+        ]
     return "\n".join(lines)
 
 
@@ -253,12 +319,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.dedup")
     parser.add_argument("--size", type=int, default=256, help="MiB (default 256)")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--s3", action="store_true", help="store on the S3 test server, not a local directory")
     args = parser.parse_args()
     import json
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="transfer-dedup-") as tmp:
-        report = run_dedup(args.size << 20, args.reps, Path(tmp))
+        report = run_dedup(args.size << 20, args.reps, Path(tmp), s3=args.s3)
     print(dedup_table(report))
     print(json.dumps(report, indent=2))
 

@@ -29,6 +29,23 @@ else:
 """
 
 
+def s3_service_env(endpoint: Any, bucket: str) -> dict[str, str]:
+    """The environment of a ``transfer serve`` on ``bucket`` of ``endpoint`` (one process on it)."""
+    return {
+        **os.environ,
+        "TRANSFER_STORAGE": "s3",
+        "TRANSFER_S3_BUCKET": bucket,
+        "TRANSFER_S3_ENDPOINT_URL": endpoint.url,
+        "TRANSFER_S3_ADDRESSING_STYLE": "path",
+        # Swift's s3api (the test server) refuses If-Match on PUT; a named endpoint (MinIO, AWS) takes it
+        "TRANSFER_S3_ATOMIC_IF_MATCH": "true" if os.environ.get("TRANSFER_TEST_S3_ENDPOINT") else "false",
+        "TRANSFER_SINGLE_REPLICA": "true",  # one service process on the bucket (Swift refuses replicas otherwise)
+        "AWS_ACCESS_KEY_ID": endpoint.access_key,
+        "AWS_SECRET_ACCESS_KEY": endpoint.secret_key,
+        "AWS_REGION": endpoint.region,
+    }
+
+
 def run_s3(size: int, reps: int, workdir: Path, endpoint: Any = None, memory_size: int = 0) -> dict[str, Any]:
     """Upload/download ``size`` bytes through the service on S3 and with boto3 directly; returns rows + memory."""
     from devtools.s3server import s3_client, swift_s3_server
@@ -39,19 +56,7 @@ def run_s3(size: int, reps: int, workdir: Path, endpoint: Any = None, memory_siz
         bucket = f"bench-{uuid.uuid4().hex[:12]}"
         client = s3_client(endpoint)
         client.create_bucket(Bucket=bucket)
-        env = {
-            **os.environ,
-            "TRANSFER_STORAGE": "s3",
-            "TRANSFER_S3_BUCKET": bucket,
-            "TRANSFER_S3_ENDPOINT_URL": endpoint.url,
-            "TRANSFER_S3_ADDRESSING_STYLE": "path",
-            # Swift's s3api (the test server) refuses If-Match on PUT; a named endpoint (MinIO, AWS) takes it
-            "TRANSFER_S3_ATOMIC_IF_MATCH": "true" if os.environ.get("TRANSFER_TEST_S3_ENDPOINT") else "false",
-            "TRANSFER_SINGLE_REPLICA": "true",  # one service process on the bucket (Swift refuses replicas otherwise)
-            "AWS_ACCESS_KEY_ID": endpoint.access_key,
-            "AWS_SECRET_ACCESS_KEY": endpoint.secret_key,
-            "AWS_REGION": endpoint.region,
-        }
+        env = s3_service_env(endpoint, bucket)
         src = workdir / "s3-payload.bin"
         make_file(src, size)
         boto = [sys.executable, "-c", BOTO_SCRIPT]

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         default="",
         help="comma-separated: kernels,codecs,e2e,memory,bombs,wan,small,concurrency,scale,http2,dedup_whole,dedup,"
-        "s3_concurrent,replicas (the last two: with --s3)",
+        "s3_concurrent,dedup_s3,replicas (the last three: with --s3)",
     )
     parser.add_argument(
         "--scale-counts", help="stored-object counts for the scale table (default 0,10000,100000; --quick: 0,2000)"
@@ -129,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
                 with swift_s3_server() as endpoint:
                     report["s3_concurrent"] = concurrent_memory(endpoint, work)
                 sections.append(concurrent_memory_table(report["s3_concurrent"]))
+            if "dedup_s3" not in skip:
+                from benchmarks.dedup import dedup_table, run_dedup
+
+                report["dedup_s3"] = run_dedup(min(size, 256 << 20), 1 if args.quick else 3, work, s3=True)
+                sections.append(dedup_table(report["dedup_s3"]))
             if "replicas" not in skip:
                 from benchmarks.replicas import replicas_table, run_replicas
 

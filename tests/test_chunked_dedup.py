@@ -276,6 +276,17 @@ def test_the_dedup_benchmark_runs(tmp_path: Path) -> None:
     assert "| 1% in 20 places |" in dedup_table(report)
 
 
+@pytest.mark.s3
+def test_the_dedup_benchmark_runs_on_s3(tmp_path: Path) -> None:
+    from benchmarks.dedup import dedup_table, run_dedup
+
+    report = run_dedup(24 * MiB, 1, tmp_path, s3=True)
+    assert report["storage"] == "s3"
+    assert report["cases"]["unchanged"]["sent_bytes"] == 0  # the first upload's chunks were indexed before
+    assert 0 < report["cases"]["16 MiB appended"]["sent_bytes"] < 17 * MiB
+    assert "resolve" not in report and "on S3" in dedup_table(report)
+
+
 def test_a_key_holds_a_bounded_number_of_open_chunked_uploads(tmp_path: Path, clock: Clock) -> None:
     src = tmp_path / "f.bin"
     src.write_bytes(os.urandom(100_000))

@@ -32,10 +32,11 @@ bytes leave the count exactly once: a removal claim) and the manifests of files 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -75,7 +76,7 @@ _T = TypeVar("_T")
 PREFIX = "cdc/"
 CHUNK_GRACE = 24 * 3600.0  # seconds a chunk no live file names stays (an upload that stopped may come back)
 MAX_RUN_BYTES = 64 << 20  # bytes of one PUT of a run of chunks
-SEGMENT_BYTES = 8 << 20  # bytes of one ranged read of a pack while assembling (memory: two of them)
+SEGMENT_BYTES = 4 << 20  # bytes of a pack hashed at once while assembling (memory: three of them)
 HASH_BATCH = 4 << 20  # bytes of arrived chunks hashed in one thread hop
 INDEX_SHARDS = 16  # index records per key (by the first hex digit of a chunk's SHA-256)
 INDEX_CHECKS = 2  # batches of a stored file hashed at once while its manifest is checked (index_file)
@@ -282,7 +283,7 @@ async def _whole_chunks(body: AsyncIterator[bytes], manifest: Manifest) -> Async
         raise ContentLengthMismatch(f"the body ended after {received} bytes; the file is {manifest.size}")
 
 
-async def _received_ahead(batches: AsyncIterator[_T], depth: int = 2) -> AsyncIterator[_T]:
+async def _received_ahead(batches: AsyncIterator[_T], depth: int = 2) -> AsyncGenerator[_T, None]:
     """``batches`` as they come, the body read on by a task while the caller works on the last one (``depth``
     batches ahead at most): the socket keeps receiving while a batch is hashed and written."""
     queue: asyncio.Queue[tuple[bool, Any]] = asyncio.Queue(maxsize=depth)
@@ -823,46 +824,42 @@ class ChunkService:
     async def _chunks_in_order(
         self, owner: str | None, manifest: Manifest
     ) -> AsyncIterator[tuple[tuple[str, int, int], ObjectReader, int, bytes]]:
-        """The bytes of the file ``manifest`` describes, as (run, the reader of its pack, offset in the pack, bytes):
-        each run of :meth:`_runs` read in ranges of at most :data:`SEGMENT_BYTES` (one open per pack, the next
-        range read while this one is hashed). A pack that is gone or short (lost in a crash) has its entries
-        dropped and its chunks reported missing."""
+        """The bytes of the file ``manifest`` describes, as (run, the reader of its pack, offset in the pack, bytes
+        of at most :data:`SEGMENT_BYTES`): each run of :meth:`_runs` read by one streamed read (one GET on S3,
+        whatever its length: a request per segment costs a store like Swift more than the bytes), read on by a
+        task while the caller hashes the last batch. A pack that is gone or short (lost in a crash) has its
+        entries dropped and its chunks reported missing."""
         runs = await self._runs(owner, manifest)
-        segments = [
-            (run, at, min(at + SEGMENT_BYTES, run[2])) for run in runs for at in range(run[1], run[2], SEGMENT_BYTES)
-        ]
         readers: dict[str, ObjectReader] = {}
 
-        async def fetch(pack: str, start: int, end: int) -> tuple[ObjectReader | None, bytes]:
-            reader = readers.get(pack)
-            try:
-                with storage_errors_translated():
-                    if reader is None:
-                        reader = readers[pack] = await self.storage.open(pack_key(owner, pack))
-                    data = b"".join([piece async for piece in reader.read(start, end)])
-            except (NotFound, StorageUnavailable):
-                data = b""
-            if len(data) != end - start:
-                await self._drop_pack_entries(owner, manifest, pack)
-                raise ChunksMissing("a pack of stored chunks was damaged; send them and complete again", missing=[0])
-            return reader, data
+        async def batches() -> AsyncIterator[tuple[tuple[str, int, int], ObjectReader, int, bytes]]:
+            for run in runs:
+                pack, start, end = run
+                at, pieces, gathered = start, [], 0
+                try:
+                    with storage_errors_translated():
+                        reader = readers.get(pack)
+                        if reader is None:
+                            reader = readers[pack] = await self.storage.open(pack_key(owner, pack))
+                        async for piece in reader.read(start, end):
+                            pieces.append(piece)
+                            gathered += len(piece)
+                            if gathered >= SEGMENT_BYTES or at + gathered >= end:
+                                yield run, reader, at, b"".join(pieces)
+                                at, pieces, gathered = at + gathered, [], 0
+                except (NotFound, StorageUnavailable):
+                    pass
+                if at + gathered != end:
+                    await self._drop_pack_entries(owner, manifest, pack)
+                    raise ChunksMissing(
+                        "a pack of stored chunks was damaged; send them and complete again", missing=[0]
+                    )
 
-        pending: asyncio.Task[tuple[ObjectReader | None, bytes]] | None = None
         try:
-            for k, (run, start, end) in enumerate(segments):
-                task = pending or asyncio.create_task(fetch(run[0], start, end))
-                if k + 1 < len(segments):
-                    after, first, last = segments[k + 1]
-                    pending = asyncio.create_task(fetch(after[0], first, last))
-                else:
-                    pending = None
-                reader, data = await task
-                assert reader is not None  # the bytes were read through it
-                yield run, reader, start, data
+            async with contextlib.aclosing(_received_ahead(batches(), depth=1)) as ahead:  # its task ends first
+                async for batch in ahead:
+                    yield batch
         finally:
-            if pending is not None:
-                pending.cancel()
-                await asyncio.gather(pending, return_exceptions=True)
             for reader in readers.values():
                 await reader.close()
 

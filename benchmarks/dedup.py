@@ -40,13 +40,6 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _bytes_written(pid: int) -> int:
-    """What the process has passed to write and send calls (``wchar``): files, the S3 engine's sockets and its
-    answers alike; a server-side copy (copy_file_range, UploadPartCopy) is not in it."""
-    line = next(line for line in Path(f"/proc/{pid}/io").read_text().splitlines() if line.startswith("wchar:"))
-    return int(line.split()[1])
-
-
 def random_file(path: Path, size: int, seed: int = 1) -> None:
     """``size`` bytes that share no chunk with themselves (a repeated block would deduplicate by itself)."""
     rng = random.Random(seed)
@@ -78,24 +71,22 @@ def appended_copy(src: Path, dst: Path, extra: int) -> int:
     return extra
 
 
-async def _plain_upload(url: str, path: Path, pid: int) -> tuple[float, int]:
-    """Seconds, and the bytes the service wrote, of one plain upload of ``path``."""
+async def _plain_upload(url: str, path: Path) -> float:
     async with AsyncTransferClient(url, options=ResolveOptions(buffer_size=MiB)) as client:
-        wrote = _bytes_written(pid)
         start = time.perf_counter()
         await client.upload(path, inline=False)
-        return time.perf_counter() - start, _bytes_written(pid) - wrote
+        return time.perf_counter() - start
 
 
 async def _dedup_upload(url: str, path: Path, pid: int) -> dict[str, Any]:
     """One upload the way ``transfer upload`` makes it by default: the head probed, a new file whole at once and
     its chunks indexed after, a known one as the chunks the key lacks."""
     async with AsyncTransferClient(url, options=ResolveOptions(buffer_size=MiB)) as client:
-        cpu, wrote = _cpu_seconds(pid), _bytes_written(pid)
+        cpu = _cpu_seconds(pid)
         start = time.perf_counter()
         outcome = await client.upload_dedup(path)
         seconds = time.perf_counter() - start
-        server_cpu, server_wrote = _cpu_seconds(pid) - cpu, _bytes_written(pid) - wrote
+        server_cpu = _cpu_seconds(pid) - cpu
     assert outcome is not None, "the service offers no chunked uploads"
     return {
         "how": outcome.how,
@@ -104,7 +95,6 @@ async def _dedup_upload(url: str, path: Path, pid: int) -> dict[str, Any]:
         "manifest_bytes": outcome.manifest_bytes,
         "chunks": outcome.chunks,
         "server_cpu_s": server_cpu,
-        "server_wrote_bytes": server_wrote,
         "descriptor": outcome.descriptor.to_json(),
     }
 
@@ -201,9 +191,8 @@ def _run_dedup(size: int, reps: int, work: Path, env: dict[str, str] | None) -> 
     serve = work / "serve"
     serve.mkdir()
     with service(serve, data_dir=serve / "data", env=env) as (url, pid):
-        full = [asyncio.run(_plain_upload(url, base, pid)) for _ in range(reps)]
-        report["full_upload_s"] = statistics.median(seconds for seconds, _ in full)
-        report["full_upload_wrote_bytes"] = statistics.median(wrote for _, wrote in full)
+        full = [asyncio.run(_plain_upload(url, base)) for _ in range(reps)]
+        report["full_upload_s"] = statistics.median(full)
         first = asyncio.run(_dedup_upload(url, base, pid))
         report["first_dedup_upload"] = {k: v for k, v in first.items() if k != "descriptor"}
         # the service indexes a file sent whole after its answer: a next version comes later than that
@@ -228,7 +217,6 @@ def _run_dedup(size: int, reps: int, work: Path, env: dict[str, str] | None) -> 
                 "vs_full": seconds / report["full_upload_s"],
                 "server_cpu_s_per_GiB": statistics.median(r["server_cpu_s"] for r in runs)
                 / (path.stat().st_size / (1 << 30)),
-                "server_wrote_bytes": statistics.median(r["server_wrote_bytes"] for r in runs),
             }
         if rsync:
             daemon = RsyncDaemon(work)
@@ -268,41 +256,30 @@ def dedup_table(report: dict[str, Any]) -> str:
     size, local = report["size"], report.get("storage", "local") == "local"
     where = "local storage" if local else "S3 storage (Swift's s3api on loopback)"
     first = report["first_dedup_upload"]
-    full = f"{report['full_upload_s']:.2f} s"
-    if local:
-        full += f", {report['full_upload_wrote_bytes']:,} bytes written to files"
-    notes = (
-        '"Written to files": what the service passed to write calls (`wchar`) during the upload; the runs it '
-        "copied with `copy_file_range` are not in it."
-        if local
-        else "The runs a new version shares with the old one are copied by UploadPartCopy (not sent to the engine); "
-        "every byte is read back to verify the SHA-256."
-    )
     lines = [
         "### Chunked deduplication (FastCDC, 64 KiB average)" + ("" if local else ", on S3"),
         "",
         f"{size >> 20} MiB random file, {where}, `transfer serve` pinned to CPU 0; {report['cpu']}. Full upload "
-        f"(POST /v1/files, same run): {full}. First upload the default way (its head probed, then sent whole and "
-        f"its chunks indexed after the answer, in {report['first_indexed_after_s']:.2f} s more): "
-        f"{first['seconds']:.2f} s ({first['seconds'] / report['full_upload_s']:.2f}x the full upload). "
-        f"Client chunking + hashing: {report['client_chunking_cpu_s_per_GiB']:.2f} CPU s/GiB. {report['rsync']}. "
-        + notes,
+        f"(POST /v1/files, same run): {report['full_upload_s']:.2f} s. First upload the default way (its head "
+        "probed, then sent whole and its chunks indexed after the answer, in "
+        f"{report['first_indexed_after_s']:.2f} s more): {first['seconds']:.2f} s "
+        f"({first['seconds'] / report['full_upload_s']:.2f}x the full upload). Client chunking + hashing: "
+        f"{report['client_chunking_cpu_s_per_GiB']:.2f} CPU s/GiB. {report['rsync']}. The runs a new version shares "
+        "with the old one are copied into it server-side ("
+        + ("`copy_file_range`" if local else "UploadPartCopy, not sent to the engine")
+        + "); every byte is read to verify the SHA-256.",
         "",
         "| upload again | bytes sent | of the file | within 3 % + changes | time | vs full upload | server CPU s/GiB |"
-        + (" written to files | rsync bytes | rsync time |" if local else ""),
-        "| --- | ---: | ---: | :---: | ---: | ---: | ---: |" + (" ---: | ---: | ---: |" if local else ""),
+        + (" rsync bytes | rsync time |" if local else ""),
+        "| --- | ---: | ---: | :---: | ---: | ---: | ---: |" + (" ---: | ---: |" if local else ""),
     ]
     for name, row in report["cases"].items():
         r = row.get("rsync") or {}
-        extra = (
-            f" {row['server_wrote_bytes']:,} | {r.get('sent_bytes', 0):,} | {r.get('seconds', float('nan')):.2f} s |"
-            if local
-            else ""
-        )
+        rsync = f" {r.get('sent_bytes', 0):,} | {r.get('seconds', float('nan')):.2f} s |" if local else ""
         lines.append(
             f"| {name} | {row['sent_bytes'] + row['manifest_bytes']:,} | {row['sent_fraction']:.2%} | "
             f"{'yes' if row['within_budget'] else 'no'} | {row['seconds']:.2f} s | {row['vs_full']:.2f}x | "
-            f"{row['server_cpu_s_per_GiB']:.2f} |" + extra
+            f"{row['server_cpu_s_per_GiB']:.2f} |" + rsync
         )
     res = report.get("resolve")
     if res is not None:

@@ -441,8 +441,9 @@ class S3Writer(WriterContext):
         held, self._held = self._held, 0
         if self._fill:
             await self._submit(self._take_part(), held)
-        elif held:
-            self._s.buffers.release(held)
+        elif held:  # a buffer taken ahead (room_after) and not filled: back to the budget, for the next part
+            buf, self._buf = self._buf, bytearray()
+            self._s.buffers.give_back(buf, held)
         self._copied[source.info.key] = source.etag
         for piece in copy_ranges(end - start, self._s.rules.max_compose_source):
             first, last = (start, end) if piece is None else (start + piece[0], start + piece[1])

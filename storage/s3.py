@@ -644,7 +644,8 @@ class S3Writer(WriterContext):
                     **conditional,
                 )
                 self._upload_id = None
-            return str(response["ETag"])
+            if "ETag" in response:
+                return str(response["ETag"])
         except ObjectNotFound as exc:
             if "IfMatch" in conditional:  # If-Match on a key with no object: 404 (it was deleted meanwhile)
                 raise ObjectChanged(f"{self._key} has no object any more") from exc
@@ -657,6 +658,13 @@ class S3Writer(WriterContext):
                         raise ObjectExists(self._key) from exc
                     raise ObjectChanged(f"{self._key} changed: {exc}") from exc
             raise
+        # no ETag in the answer: Swift answers a PUT that a concurrent, later PUT of the same key superseded with
+        # 202 (its bytes were replaced at once: last writer wins), which s3api passes on without one. What is
+        # there now is the version to name (as after any publish, a later one may already be there).
+        head = await s.call(
+            f"stat {self._key}", s.client.head_object, Bucket=s.config.bucket, Key=s.data_key(self._key)
+        )
+        return str(head["ETag"])
 
     async def abort(self) -> None:
         if self._done and self._upload_id is None and not self._meta_written:

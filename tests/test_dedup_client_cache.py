@@ -62,6 +62,30 @@ async def test_a_resolve_leaves_the_cache_within_its_limit(server: LiveServer, t
     assert cache_bytes(cache) <= MiB
 
 
+async def test_a_damaged_or_evicted_cached_chunk_is_fetched_and_the_file_comes_out_exact(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """Cached chunks are placed unhashed (the whole file's SHA-256 checks them): one whose bytes on disk changed
+    (same length) is found after the mismatch, removed and fetched; one removed meanwhile is fetched too."""
+    data = os.urandom(3 * MiB)
+    (tmp_path / "f.bin").write_bytes(data)
+    descriptor = (await upload(server, tmp_path / "f.bin")).descriptor
+    cache = ChunkCache(tmp_path / "cache")
+    async with httpx.AsyncClient(timeout=60) as http:
+        await resolve_with_cache(http, descriptor, tmp_path / "cold.bin", cache)
+        files = sorted(cache.directory.glob("??/*"))
+        damaged, evicted = files[0], files[1]
+        damaged.write_bytes(bytes(b ^ 0xFF for b in damaged.read_bytes()))
+        evicted_size = evicted.stat().st_size
+        evicted.unlink()
+        warm = await resolve_with_cache(http, descriptor, tmp_path / "warm.bin", cache)
+    assert (tmp_path / "warm.bin").read_bytes() == data
+    assert warm.fetched_bytes >= damaged.stat().st_size + evicted_size
+    assert warm.cached_bytes + warm.fetched_bytes == len(data)
+    assert hashlib.sha256(damaged.read_bytes()).hexdigest() == damaged.name  # fetched again, kept right
+    assert evicted.exists()
+
+
 def _resolve(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``transfer resolve d.json ARGS`` in ``cwd``, as a user types it."""
     return subprocess.run(

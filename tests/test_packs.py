@@ -336,6 +336,57 @@ async def test_a_pack_deleted_while_it_is_copied_publishes_the_bytes_read_or_not
     assert await up.content(await up.complete(again)) == v2
 
 
+async def test_a_pack_shorter_than_its_index_is_chunks_missing_not_a_storage_error(
+    server: LiveServer, http: httpx.AsyncClient
+) -> None:
+    """A pack cut short (a crash, a store that lost its tail) whose run would be copied whole: the completion sees
+    the pack is shorter than the run before anything is copied, forgets it and asks for its chunks (409), and the
+    upload completes once they are sent; never a 503 on every retry."""
+    up = Uploader(http)
+    size = 12 * MiB if on_s3(server) else 3 * MiB
+    v1 = os.urandom(size)
+    await up.upload(v1)
+    storage = server.app.state.services.files.storage
+    (pack,) = [k for k in await objects(server, key_folder(None) + "packs/")]
+    async with storage.create(pack) as writer:  # the same pack, its last MiB lost
+        await writer.write(v1[: size - MiB])
+        await writer.commit({})
+    v2 = v1[:-1000] + os.urandom(1000)
+    m2 = manifest_of(v2)
+    made = await up.create(m2)
+    await up.send_missing(made, v2, m2)
+    done = await http.post(f"/v1/chunked/{made['id']}/complete")
+    assert done.status_code == 409 and code(done) == "chunks_missing", done.text
+    again = await up.create(m2)
+    assert again["missing_bytes"] == size - made["missing_bytes"]
+    await up.send_missing(again, v2, m2)
+    assert await up.content(await up.complete(again)) == v2
+
+
+async def test_the_read_ahead_ends_when_its_reader_leaves_with_the_queue_full() -> None:
+    """The assembly's read-ahead task is cancelled while it waits to queue a batch nobody will take: it must end
+    (it used to wait for ever to queue its own cancellation), so the packs' readers are closed."""
+    import asyncio
+    import contextlib
+
+    from transfer.service.chunkstore import _received_ahead
+
+    async def endless() -> AsyncIterator[int]:
+        n = 0
+        while True:
+            yield n
+            n += 1
+
+    async def take_one() -> int:
+        async with contextlib.aclosing(_received_ahead(endless(), depth=1)) as ahead:
+            async for item in ahead:
+                await asyncio.sleep(0.05)  # the producer fills the queue meanwhile
+                return item
+        return -1
+
+    assert await asyncio.wait_for(take_one(), timeout=10) == 0
+
+
 async def test_an_upload_writes_objects_per_body_not_per_chunk(
     server: LiveServer, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:

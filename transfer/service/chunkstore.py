@@ -292,6 +292,8 @@ async def _received_ahead(batches: AsyncIterator[_T], depth: int = 2) -> AsyncGe
         try:
             async for batch in batches:
                 await queue.put((True, batch))
+        except asyncio.CancelledError:  # the consumer has gone (it cancels us): nobody would take an item
+            raise
         except BaseException as exc:  # handed to the consumer, raised there as itself
             await queue.put((False, exc))
             return
@@ -823,12 +825,12 @@ class ChunkService:
 
     async def _chunks_in_order(
         self, owner: str | None, manifest: Manifest
-    ) -> AsyncIterator[tuple[tuple[str, int, int], ObjectReader, int, bytes]]:
+    ) -> AsyncGenerator[tuple[tuple[str, int, int], ObjectReader, int, bytes], None]:
         """The bytes of the file ``manifest`` describes, as (run, the reader of its pack, offset in the pack, bytes
         of at most :data:`SEGMENT_BYTES`): each run of :meth:`_runs` read by one streamed read (one GET on S3,
         whatever its length: a request per segment costs a store like Swift more than the bytes), read on by a
-        task while the caller hashes the last batch. A pack that is gone or short (lost in a crash) has its
-        entries dropped and its chunks reported missing."""
+        task while the caller hashes the last batch. A pack that is gone or shorter than the run (lost in a
+        crash) has its entries dropped and its chunks reported missing."""
         runs = await self._runs(owner, manifest)
         readers: dict[str, ObjectReader] = {}
 
@@ -836,24 +838,25 @@ class ChunkService:
             for run in runs:
                 pack, start, end = run
                 at, pieces, gathered = start, [], 0
-                try:
-                    with storage_errors_translated():
-                        reader = readers.get(pack)
-                        if reader is None:
+                with storage_errors_translated():
+                    reader = readers.get(pack)
+                    if reader is None:
+                        try:
                             reader = readers[pack] = await self.storage.open(pack_key(owner, pack))
-                        async for piece in reader.read(start, end):
-                            pieces.append(piece)
-                            gathered += len(piece)
-                            if gathered >= SEGMENT_BYTES or at + gathered >= end:
-                                yield run, reader, at, b"".join(pieces)
-                                at, pieces, gathered = at + gathered, [], 0
-                except (NotFound, StorageUnavailable):
-                    pass
-                if at + gathered != end:
-                    await self._drop_pack_entries(owner, manifest, pack)
-                    raise ChunksMissing(
-                        "a pack of stored chunks was damaged; send them and complete again", missing=[0]
-                    )
+                        except ObjectNotFound:
+                            reader = None
+                    if reader is None or reader.info.size < end:  # gone, or shorter than its index says
+                        await self._drop_pack_entries(owner, manifest, pack)
+                        raise ChunksMissing(
+                            "a pack of stored chunks was damaged; send them and complete again", missing=[0]
+                        )
+                    # any other failure (a read timed out) is the store's, not damage: 503, the pack kept
+                    async for piece in reader.read(start, end):
+                        pieces.append(piece)
+                        gathered += len(piece)
+                        if gathered >= SEGMENT_BYTES or at + gathered >= end:
+                            yield run, reader, at, b"".join(pieces)
+                            at, pieces, gathered = at + gathered, [], 0
 
         try:
             async with contextlib.aclosing(_received_ahead(batches(), depth=1)) as ahead:  # its task ends first
@@ -907,47 +910,51 @@ class ChunkService:
         sha = hashlib.sha256()
         head = b""
         copied: set[str] = set()  # the packs ranges were copied from
+        key = object_key(file_id_for(upload.id))
         with storage_errors_translated():
-            async with self.storage.create(object_key(file_id_for(upload.id)), size_hint=manifest.size) as writer:
-                copier = (
-                    writer
-                    if Capability.COPY_RANGE in self.storage.capabilities and isinstance(writer, CopiesRanges)
-                    else None
-                )
-                copy_from = 0  # where the copy of the current run starts: its bytes from there are not written
-                async for (pack, start, end), reader, at, data in self._chunks_in_order(owner, manifest):
-                    if len(head) < SNIFF_BYTES:
-                        head += data[: SNIFF_BYTES - len(head)]
-                    if at == start:  # the first bytes of a run: how much of it can be copied
-                        lead = None if copier is None else copier.copy_lead(end - start)
-                        copy_from = end if lead is None else start + lead
-                    written = data[: max(0, copy_from - at)]
-                    if written:
-                        await writer.write(written)
-                    if copier is not None and at <= copy_from < at + len(data):  # the lead is written
-                        await copier.copy_range(reader, copy_from, end)  # in the background on S3
-                        copied.add(pack)
-                    if len(data) >= 1 << 20:
-                        await asyncio.to_thread(sha.update, data)
-                    else:
-                        sha.update(data)  # a chunk of the usual size: less than the thread hop
-                digest = sha.hexdigest()
-                if digest != manifest.sha256:
-                    await self._drop_damaged(owner, manifest)
-                self._require_checksum(manifest, digest)
+            try:
+                # the readers close after the writer has ended (a local copy reads from their descriptors)
+                async with contextlib.aclosing(self._chunks_in_order(owner, manifest)) as batches:
+                    async with self.storage.create(key, size_hint=manifest.size) as writer:
+                        copier = (
+                            writer
+                            if Capability.COPY_RANGE in self.storage.capabilities and isinstance(writer, CopiesRanges)
+                            else None
+                        )
+                        copy_from = 0  # where the copy of the current run starts: its bytes from there are not written
+                        async for (pack, start, end), reader, at, data in batches:
+                            if len(head) < SNIFF_BYTES:
+                                head += data[: SNIFF_BYTES - len(head)]
+                            if at == start:  # the first bytes of a run: how much of it can be copied
+                                lead = None if copier is None else copier.copy_lead(end - start)
+                                copy_from = end if lead is None else start + lead
+                            written = data[: max(0, copy_from - at)]
+                            if written:
+                                await writer.write(written)
+                            if copier is not None and copy_from < end and at + len(data) == end:
+                                # the run is read to its end (a short pack has failed before this): its copy
+                                await copier.copy_range(reader, copy_from, end)  # in the background on S3
+                                copied.add(pack)
+                            if len(data) >= 1 << 20:
+                                await asyncio.to_thread(sha.update, data)
+                            else:
+                                sha.update(data)  # a chunk of the usual size: less than the thread hop
+                        digest = sha.hexdigest()
+                        if digest != manifest.sha256:
+                            await self._drop_damaged(owner, manifest)
+                        self._require_checksum(manifest, digest)
 
-                async def place(record: FileRecord) -> None:
-                    try:
-                        await writer.commit(record.to_metadata())
-                    except ObjectChanged as exc:  # a pack a range was copied from went after it was read
-                        await self._drop_gone_packs(owner, manifest, copied)
-                        raise ChunksMissing(
-                            "a file whose chunks this one shares was deleted while it was assembled; send them and "
-                            "complete again",
-                            missing=[0],
-                        ) from exc
+                        async def place(record: FileRecord) -> None:
+                            await writer.commit(record.to_metadata())
 
-                return await self._publish(upload, digest, head, place)
+                        return await self._publish(upload, digest, head, place)
+            except ObjectChanged as exc:  # a pack a range was copied from went after it was read (S3)
+                await self._drop_gone_packs(owner, manifest, copied)
+                raise ChunksMissing(
+                    "a file whose chunks this one shares was deleted while it was assembled; send them and complete "
+                    "again",
+                    missing=[0],
+                ) from exc
 
     async def _drop_gone_packs(self, owner: str | None, manifest: Manifest, packs: Iterable[str]) -> None:
         for pack in packs:

@@ -328,6 +328,7 @@ class LocalWriter(WriterContext):
         self._sync_every = storage.sync_every if durable else 0
         self._done = False
         self._syncing: asyncio.Future[None] | None = None  # the flush in flight (see write)
+        self._copying: asyncio.Future[None] | None = None  # the copy_range in flight (see abort)
 
     @property
     def bytes_written(self) -> int:
@@ -441,12 +442,20 @@ class LocalWriter(WriterContext):
         f = await self._open()
         if self._pending:
             await self._write_pending(f)
+        # shielded, and awaited by abort: the copy goes on in its thread whatever happens to this caller, and
+        # neither descriptor may close under it
+        self._copying = asyncio.ensure_future(
+            asyncio.to_thread(_copy_file_range, source.fileno(), f.fileno(), start, end)
+        )
         try:
-            await asyncio.to_thread(_copy_file_range, source.fileno(), f.fileno(), start, end)
+            await asyncio.shield(self._copying)
             self._written += end - start
             await self._flush_as_we_go(f)
         except OSError as exc:
             raise _translate(exc, "copying") from exc
+        finally:
+            if self._copying.done():
+                self._copying = None
 
     async def _flushed(self) -> None:
         """Until the flush in flight (if any) has ended; raises its error. Shielded: the flush runs on in its
@@ -564,6 +573,11 @@ class LocalWriter(WriterContext):
                 await aiofiles.os.remove(path)
             except FileNotFoundError:
                 pass
+        if self._copying is not None:  # nor under a copy in flight (its caller was cancelled)
+            await asyncio.wait([self._copying])
+            if not self._copying.cancelled():
+                self._copying.exception()  # retrieved: the upload failed for another reason already
+            self._copying = None
         if self._syncing is not None:  # never close the descriptor under a flush in flight
             await asyncio.wait([self._syncing])
             if not self._syncing.cancelled():

@@ -661,9 +661,12 @@ class S3Writer(WriterContext):
         # no ETag in the answer: Swift answers a PUT that a concurrent, later PUT of the same key superseded with
         # 202 (its bytes were replaced at once: last writer wins), which s3api passes on without one. What is
         # there now is the version to name (as after any publish, a later one may already be there).
-        head = await s.call(
-            f"stat {self._key}", s.client.head_object, Bucket=s.config.bucket, Key=s.data_key(self._key)
-        )
+        try:
+            head = await s.call(
+                f"stat {self._key}", s.client.head_object, Bucket=s.config.bucket, Key=s.data_key(self._key)
+            )
+        except StorageError:  # published, and gone or unreadable already: no version to name, still published
+            return ""
         return str(head["ETag"])
 
     async def abort(self) -> None:

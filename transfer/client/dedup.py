@@ -28,7 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -41,6 +41,7 @@ from transfer.errors import ChecksumMismatch, ChunksMissing, InvalidDescriptor, 
 
 AUTO_DEDUP_THRESHOLD = 1 << 20  # `transfer upload` cuts files from this size on (smaller: one request is cheaper)
 RUN_BYTES = 64 << 20  # bytes of missing chunks sent in one body (the service stores one body as one pack)
+_T = TypeVar("_T")
 READ_BYTES = 1 << 20  # bytes read from the file per piece of a body
 FETCH_RUN_BYTES = 8 << 20  # bytes of consecutive missing chunks fetched in one ranged GET
 PLACERS = 4  # threads placing cached chunks into a file being resolved
@@ -622,10 +623,18 @@ async def resolve_with_cache(
     part = dest.parent / f".{dest.name}.{secrets.token_hex(6)}.part"
     fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     cached_bytes = fetched_bytes = 0
+    threads: list[asyncio.Future[Any]] = []  # every thread job on ``fd``: all ended before it closes
+
+    async def on_thread(fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)`` on a thread, which runs on to its end whatever happens to the caller (see ``threads``)."""
+        job = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        threads.append(job)
+        return await asyncio.shield(job)
+
     try:
         os.ftruncate(fd, manifest.size)
-        # the chunks the cache holds are placed on one thread while the others are fetched: a thread hop per chunk,
-        # one after the other, cost more than the bytes (3,300 chunks of a 256 MiB file: 1.2 s of waiting)
+        # the chunks the cache holds are placed on a few threads while the others are fetched: a thread hop per
+        # chunk, one after the other, cost more than the bytes (3,300 chunks of a 256 MiB file: 1.2 s of waiting)
         held = await asyncio.to_thread(cache.holds, [c.sha256 for c in manifest.chunks])
         lacking = [i for i, chunk in enumerate(manifest.chunks) if chunk.sha256 not in held]
         gate = asyncio.Semaphore(max(1, connections))
@@ -644,7 +653,7 @@ async def resolve_with_cache(
             body = response.content
             if response.status_code != 206 or len(body) != end - start:
                 raise RemoteError(f"the service did not answer the range {start}-{end - 1} of the file")
-            await asyncio.to_thread(_place_fetched, cache, fd, chunks, body, start)
+            await on_thread(_place_fetched, cache, fd, chunks, body, start)
             fetched_bytes += len(body)
 
         async def fetch_all(indexes: list[int]) -> None:
@@ -653,15 +662,15 @@ async def resolve_with_cache(
 
         cached = [c for c in manifest.chunks if c.sha256 in held]
         placers = [  # a few threads: opening and reading thousands of small files
-            asyncio.ensure_future(asyncio.to_thread(_place_cached, cache, fd, cached[k::PLACERS]))
-            for k in range(PLACERS)
+            asyncio.ensure_future(on_thread(_place_cached, cache, fd, cached[k::PLACERS])) for k in range(PLACERS)
         ]
         try:
             await fetch_all(lacking)
         finally:
-            await asyncio.wait(placers)  # every one of them: never close the file under a thread writing it
+            await asyncio.wait(placers)
             for placer in placers:
-                placer.exception()  # retrieved: raised below, or behind the fetch's own error
+                if not placer.cancelled():
+                    placer.exception()  # retrieved: raised below, or behind the fetch's own error
         outcomes = [placer.result() for placer in placers]
         placed = [chunk for done, _ in outcomes for chunk in done]
         gone = [sha for _, lost in outcomes for sha in lost]
@@ -671,17 +680,22 @@ async def resolve_with_cache(
 
         if gone:  # evicted by another resolver sharing the cache meanwhile: fetched after all
             await refetch(set(gone))
-        sha = await asyncio.to_thread(_hash_fd, fd)
+        sha = await on_thread(_hash_fd, fd)
         if descriptor.checksum != "sha256:" + sha and placed:  # a cached chunk was damaged on disk: which one?
-            damaged = set(await asyncio.to_thread(_damaged_placed, cache, fd, placed))
+            damaged = set(await on_thread(_damaged_placed, cache, fd, placed))
             if damaged:
                 await refetch(damaged)
                 placed = [c for c in placed if c.sha256 not in damaged]
-                sha = await asyncio.to_thread(_hash_fd, fd)
+                sha = await on_thread(_hash_fd, fd)
         cached_bytes = sum(c.length for c in placed)
         verify_bytes(descriptor, sha, manifest.size)
         os.replace(part, dest)
     finally:
+        if threads:  # a fetch cancelled beside a failed one, or this resolve cancelled: its thread writes on
+            await asyncio.wait(threads)
+            for job in threads:
+                if not job.cancelled():
+                    job.exception()  # retrieved: raised already, or behind the error that ended the resolve
         os.close(fd)
         part.unlink(missing_ok=True)
     await asyncio.to_thread(cache.trim)

@@ -931,8 +931,9 @@ class ChunkService:
                             written = data[: max(0, copy_from - at)]
                             if written:
                                 await writer.write(written)
-                            if copier is not None and copy_from < end and at + len(data) == end:
-                                # the run is read to its end (a short pack has failed before this): its copy
+                            if copier is not None and at <= copy_from < at + len(data):
+                                # the lead is written; the pack is known to hold the whole run (its size was
+                                # checked when it was opened), so the copy starts now, while the run is read
                                 await copier.copy_range(reader, copy_from, end)  # in the background on S3
                                 copied.add(pack)
                             if len(data) >= 1 << 20:

@@ -240,6 +240,24 @@ def kernel_mbps(fn: Callable[[bytes], object], size: int = 256 << 20) -> float:
     return size / (time.perf_counter() - start) / MB
 
 
+def pinned_sha256_seconds(size: int, cpu: int) -> float:
+    """Seconds to SHA-256 ``size`` bytes (1 MiB blocks) in a fresh process pinned to ``cpu``: the baseline of a
+    row whose server does its hashing on that CPU, timed between that row's runs. A figure taken once, at the start
+    and on another CPU, drifted from the runs it was compared with by up to a third on a shared host (Intel Xeon,
+    2 vCPU: 0.94-1.08 GB/s within minutes)."""
+    script = (
+        "import hashlib, os, sys, time\n"
+        "block = os.urandom(1 << 20); left = int(sys.argv[1]); h = hashlib.sha256(); start = time.perf_counter()\n"
+        "while left > 0:\n"
+        "    h.update(block[: min(left, len(block))]); left -= len(block)\n"
+        "h.digest(); print(time.perf_counter() - start)\n"
+    )
+    out = subprocess.run(
+        [*pin(cpu), sys.executable, "-c", script, str(size)], capture_output=True, text=True, check=True
+    )
+    return float(out.stdout)
+
+
 def make_file(path: Path, size: int) -> None:
     with open(path, "wb") as f:
         block = os.urandom(1 << 20)
@@ -283,12 +301,14 @@ def run(size: int, reps: int, workdir: Path, use_baselines: bool = True) -> dict
                 target.unlink()
         cases.append(upload)
         signed = descriptor["url"]
-        sink = Case("upload into a discarding sink (network + SHA-256)", size, baseline="SHA-256, one core")
+        sink = Case(
+            "upload into a discarding sink (network + SHA-256)", size, baseline="SHA-256, one core (the server's)"
+        )
         (workdir / "null").mkdir(exist_ok=True)
         with service(workdir / "null", env={**os.environ, "TRANSFER_STORAGE": "null"}) as (null_url, _):
             for i in range(reps):
                 sink.ours_s.append(timed(curl_upload(src, f"{null_url}/v1/files", workdir / f"null{i}.json")))
-                sink.base_s.append(size / (report["kernels_MBps"]["sha256"] * MB))
+                sink.base_s.append(pinned_sha256_seconds(size, cpu=0))
         cases.append(sink)
         half = size // 2
         with nginx(src_dir, workdir) as nginx_url:

@@ -573,21 +573,24 @@ class LocalWriter(WriterContext):
                 await aiofiles.os.remove(path)
             except FileNotFoundError:
                 pass
-        if self._copying is not None:  # nor under a copy in flight (its caller was cancelled)
-            await asyncio.wait([self._copying])
-            if not self._copying.cancelled():
-                self._copying.exception()  # retrieved: the upload failed for another reason already
-            self._copying = None
-        if self._syncing is not None:  # never close the descriptor under a flush in flight
-            await asyncio.wait([self._syncing])
-            if not self._syncing.cancelled():
-                self._syncing.exception()  # retrieved: the upload failed for another reason already
-            self._syncing = None
+        # never close the descriptor under a copy in flight (its caller was cancelled) or a flush in flight
+        await _ended(self._copying)
+        await _ended(self._syncing)
+        self._copying = self._syncing = None
         if self._file is not None:
             try:
                 await self._file.close()
             except OSError:
                 pass
+
+
+async def _ended(work: asyncio.Future[None] | None) -> None:
+    """Until ``work`` (if any) has ended, its error retrieved: the upload failed for another reason already."""
+    if work is None:
+        return
+    await asyncio.wait([work])
+    if not work.cancelled():
+        work.exception()
 
 
 def _copy_file_range(src: int, dst: int, start: int, end: int) -> None:

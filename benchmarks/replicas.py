@@ -132,6 +132,19 @@ async def _uploads(url: str, count: int, size: int, concurrency: int) -> None:
         await asyncio.gather(*(one(i) for i in range(count)))
 
 
+def _usage_races(urls: list[str]) -> dict[str, float]:
+    """Lost compare-and-set races on usage records so far, summed over the replicas (``lost``: every lost race,
+    ``busy``: those answered 503 record_busy), from each replica's ``/metrics``."""
+    totals = {"lost": 0.0, "busy": 0.0}
+    for url in urls:
+        text = httpx.get(f"{url}/metrics", timeout=30).text
+        for line in text.splitlines():
+            if line.startswith('transfer_record_races_total{kind="usage"'):
+                outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+                totals[outcome] = totals.get(outcome, 0.0) + float(line.rsplit(" ", 1)[1])
+    return totals
+
+
 def _phase(pids: dict[str, list[int]], run: Any) -> dict[str, Any]:
     before = {k: sum(cpu_seconds(p) for p in v) for k, v in pids.items()}
     start = time.monotonic()
@@ -184,7 +197,9 @@ def run_replicas(
                 watched = {"service": pids, "haproxy": [haproxy_pid], **daemons}
                 asyncio.run(_uploads(balancer, 16, 4096, 16))  # warm-up: connections, first records
                 load = os.getloadavg()[0]
+                races = _usage_races(urls)
                 few = _phase(watched, lambda: asyncio.run(_uploads(balancer, small, 4096, 16)))  # noqa: B023
+                races = {k: v - races.get(k, 0.0) for k, v in _usage_races(urls).items()}
                 big = _phase(watched, lambda: asyncio.run(_uploads(balancer, large, 64 * MiB, large)))  # noqa: B023
                 rows.append(
                     {
@@ -192,6 +207,7 @@ def run_replicas(
                         "load_average": load,
                         "small_per_s": small / few["seconds"],
                         "small_cpu_ms_per_upload": {k: v * 1000 / small for k, v in few["cpu"].items()},
+                        "small_usage_races_per_upload": {k: v / small for k, v in races.items()},
                         "large_MBps": large * 64 * MiB / big["seconds"] / 1e6,
                         "large_cpu_s_per_GiB": {k: v / (large * 64 / 1024) for k, v in big["cpu"].items()},
                     }
@@ -206,15 +222,18 @@ def replicas_table(report: dict[str, Any]) -> str:
         "Uploads through replicas on one Ceph bucket behind HAProxy (one memstore OSD, two gateways, this machine):",
         "",
         "| replicas | 4 KiB uploads/s | CPU ms per 4 KiB upload: service / radosgw / osd / haproxy "
+        "| usage-record races lost per 4 KiB upload (answered 503) "
         "| 64 MiB MB/s | CPU s per GiB: service / radosgw / osd / haproxy | load average |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
     kinds = ("service", "radosgw", "ceph-osd", "haproxy")
     for r in report["rows"]:
         small = " / ".join(f"{r['small_cpu_ms_per_upload'].get(k, 0):.1f}" for k in kinds)
         large = " / ".join(f"{r['large_cpu_s_per_GiB'].get(k, 0):.2f}" for k in kinds)
+        races = r.get("small_usage_races_per_upload", {})
+        lost = f"{races.get('lost', 0):.2f} ({races.get('busy', 0) * 100:.1f} %)" if races else "-"
         lines.append(
-            f"| {r['replicas']} | {r['small_per_s']:.0f} | {small} | {r['large_MBps']:.0f} | {large} | "
+            f"| {r['replicas']} | {r['small_per_s']:.0f} | {small} | {lost} | {r['large_MBps']:.0f} | {large} | "
             f"{r['load_average']:.1f} |"
         )
     return "\n".join(lines)

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from storage.local import LocalStorage
 from tests.conftest import serving
@@ -256,14 +257,30 @@ async def test_a_record_that_keeps_changing_gives_a_specific_busy_error(tmp_path
     assert (await ledger.usage(None)).used == 1
 
 
+def _usage_races(http: httpx.Client) -> dict[str, float]:
+    """``transfer_record_races_total`` of usage records by outcome, from the server's /metrics (the counters are
+    process-wide: callers compare two readings)."""
+    found = {"lost": 0.0, "busy": 0.0}
+    for family in text_string_to_metric_families(http.get("/metrics", headers={"accept": "text/plain"}).text):
+        for sample in family.samples:
+            if sample.name == "transfer_record_races_total" and sample.labels.get("kind") == "usage":
+                found[sample.labels["outcome"]] += sample.value
+    return found
+
+
 def test_an_upload_whose_usage_record_keeps_changing_answers_503_record_busy(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "data", signing_keys=SIGNING)
     store = _LosingUsage(settings.data_dir)
     with serving(create_app(settings, store), settings) as live, httpx.Client(base_url=live.url, timeout=60) as http:
         first = http.post("/v1/files", content=os.urandom(1000))
         assert first.status_code == 201, first.text
+        before = _usage_races(http)
         busy = http.post("/v1/files", content=os.urandom(1000))  # its charge loses every round, for 2 s
         assert busy.status_code == 503, busy.text
+        after = _usage_races(http)
+        # every lost round is counted, and the one that ran the policy out once more as "busy"
+        assert after["busy"] - before["busy"] == 1
+        assert after["lost"] - before["lost"] >= 3  # the policy's floor: at least three rounds before giving up
         assert busy.json()["error"]["code"] == "record_busy"
         assert busy.headers["retry-after"] == "1"
         listed = http.get("/v1/files").json()

@@ -62,6 +62,13 @@ sweep_last_success = Gauge(
     "Unix time of the last sweep that finished without error",
     ["sweep"],
 )
+record_races = Counter(
+    "transfer_record_races",
+    "compare-and-set writes of a record lost to another writer (outcome lost: every lost race; busy: those after "
+    "which the retry policy ran out and the request was answered 503 record_busy), by record kind (the key's first "
+    "path segment)",
+    ["kind", "outcome"],
+)
 signed_url_rejections = Counter("transfer_signed_url_rejections", "signed download URLs refused, by reason", ["reason"])
 ready = Gauge("transfer_ready", "1 while /readyz answers 200 (last evaluation), else 0")
 draining = Gauge("transfer_draining", "1 from SIGTERM until the process exits")
@@ -90,6 +97,13 @@ def signed_url_rejected(reason: str) -> None:
     """A signed URL was refused: ``reason`` is one of the bounded set of :class:`transfer.errors.SignatureInvalid`
     reasons, or ``expired``."""
     signed_url_rejections.labels(reason).inc()
+
+
+def record_race(key: str, *, busy: bool) -> None:
+    """A compare-and-set write of record ``key`` lost its race (``busy``: and the retry policy ran out). The label
+    is the key's first segment (``usage``, ``uploads``, ...): record keys are the service's own, a bounded set."""
+    kind = key.split("/", 1)[0] if "/" in key else "other"
+    record_races.labels(kind, "busy" if busy else "lost").inc()
 
 
 def s3_retried(operation: str) -> None:

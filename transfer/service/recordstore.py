@@ -36,6 +36,7 @@ from typing import Any, Generic, TypeVar
 from storage.base import ObjectInfo, Storage
 from storage.errors import ObjectChanged
 from storage.keyed import KeyedLocks
+from transfer import metrics
 from transfer.errors import Conflict, NotFound, RecordBusy, TransferError, storage_errors_translated
 
 T = TypeVar("T")
@@ -352,4 +353,9 @@ class RecordStore:
                 await self.write(key, encode(state), etag, durable=durable)
                 return outcomes
             except Conflict:  # VersionConflict (if_match lost) or Conflict (if_absent lost)
-                await retry.again(lambda: RecordBusy(f"{key} kept changing while it was being updated; try again"))
+                metrics.record_race(key, busy=False)
+                try:
+                    await retry.again(lambda: RecordBusy(f"{key} kept changing while it was being updated; try again"))
+                except RecordBusy:
+                    metrics.record_race(key, busy=True)
+                    raise

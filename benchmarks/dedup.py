@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.e2e import pin, service
+from benchmarks.e2e import ensure_tool, pin, service
 from benchmarks.summary import host_cpu
 from devtools.serving import free_port
 from transfer.client.client import AsyncTransferClient
@@ -113,7 +113,8 @@ def _indexed(url: str, file_id: str, timeout: float = 300.0) -> float:
 class RsyncDaemon:
     """``rsync --daemon`` on a loopback port serving one writable module (``dest``)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, binary: str) -> None:
+        self.binary = binary
         self.dest = workdir / "rsync-dest"
         self.dest.mkdir()
         self.port = free_port()
@@ -123,7 +124,7 @@ class RsyncDaemon:
             f"[dest]\npath = {self.dest}\nread only = no\nuid = {os.getuid()}\ngid = {os.getgid()}\n"
         )
         self.proc = subprocess.Popen(
-            [*pin(0), "rsync", "--daemon", "--no-detach", f"--config={conf}"],
+            [*pin(0), binary, "--daemon", "--no-detach", f"--config={conf}"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -132,7 +133,7 @@ class RsyncDaemon:
     def send(self, path: Path, name: str) -> dict[str, Any]:
         start = time.perf_counter()
         out = subprocess.run(
-            [*pin(1), "rsync", "--stats", "--inplace", str(path), f"rsync://127.0.0.1:{self.port}/dest/{name}"],
+            [*pin(1), self.binary, "--stats", "--inplace", str(path), f"rsync://127.0.0.1:{self.port}/dest/{name}"],
             check=True,
             capture_output=True,
             text=True,
@@ -150,10 +151,12 @@ class RsyncDaemon:
         self.proc.wait(10)
 
 
-def run_dedup(size: int, reps: int, workdir: Path, *, s3: bool = False) -> dict[str, Any]:
+def run_dedup(size: int, reps: int, workdir: Path, *, s3: bool = False, install_rsync: bool = False) -> dict[str, Any]:
     """Every row of the module text on a ``size``-byte file, medians of ``reps`` where a run can be repeated. With
     ``s3`` the service stores on the S3 test server (Swift's s3api, or ``TRANSFER_TEST_S3_ENDPOINT``): the uploads
-    and what the service writes to the engine, without the rsync and resolve rows (they do not depend on it)."""
+    and what the service writes to the engine, without the rsync and resolve rows (they do not depend on it).
+    ``install_rsync``: install Debian's rsync for its rows when it is missing (as ``make bench`` does nginx's);
+    otherwise they run only where rsync is there."""
     with ExitStack() as stack:
         env = None
         if s3:
@@ -164,10 +167,10 @@ def run_dedup(size: int, reps: int, workdir: Path, *, s3: bool = False) -> dict[
             bucket = f"dedup-{uuid.uuid4().hex[:12]}"
             s3_client(endpoint).create_bucket(Bucket=bucket)
             env = s3_service_env(endpoint, bucket)
-        return _run_dedup(size, reps, workdir / ("dedup-s3" if s3 else "dedup"), env)
+        return _run_dedup(size, reps, workdir / ("dedup-s3" if s3 else "dedup"), env, install_rsync)
 
 
-def _run_dedup(size: int, reps: int, work: Path, env: dict[str, str] | None) -> dict[str, Any]:
+def _run_dedup(size: int, reps: int, work: Path, env: dict[str, str] | None, install_rsync: bool) -> dict[str, Any]:
     work.mkdir()
     base = work / "v1.bin"
     random_file(base, size)
@@ -182,7 +185,8 @@ def _run_dedup(size: int, reps: int, work: Path, env: dict[str, str] | None) -> 
     storage = "local" if env is None else "s3"
     report: dict[str, Any] = {"size": size, "reps": reps, "cpu": host_cpu(), "storage": storage, "cases": {}}
     report["client_chunking_cpu_s_per_GiB"] = chunking_cpu / (size / (1 << 30))
-    rsync = env is None and shutil.which("rsync") is not None
+    # the baseline is installed like nginx's (Debian's package, when root): a row that is "not installed" is no row
+    rsync = None if env is not None else ensure_tool("rsync", "rsync") if install_rsync else shutil.which("rsync")
     report["rsync"] = (
         "rsync through a loopback daemon"
         if rsync
@@ -208,6 +212,8 @@ def _run_dedup(size: int, reps: int, work: Path, env: dict[str, str] | None) -> 
             seconds = statistics.median(r["seconds"] for r in runs)
             report["cases"][name] = {
                 "changed_bytes": changed,
+                "file_bytes": path.stat().st_size,
+                "budget_bytes": budget,
                 "sent_bytes": row["sent_bytes"],
                 "sent_fraction": row["sent_bytes"] / path.stat().st_size,
                 "manifest_bytes": row["manifest_bytes"],
@@ -219,7 +225,7 @@ def _run_dedup(size: int, reps: int, work: Path, env: dict[str, str] | None) -> 
                 / (path.stat().st_size / (1 << 30)),
             }
         if rsync:
-            daemon = RsyncDaemon(work)
+            daemon = RsyncDaemon(work, rsync)
             try:
                 report["rsync_full"] = daemon.send(base, "first.bin")
                 for name, (path, _changed) in variants.items():
@@ -302,7 +308,7 @@ def main() -> None:
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="transfer-dedup-") as tmp:
-        report = run_dedup(args.size << 20, args.reps, Path(tmp), s3=args.s3)
+        report = run_dedup(args.size << 20, args.reps, Path(tmp), s3=args.s3, install_rsync=True)
     print(dedup_table(report))
     print(json.dumps(report, indent=2))
 

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         if "dedup" not in skip:
             from benchmarks.dedup import dedup_table, run_dedup
 
-            report["dedup"] = run_dedup(size, 1 if args.quick else 3, work)
+            report["dedup"] = run_dedup(size, 1 if args.quick else 3, work, install_rsync=True)
             sections.append(dedup_table(report["dedup"]))
         if args.s3:
             from benchmarks.s3 import run_s3, s3_table

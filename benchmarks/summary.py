@@ -72,6 +72,14 @@ GOALS: dict[str, Goal] = {
     "memory_s3_concurrent": Goal("server peak RSS, 1 / 8 / 32 concurrent uploads into S3", 200, "MB", at_most=True),
     "replicas_small": Goal("4 KiB uploads/s through 1 / 2 / 3 replicas on Ceph", unit="uploads/s"),
     "replicas_large": Goal("64 MiB uploads, MB/s through 1 / 2 / 3 replicas on Ceph", unit="MB/s"),
+    "list_scale": Goal("first page of GET /v1/files, most stored vs 0 stored", 1.5, at_most=True),
+    "list_scale_full_page": Goal("the same, vs the smallest count that fills a page (100 files)", 1.5, at_most=True),
+    "session_scale": Goal("session open + chunk + status, most stored vs 0 stored", 1.2, at_most=True),
+    # the deduplication issue: bytes sent by a new version, over its budget of 3 % of the file + the changed bytes
+    "dedup_changed": Goal("chunked upload, 1 % changed in 20 places: bytes sent / (3 % + changes)", 1.0, at_most=True),
+    "dedup_appended": Goal("chunked upload, 16 MiB appended: bytes sent / (3 % + changes)", 1.0, at_most=True),
+    "dedup_unchanged": Goal("chunked upload of the same file again: time vs a full upload", 1.0, at_most=True),
+    "dedup_resolve": Goal("resolve of the changed file, old chunks cached: time vs a plain resolve"),
 }
 
 
@@ -225,6 +233,67 @@ def _replicas(key: str, unit: str) -> Callable[[dict[str, Any]], Figure | None]:
     return find
 
 
+def _scale(case: str, *, full_page: bool = False) -> Callable[[dict[str, Any]], Figure | None]:
+    """The largest stored count's median against the 0-stored one's (``full_page``: against the smallest count
+    whose first page is full, so that both pages list as many files)."""
+
+    def find(report: dict[str, Any]) -> Figure | None:
+        rows = (report.get("scale") or {}).get("rows") or []
+        if len(rows) < 2:
+            return None
+        last = rows[-1]
+        bases = [r for r in rows[:-1] if r["stored"] >= 100] if full_page else [r for r in rows if r["stored"] == 0]
+        if not bases:
+            return None
+        base = bases[0]
+        detail = f"{last[case]:.1f} vs {base[case]:.1f} ms at {last['stored']:,} vs {base['stored']:,} stored"
+        return Figure(last[case] / base[case], runs=1, detail=detail)
+
+    return find
+
+
+def _dedup_budget(case: str) -> Callable[[dict[str, Any]], Figure | None]:
+    """Bytes a new version sent (chunks and manifest) over its budget, 3 % of the file plus the bytes changed."""
+
+    def find(report: dict[str, Any]) -> Figure | None:
+        dedup = report.get("dedup") or {}
+        row = (dedup.get("cases") or {}).get(case)
+        if not row:
+            return None
+        size, budget = row["file_bytes"], row["budget_bytes"]
+        sent = row["sent_bytes"] + row["manifest_bytes"]
+        detail = f"{sent:,} bytes sent of {size:,} ({sent / size:.2%}), {row['seconds']:.2f} s"
+        rsync = row.get("rsync")
+        if rsync:
+            detail += f"; rsync daemon {rsync['sent_bytes']:,} bytes, {rsync['seconds']:.2f} s"
+        return Figure(sent / budget, runs=1, detail=detail)
+
+    return find
+
+
+def _dedup_unchanged(report: dict[str, Any]) -> Figure | None:
+    dedup = report.get("dedup") or {}
+    row = (dedup.get("cases") or {}).get("unchanged")
+    if not row:
+        return None
+    detail = (
+        f"{row['seconds']:.2f} vs {dedup['full_upload_s']:.2f} s, {row['sent_bytes'] + row['manifest_bytes']:,} "
+        f"bytes sent of {dedup['size']:,}; server CPU {row['server_cpu_s_per_GiB']:.2f} s/GiB"
+    )
+    return Figure(row["vs_full"], runs=row.get("runs", 1), detail=detail)
+
+
+def _dedup_resolve(report: dict[str, Any]) -> Figure | None:
+    res = (report.get("dedup") or {}).get("resolve")
+    if not res:
+        return None
+    detail = (
+        f"{res['cached_s']:.2f} vs {res['plain_s']:.2f} s; {res['fetched_bytes']:,} bytes fetched, "
+        f"{res['cached_bytes']:,} from the cache"
+    )
+    return Figure(res["vs_plain"], runs=1, detail=detail, text=f"{res['vs_plain']:.2f}×")
+
+
 # Where each goal row's figure comes from in the report (section and case).
 ROWS: dict[str, Callable[[dict[str, Any]], Figure | None]] = {
     "download_full": _case("e2e", "download full body"),
@@ -253,6 +322,13 @@ ROWS: dict[str, Callable[[dict[str, Any]], Figure | None]] = {
     "memory_s3_concurrent": _memory_s3_concurrent,
     "replicas_small": _replicas("small_per_s", "uploads/s"),
     "replicas_large": _replicas("large_MBps", "MB/s"),
+    "list_scale": _scale("list"),
+    "list_scale_full_page": _scale("list", full_page=True),
+    "session_scale": _scale("session"),
+    "dedup_changed": _dedup_budget("1% in 20 places"),
+    "dedup_appended": _dedup_budget("16 MiB appended"),
+    "dedup_unchanged": _dedup_unchanged,
+    "dedup_resolve": _dedup_resolve,
 }
 
 

@@ -173,6 +173,26 @@ def test_goals_table_reads_every_row_and_says_not_run() -> None:
             {"size": 1 << 30, "peak_rss_after_upload": 80_000_000, "peak_rss_after_download": 90_000_000},
             {"size": 4 << 30, "peak_rss_after_upload": 85_000_000, "peak_rss_after_download": 95_000_000},
         ],
+        "scale": {
+            "rows": [
+                {"stored": 0, "list": 2.0, "session": 10.0},
+                {"stored": 10_000, "list": 8.0, "session": 11.0},
+                {"stored": 100_000, "list": 10.0, "session": 13.0},
+            ]
+        },
+        "dedup": {
+            "size": 1000,
+            "full_upload_s": 2.0,
+            "cases": {
+                "unchanged": {"sent_bytes": 0, "manifest_bytes": 10, "seconds": 1.0, "vs_full": 0.5, "runs": 3}
+                | {"server_cpu_s_per_GiB": 2.0, "changed_bytes": 0, "file_bytes": 1000, "budget_bytes": 30},
+                "1% in 20 places": {"sent_bytes": 30, "manifest_bytes": 10, "changed_bytes": 10, "seconds": 1.0}
+                | {"file_bytes": 1000, "budget_bytes": 40, "rsync": {"sent_bytes": 12, "seconds": 0.5}},
+                "16 MiB appended": {"sent_bytes": 500, "manifest_bytes": 10, "changed_bytes": 100, "seconds": 1.0}
+                | {"file_bytes": 1100, "budget_bytes": 133},
+            },
+            "resolve": {"cached_s": 0.5, "plain_s": 0.25, "fetched_bytes": 5, "cached_bytes": 995, "vs_plain": 2.0},
+        },
     }
     rows = {r["id"]: r for r in summarize(report)}
     assert list(rows) == list(GOALS)
@@ -185,6 +205,16 @@ def test_goals_table_reads_every_row_and_says_not_run() -> None:
     assert rows["cpu_upload"]["met"] is None  # a figure the issue asks for without a threshold
     assert rows["memory_peak"]["value"] == 95 and rows["memory_peak"]["met"] is True
     assert rows["memory_growth"]["value"] == round(95 / 90, 2) and rows["memory_growth"]["met"] is True
+    # listings against what is stored: the largest count vs 0, and vs the smallest count whose page is full
+    assert rows["list_scale"]["value"] == 5.0 and rows["list_scale"]["met"] is False
+    assert rows["list_scale_full_page"]["value"] == 1.25 and rows["list_scale_full_page"]["met"] is True
+    assert rows["session_scale"]["value"] == 1.3 and rows["session_scale"]["met"] is False
+    # deduplication: bytes sent (chunks + manifest) over 3 % of the file + the changes, at most 1
+    assert rows["dedup_changed"]["value"] == 1.0 and rows["dedup_changed"]["met"] is True
+    assert "rsync daemon 12 bytes" in rows["dedup_changed"]["detail"]
+    assert rows["dedup_appended"]["value"] == 510 / 133 and rows["dedup_appended"]["met"] is False
+    assert rows["dedup_unchanged"]["value"] == 0.5 and rows["dedup_unchanged"]["met"] is True
+    assert rows["dedup_resolve"]["value"] == 2.0 and rows["dedup_resolve"]["met"] is None
     # sections that did not run, and rows whose section ran without them: "not run", never a number
     for row_id in (
         "s3_upload",

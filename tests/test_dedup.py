@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import socket
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
@@ -24,6 +25,7 @@ import pytest
 
 from devtools.s3server import s3_client
 from tests.conftest import Clock, LiveServer, running
+from transfer.client.dedup import cut_file
 from transfer.core.auth import TRUSTED, new_token, token_hash
 from transfer.service.files import FileService
 from transfer.service.ingest import UploadRequest
@@ -384,6 +386,75 @@ async def test_mcp_authorize_upload_of_stored_content_is_complete_without_a_put(
     assert bob["complete"] is False and sorted(bob) == sorted(plan)  # bob must PUT, and learns nothing
 
 
+def manifest_of(data: bytes) -> dict[str, Any]:
+    """The chunk manifest of ``data`` as ``transfer upload`` cuts it (FastCDC, the service's parameters)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "f.bin"
+        path.write_bytes(data)
+        return cut_file(path).to_json()
+
+
+def chunked_create(url: str, who: str, data: bytes) -> httpx.Response:
+    """A chunked upload's creation: the file's manifest, name given."""
+    doc = {**manifest_of(data), "name": "chunked.bin"}
+    return httpx.post(f"{url}/v1/chunked", json=doc, headers=key(who), timeout=60)
+
+
+def test_chunked_creation_declaring_stored_content_is_born_completed(stored: Stored) -> None:
+    data = os.urandom(MIN + 4321)
+    first = upload(stored.url, "alice", data, name="first.bin")
+    assert first.status_code == 201, first.text
+    indexed = httpx.put(
+        f"{stored.url}/v1/files/{file_id(first.json())}/chunks", json=manifest_of(data), headers=key("alice")
+    )
+    assert indexed.status_code == 200, indexed.text  # checked against the stored bytes, then kept
+    made = chunked_create(stored.url, "alice", data)
+    assert made.status_code == 201, made.text
+    born = made.json()
+    assert born["state"] == "completed" and born["missing"] == [] and born["missing_bytes"] == 0
+    assert born["file_id"] and born["file_id"] != file_id(first.json())  # a file of its own, published already
+    done = httpx.post(f"{stored.url}/v1/chunked/{born['id']}/complete", headers=key("alice"), timeout=60)
+    assert done.status_code == 201, done.text
+    assert file_id(done.json()) == born["file_id"] and done.json()["name"] == "chunked.bin"
+    assert done.json()["checksum"] == checksum(data)
+    assert download(stored.url, "alice", born["file_id"]) == data
+    # its manifest is the first file's, checked then: kept for it too (a resolver with a cache uses it)
+    manifest = httpx.get(f"{stored.url}/v1/files/{born['file_id']}/chunks", headers=key("alice"), timeout=60)
+    assert manifest.status_code == 200 and manifest.json()["chunks"] == manifest_of(data)["chunks"]
+    assert len(stored.under("content/")) == 1  # one copy of the bytes
+    assert used(stored.url, "alice") == 2 * len(data)  # each file its size, once; no chunk stored or charged
+    # bob declares the same manifest: an ordinary open upload that lacks every chunk, as for unknown content
+    bob = chunked_create(stored.url, "bob", data)
+    assert bob.status_code == 201 and bob.json()["state"] == "open" and bob.json()["file_id"] is None
+    assert bob.json()["missing_bytes"] == len(data) and sorted(bob.json()) == sorted(born)
+    early = httpx.post(f"{stored.url}/v1/chunked/{bob.json()['id']}/complete", headers=key("bob"), timeout=60)
+    assert early.status_code == 409 and early.json()["error"]["code"] == "chunks_missing"
+    # what is shared is the declared content (SHA-256 and size), never the chunk list: chunks of other bytes
+    # under alice's checksum give her a file of the content she declared, and that list (no file's) is not kept
+    lie = {**manifest_of(os.urandom(len(data))), "checksum": checksum(data)}
+    lying = httpx.post(f"{stored.url}/v1/chunked", json=lie, headers=key("alice"), timeout=60)
+    assert lying.status_code == 201 and lying.json()["state"] == "completed"
+    assert download(stored.url, "alice", lying.json()["file_id"]) == data
+    asyncio.run(checks_done(stored.live))  # the list was checked against the shared bytes after the answer
+    kept = httpx.get(f"{stored.url}/v1/files/{lying.json()['file_id']}/chunks", headers=key("alice"), timeout=60)
+    assert kept.status_code == 404
+
+
+async def checks_done(live: LiveServer) -> None:
+    """Until every chunk check the server left for after its answer has ended."""
+    await live.call(live.app.state.services.chunks.indexing_done())
+
+
+def test_a_chunked_file_sharing_bytes_that_no_manifest_describes_gets_its_own_once_checked(stored: Stored) -> None:
+    data = os.urandom(MIN + 999)
+    assert upload(stored.url, "alice", data).status_code == 201  # a plain upload: its manifest nobody sent
+    born = chunked_create(stored.url, "alice", data).json()
+    assert born["state"] == "completed"
+    asyncio.run(checks_done(stored.live))
+    kept = httpx.get(f"{stored.url}/v1/files/{born['file_id']}/chunks", headers=key("alice"), timeout=60)
+    assert kept.status_code == 200 and kept.json()["chunks"] == manifest_of(data)["chunks"]
+
+
 @pytest.mark.s3
 def test_direct_plan_declaring_stored_content_is_completed_at_once(
     s3_env: dict[str, str], tmp_path: Path, clock: Clock
@@ -462,7 +533,9 @@ def test_keys_of_one_group_share_what_either_stored_on_every_door(grouped: Store
     assert ietf.status_code == 201 and ietf.headers["upload-complete"] == "?1"
     mcp = asyncio.run(mcp_authorize(url, "carol", data))
     assert mcp["complete"] is True
-    made = [file_id(plain), tus.headers["upload-file-id"], file_id(ietf.json())]
+    chunked = chunked_create(url, "carol", data)
+    assert chunked.status_code == 201 and chunked.json()["state"] == "completed"
+    made = [file_id(plain), tus.headers["upload-file-id"], file_id(ietf.json()), chunked.json()["file_id"]]
     if grouped.bucket is not None:  # direct plans exist on S3 only
         plan = direct_plan(url, "carol", data)
         assert plan.status_code == 201 and plan.json()["state"] == "completed"
@@ -527,6 +600,11 @@ def test_a_key_outside_the_group_is_answered_as_for_unknown_content_on_every_doo
     assert masked(asyncio.run(mcp_authorize(url, "bob", group_data))) == masked(
         asyncio.run(mcp_authorize(url, "bob", bob_data))
     )
+    # chunked: an open upload that lacks every chunk either way (the chunk count is the content's own)
+    for made in (chunked_create(url, "bob", group_data), chunked_create(url, "bob", bob_data)):
+        doc = made.json()
+        assert made.status_code == 201 and doc["state"] == "open" and doc["file_id"] is None
+        assert doc["missing"] == list(range(doc["chunks"])) and doc["missing_bytes"] == len(bob_data)
     # his file is his own bytes: a record of his own scope, not the group's
     assert download(url, "bob", file_id(known)) == data
     assert len([k for k in grouped.under("content/") if not k.startswith("content/g-")]) == 2

@@ -66,7 +66,8 @@ def upload_document(upload: ChunkedUpload) -> dict[str, Any]:
     chunks = upload.manifest.chunks
     return {
         "id": upload.id,
-        "state": upload.state,
+        "state": upload.state,  # "completed" at once when the key stores this content already: complete answers it
+        "file_id": upload.file_id,
         "size": upload.manifest.size,
         "chunks": len(chunks),
         "missing": list(upload.missing),

@@ -37,7 +37,7 @@ import hashlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from storage.base import Capability, CopiesRanges, ObjectReader, Storage
@@ -83,6 +83,7 @@ INDEX_CHECKS = 2  # batches of a stored file hashed at once while its manifest i
 INDEX_LATER_MAX = 8  # checks of index_file(later=True) waiting at once on one process; past it a caller waits
 MAX_PROBE = 4096  # chunk hashes one probe may name (a client probes the first few MiB of a file)
 UPLOAD_CACHE = 1024  # upload records kept per process for chunk PUTs (their fields never change while open)
+MANIFEST_TWINS = 4  # files sharing the same bytes looked at for a checked manifest to keep (newest first)
 
 
 def _sha_hex(data: bytes) -> str:
@@ -494,12 +495,19 @@ class ChunkService:
             return len(manifest.chunks), 0  # indexed before (its manifest is the file's: same bytes, same cut)
         except NotFound:
             pass
-        if later and len(self._indexing) < INDEX_LATER_MAX:
-            task = asyncio.create_task(self._index_later(record, manifest), name=f"index:{record.id}")
-            self._indexing.add(task)
-            task.add_done_callback(self._indexing.discard)
+        if later and self._check_later(record, manifest):
             return len(manifest.chunks), None
         return len(manifest.chunks), await self._check_and_index(record, manifest)
+
+    def _check_later(self, record: FileRecord, manifest: Manifest) -> bool:
+        """Check ``manifest`` against ``record``'s stored bytes and index it after the caller's answer, on this
+        process; False when :data:`INDEX_LATER_MAX` checks wait already (nothing scheduled)."""
+        if len(self._indexing) >= INDEX_LATER_MAX:
+            return False
+        task = asyncio.create_task(self._index_later(record, manifest), name=f"index:{record.id}")
+        self._indexing.add(task)
+        task.add_done_callback(self._indexing.discard)
+        return True
 
     async def _index_later(self, record: FileRecord, manifest: Manifest) -> None:
         try:
@@ -578,19 +586,20 @@ class ChunkService:
         expires_in: int | None = None,
     ) -> ChunkedUpload:
         """A new chunked upload of the file ``manifest_doc`` describes, owned by the caller's key; its size is
-        reserved in the key's quota (QuotaExceeded before anything is stored). ``missing``: what to send."""
+        reserved in the key's quota (QuotaExceeded before anything is stored). ``missing``: what to send. A file
+        whose whole content (SHA-256 and size) the key stores already is published at once, sharing those bytes:
+        the upload is born completed, nothing is missing."""
         s = self.settings
         manifest = parse_manifest(manifest_doc, max_chunks=MAX_CHUNKS, max_size=s.max_upload_size)
         self.publisher.check_fields(content_type=content_type, description=description)
         lifetime = self.lifecycle.lifetime(caller.owner, expires_in)
         owner = caller.owner
-        missing = await self._lacking(owner, manifest)
         now = self.clock()
         upload = ChunkedUpload(
             id=new_upload_id(),
             owner=owner,
             manifest=manifest,
-            missing=tuple(missing),
+            missing=(),
             created_at=now,
             expires_at=now + float(s.session_ttl),
             name=name,
@@ -599,6 +608,10 @@ class ChunkService:
             description=description,
             lifetime=lifetime,
         )
+        born = await self._publish_known(upload)
+        if born is not None:
+            return born
+        upload = replace(upload, missing=tuple(await self._lacking(owner, manifest)))
         await self.open_uploads.acquire(owner, upload.id)  # TooManySessions at the key's limit
         try:
             await self.lifecycle.admit(owner, upload.id, manifest.size, upload.expires_at)
@@ -612,6 +625,43 @@ class ChunkService:
             raise
         self._remember(upload)
         return upload
+
+    async def _publish_known(self, upload: ChunkedUpload) -> ChunkedUpload | None:
+        """Content the owner's scope already stores (the manifest's SHA-256 and size): published now as a file of
+        its own sharing those bytes (:meth:`Publisher.publish_known`, which looks in that scope only), and the
+        upload is born completed: no chunk to send, no slot or reservation held, no chunk indexed (the manifest
+        was not checked against any bytes, so it is not kept either: the file is resolved whole). None: the scope
+        stores no such content, or too small a file to share."""
+        candidate = self._candidate(upload, upload.manifest.sha256, b"", "chunked (shared)")
+        record = await self.publisher.publish_known(candidate)
+        if record is None:
+            return None
+        done = replace(upload, state="completed", file_id=record.id)
+        await asyncio.gather(
+            write_record(self.storage, upload_key(upload.owner, upload.id), done.to_json(), if_absent=True),
+            self._keep_manifest(record, upload.manifest),
+        )
+        return done
+
+    async def _keep_manifest(self, record: FileRecord, manifest: Manifest) -> None:
+        """Keep ``manifest`` as the manifest of ``record`` (a file published sharing stored bytes, no byte read), so
+        that resolvers with a cache fetch only what they lack. Its chunk list was not checked against any bytes:
+        if a file of the same key sharing those bytes has that very manifest, checked when it was kept (same
+        bytes, same cut), it is kept at once (a few of the newest such files are looked at, of the owner's own
+        key only); otherwise it is checked against the shared bytes after the answer, like an index given with
+        ``respond-async``, and kept only if every chunk is right (with no room for a check, not kept: the file
+        then resolves whole)."""
+        compact = manifest.compact()
+        for other in (await self.publisher.shared.sharers(record))[:MANIFEST_TWINS]:
+            try:
+                doc, _ = await read_record(self.storage, manifest_key(record.owner, other))
+            except NotFound:
+                continue  # another key's file (a sharing group), or one that was never cut
+            if doc.get("chunks") == compact["chunks"] and doc.get("sha256") == compact["sha256"]:
+                kept = {"file_id": record.id, **compact}
+                await write_record(self.storage, manifest_key(record.owner, record.id), kept)
+                return
+        self._check_later(record, manifest)
 
     def _remember(self, upload: ChunkedUpload) -> None:
         while len(self._uploads) >= UPLOAD_CACHE:
@@ -1050,13 +1100,17 @@ class ChunkService:
     async def _publish(
         self, upload: ChunkedUpload, sha_hex: str, head: bytes, place: Callable[[FileRecord], Any]
     ) -> FileRecord:
-        candidate = Candidate(
+        return await self.publisher.publish(self._candidate(upload, sha_hex, head, "chunked"), place)
+
+    @staticmethod
+    def _candidate(upload: ChunkedUpload, sha_hex: str, head: bytes, source: str) -> Candidate:
+        return Candidate(
             owner=upload.owner,
             upload_id=upload.id,
             size=upload.manifest.size,
             sha256=sha_hex,
             head=head,
-            source="chunked",
+            source=source,
             name=upload.name,
             content_type=upload.content_type,
             role=FileRole(upload.role) if upload.role else None,
@@ -1064,7 +1118,6 @@ class ChunkService:
             lifetime=upload.lifetime,
             republishable_until=upload.expires_at,
         )
-        return await self.publisher.publish(candidate, place)
 
     async def _published(self, file_id: str) -> bool:
         try:

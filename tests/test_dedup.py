@@ -402,27 +402,27 @@ def chunked_create(url: str, who: str, data: bytes) -> httpx.Response:
 
 def test_chunked_creation_declaring_stored_content_is_born_completed(stored: Stored) -> None:
     data = os.urandom(MIN + 4321)
-    first = upload(stored.url, "alice", data, name="first.bin")
+    first = upload(stored.url, "alice", data, name="first.bin")  # a plain upload: nobody sent its manifest
     assert first.status_code == 201, first.text
-    indexed = httpx.put(
-        f"{stored.url}/v1/files/{file_id(first.json())}/chunks", json=manifest_of(data), headers=key("alice")
-    )
-    assert indexed.status_code == 200, indexed.text  # checked against the stored bytes, then kept
     made = chunked_create(stored.url, "alice", data)
     assert made.status_code == 201, made.text
     born = made.json()
     assert born["state"] == "completed" and born["missing"] == [] and born["missing_bytes"] == 0
     assert born["file_id"] and born["file_id"] != file_id(first.json())  # a file of its own, published already
+    # nothing more to send to it: a chunk is refused, not stored (nor charged)
+    sent = httpx.put(f"{stored.url}/v1/chunked/{born['id']}/chunks/0", content=data[:100], headers=key("alice"))
+    assert sent.status_code == 409 and sent.json()["error"]["code"] == "session_completed"
     done = httpx.post(f"{stored.url}/v1/chunked/{born['id']}/complete", headers=key("alice"), timeout=60)
     assert done.status_code == 201, done.text
     assert file_id(done.json()) == born["file_id"] and done.json()["name"] == "chunked.bin"
     assert done.json()["checksum"] == checksum(data)
     assert download(stored.url, "alice", born["file_id"]) == data
-    # its manifest is the first file's, checked then: kept for it too (a resolver with a cache uses it)
-    manifest = httpx.get(f"{stored.url}/v1/files/{born['file_id']}/chunks", headers=key("alice"), timeout=60)
-    assert manifest.status_code == 200 and manifest.json()["chunks"] == manifest_of(data)["chunks"]
     assert len(stored.under("content/")) == 1  # one copy of the bytes
     assert used(stored.url, "alice") == 2 * len(data)  # each file its size, once; no chunk stored or charged
+    # its chunk list, checked against the shared bytes after the answer, is its manifest (resolvers with a cache)
+    asyncio.run(checks_done(stored.live))
+    manifest = httpx.get(f"{stored.url}/v1/files/{born['file_id']}/chunks", headers=key("alice"), timeout=60)
+    assert manifest.status_code == 200 and manifest.json()["chunks"] == manifest_of(data)["chunks"]
     # bob declares the same manifest: an ordinary open upload that lacks every chunk, as for unknown content
     bob = chunked_create(stored.url, "bob", data)
     assert bob.status_code == 201 and bob.json()["state"] == "open" and bob.json()["file_id"] is None
@@ -430,12 +430,12 @@ def test_chunked_creation_declaring_stored_content_is_born_completed(stored: Sto
     early = httpx.post(f"{stored.url}/v1/chunked/{bob.json()['id']}/complete", headers=key("bob"), timeout=60)
     assert early.status_code == 409 and early.json()["error"]["code"] == "chunks_missing"
     # what is shared is the declared content (SHA-256 and size), never the chunk list: chunks of other bytes
-    # under alice's checksum give her a file of the content she declared, and that list (no file's) is not kept
+    # under alice's checksum give her a file of the content she declared, and that list, checked, is not kept
     lie = {**manifest_of(os.urandom(len(data))), "checksum": checksum(data)}
     lying = httpx.post(f"{stored.url}/v1/chunked", json=lie, headers=key("alice"), timeout=60)
     assert lying.status_code == 201 and lying.json()["state"] == "completed"
     assert download(stored.url, "alice", lying.json()["file_id"]) == data
-    asyncio.run(checks_done(stored.live))  # the list was checked against the shared bytes after the answer
+    asyncio.run(checks_done(stored.live))
     kept = httpx.get(f"{stored.url}/v1/files/{lying.json()['file_id']}/chunks", headers=key("alice"), timeout=60)
     assert kept.status_code == 404
 
@@ -445,14 +445,17 @@ async def checks_done(live: LiveServer) -> None:
     await live.call(live.app.state.services.chunks.indexing_done())
 
 
-def test_a_chunked_file_sharing_bytes_that_no_manifest_describes_gets_its_own_once_checked(stored: Stored) -> None:
-    data = os.urandom(MIN + 999)
-    assert upload(stored.url, "alice", data).status_code == 201  # a plain upload: its manifest nobody sent
-    born = chunked_create(stored.url, "alice", data).json()
-    assert born["state"] == "completed"
-    asyncio.run(checks_done(stored.live))
-    kept = httpx.get(f"{stored.url}/v1/files/{born['file_id']}/chunks", headers=key("alice"), timeout=60)
-    assert kept.status_code == 200 and kept.json()["chunks"] == manifest_of(data)["chunks"]
+def test_a_chunked_upload_born_completed_holds_no_open_slot(tmp_path: Path, clock: Clock) -> None:
+    data = os.urandom(MIN + 5)
+    with running(tenant_settings(tmp_path, max_open_sessions_per_key=1), clock) as live:
+        assert upload(live.url, "alice", data).status_code == 201
+        for _ in range(3):  # a key at its limit of one open upload would be refused a second
+            born = chunked_create(live.url, "alice", data)
+            assert born.status_code == 201 and born.json()["state"] == "completed", born.text
+        opened = chunked_create(live.url, "alice", os.urandom(MIN + 6))  # its one slot is still free
+        assert opened.status_code == 201 and opened.json()["state"] == "open"
+        refused = chunked_create(live.url, "alice", os.urandom(MIN + 7))
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "too_many_sessions"
 
 
 @pytest.mark.s3

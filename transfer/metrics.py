@@ -64,9 +64,9 @@ sweep_last_success = Gauge(
 )
 record_races = Counter(
     "transfer_record_races",
-    "compare-and-set writes of a record lost to another writer (outcome lost: every lost race; busy: those after "
-    "which the retry policy ran out and the request was answered 503 record_busy), by record kind (the key's first "
-    "path segment)",
+    "compare-and-set updates of a record through the record store lost to another writer (outcome lost: every "
+    "lost race, a stale cached version included; busy: those after which the retry policy ran out and the request "
+    "was answered 503 record_busy), by record kind (the key's first path segment)",
     ["kind", "outcome"],
 )
 signed_url_rejections = Counter("transfer_signed_url_rejections", "signed download URLs refused, by reason", ["reason"])

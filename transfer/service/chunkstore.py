@@ -1,9 +1,12 @@
 """Chunked deduplicating uploads: a new version of a file sends only the content-defined chunks its key lacks.
 
     offer      GET  /v1/chunked                 the chunker every client uses (:data:`CHUNKING`) and the limits
-    create     -> :meth:`ChunkService.create`:  the manifest checked (transfer.core.chunking), each distinct chunk
-                  looked up **in the caller's key's own chunk store only**, the file's size reserved; the upload
-                  record ``cdc/<key>/uploads/<id>.json`` written; answers the indexes of the chunks it lacks
+    create     -> :meth:`ChunkService.create`:  the manifest checked (transfer.core.chunking); content the key (or
+                  its sharing group) stores already, by the manifest's SHA-256 and size, is published at once
+                  sharing those bytes (the upload born completed, as every door that declares a SHA-256 does);
+                  otherwise each distinct chunk looked up **in the caller's key's own chunk store only**, the
+                  file's size reserved; the upload record ``cdc/<key>/uploads/<id>.json`` written; answers the
+                  indexes of the chunks it lacks
     chunks     -> :meth:`ChunkService.put_chunks`: a run of consecutive manifest chunks in one body (one chunk, or
                   several: fewer requests); each hashed on arrival (422 ``chunk_checksum_mismatch``: that chunk and
                   the rest of the run are not kept), counted in the key's usage before it is stored, stored once
@@ -59,6 +62,7 @@ from transfer.errors import (
     ManifestSizeMismatch,
     ManifestTooLarge,
     NotFound,
+    SessionCompleted,
     StorageUnavailable,
     TooLarge,
     TransferError,
@@ -83,7 +87,6 @@ INDEX_CHECKS = 2  # batches of a stored file hashed at once while its manifest i
 INDEX_LATER_MAX = 8  # checks of index_file(later=True) waiting at once on one process; past it a caller waits
 MAX_PROBE = 4096  # chunk hashes one probe may name (a client probes the first few MiB of a file)
 UPLOAD_CACHE = 1024  # upload records kept per process for chunk PUTs (their fields never change while open)
-MANIFEST_TWINS = 4  # files sharing the same bytes looked at for a checked manifest to keep (newest first)
 
 
 def _sha_hex(data: bytes) -> str:
@@ -629,39 +632,19 @@ class ChunkService:
     async def _publish_known(self, upload: ChunkedUpload) -> ChunkedUpload | None:
         """Content the owner's scope already stores (the manifest's SHA-256 and size): published now as a file of
         its own sharing those bytes (:meth:`Publisher.publish_known`, which looks in that scope only), and the
-        upload is born completed: no chunk to send, no slot or reservation held, no chunk indexed (the manifest
-        was not checked against any bytes, so it is not kept either: the file is resolved whole). None: the scope
-        stores no such content, or too small a file to share."""
+        upload is born completed: no chunk to send, no slot or reservation held. Its chunk list was not checked
+        against any bytes: it becomes the file's manifest (for resolvers with a cache) only once checked against
+        the shared bytes after the answer, as an index given with ``respond-async`` is (with no room for a check,
+        never: the file then resolves whole). None: the scope stores no such content, or too small a file to
+        share."""
         candidate = self._candidate(upload, upload.manifest.sha256, b"", "chunked (shared)")
         record = await self.publisher.publish_known(candidate)
         if record is None:
             return None
         done = replace(upload, state="completed", file_id=record.id)
-        await asyncio.gather(
-            write_record(self.storage, upload_key(upload.owner, upload.id), done.to_json(), if_absent=True),
-            self._keep_manifest(record, upload.manifest),
-        )
+        await write_record(self.storage, upload_key(upload.owner, upload.id), done.to_json(), if_absent=True)
+        self._check_later(record, upload.manifest)
         return done
-
-    async def _keep_manifest(self, record: FileRecord, manifest: Manifest) -> None:
-        """Keep ``manifest`` as the manifest of ``record`` (a file published sharing stored bytes, no byte read), so
-        that resolvers with a cache fetch only what they lack. Its chunk list was not checked against any bytes:
-        if a file of the same key sharing those bytes has that very manifest, checked when it was kept (same
-        bytes, same cut), it is kept at once (a few of the newest such files are looked at, of the owner's own
-        key only); otherwise it is checked against the shared bytes after the answer, like an index given with
-        ``respond-async``, and kept only if every chunk is right (with no room for a check, not kept: the file
-        then resolves whole)."""
-        compact = manifest.compact()
-        for other in (await self.publisher.shared.sharers(record))[:MANIFEST_TWINS]:
-            try:
-                doc, _ = await read_record(self.storage, manifest_key(record.owner, other))
-            except NotFound:
-                continue  # another key's file (a sharing group), or one that was never cut
-            if doc.get("chunks") == compact["chunks"] and doc.get("sha256") == compact["sha256"]:
-                kept = {"file_id": record.id, **compact}
-                await write_record(self.storage, manifest_key(record.owner, record.id), kept)
-                return
-        self._check_later(record, manifest)
 
     def _remember(self, upload: ChunkedUpload) -> None:
         while len(self._uploads) >= UPLOAD_CACHE:
@@ -689,7 +672,9 @@ class ChunkService:
         if upload is None or upload.owner != caller.owner:
             upload = await self.load(uid, caller)
             self._remember(upload)
-        if self.clock() >= upload.expires_at and upload.state == "open":
+        if upload.state == "completed":  # its file is published (perhaps at its birth): nothing more to store
+            raise SessionCompleted(f"chunked upload {uid} is completed (file {upload.file_id}); complete answers it")
+        if self.clock() >= upload.expires_at:
             raise NotFound(f"chunked upload {uid} has expired")
         return upload
 

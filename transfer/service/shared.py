@@ -231,17 +231,6 @@ class SharedContent:
             raise NotFound(f"no file {record.id!r}")  # a reference the sweep removed: not a readable file
         return content.location
 
-    async def sharers(self, record: FileRecord) -> list[str]:
-        """The other files whose bytes a pointer ``record`` shares, the most recently added first (its content
-        record's references; empty for a file with bytes of its own, or once the record is gone). Files of other
-        keys of a sharing group are among them: a caller reads only what its own key may."""
-        if record.content is None:
-            return []
-        content = await self._read(record.content)
-        if content is None:
-            return []
-        return [f for f, _ in sorted(content.refs.items(), key=lambda ref: -ref[1]) if f != record.id]
-
     async def open(self, record: FileRecord) -> ObjectReader:
         """An open reader of ``record``'s bytes (a pointer's: where its content record says; if they moved
         between the lookup and the open, looked up once more)."""

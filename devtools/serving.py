@@ -44,11 +44,31 @@ def free_port() -> int:
         return port
 
 
+def listening_socket() -> socket.socket:
+    """A TCP socket bound to a free loopback port, for a server to listen on. A port found free by a probe and
+    bound later can be taken in between, by another test's server or by any outgoing connection's ephemeral port
+    (drawn from the same range): seen as "address already in use" under a parallel suite."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def serve_in_thread(app: FastAPI) -> tuple[str, ThreadServer, threading.Thread]:
-    port = free_port()
+    sock = listening_socket()  # bound before the server starts, and handed to it: nobody can take the port
+    port = sock.getsockname()[1]
     settings = app.state.services.settings if hasattr(app.state, "services") else Settings()
     server = ThreadServer(uvicorn_config(app, settings, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+
+    def run() -> None:
+        with sock:  # closed however the server ends (it listens on a duplicate of it, or on it)
+            server.run(sockets=[sock])
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 120  # generous: the suite runs beside other work on two cores
     while not server.started:

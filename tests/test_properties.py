@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import math
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import assume, given, settings
@@ -15,7 +17,17 @@ from pydantic import ValidationError
 
 from storage.errors import ObjectTooLarge
 from storage.parts import MAX_PART_SIZE, MAX_PARTS, MIN_PART_SIZE, MiB, part_count, plan_part_size
-from transfer.core.content import INLINE_THRESHOLD, FileContent, load_descriptor, parse_descriptor
+from transfer.core.content import (
+    INLINE_THRESHOLD,
+    ContentEncoding,
+    DownloadMethod,
+    FileContent,
+    FileRole,
+    TransferMode,
+    load_descriptor,
+    parse_descriptor,
+    url_descriptor_json,
+)
 from transfer.core.sessions import Session, SessionState, compact_ranges, plan_chunk_size, total_chunks
 from transfer.errors import (
     ChunkLengthMismatch,
@@ -34,6 +46,57 @@ names = st.text(min_size=1, max_size=60).filter(lambda s: s.strip() == s)
 media = st.sampled_from(
     ["text/plain", "application/json", "image/png", "application/octet-stream", "text/csv; charset=utf-8"]
 )
+
+
+@given(
+    content_type=media,
+    encoding=st.sampled_from(list(ContentEncoding)),
+    size=st.integers(min_value=0, max_value=1 << 45),
+    encoded_size=st.none() | st.integers(min_value=0, max_value=1 << 45),
+    sha=st.binary(min_size=32, max_size=32),
+    expires=st.none() | st.datetimes(timezones=st.just(UTC)),
+    name=names,
+    role=st.none() | st.sampled_from(list(FileRole)),
+    description=st.none() | st.text(max_size=40),
+    query=st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789=&_-", max_size=80),
+    url_expires_at=st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC)),
+    method=st.sampled_from(list(DownloadMethod)),
+)
+def test_the_url_descriptor_rendered_without_the_model_is_the_models_json(
+    content_type: str,
+    encoding: ContentEncoding,
+    size: int,
+    encoded_size: int | None,
+    sha: bytes,
+    expires: datetime | None,
+    name: str,
+    role: FileRole | None,
+    description: str | None,
+    query: str,
+    url_expires_at: datetime,
+    method: DownloadMethod,
+) -> None:
+    metadata: dict[str, str] = {"file_id": "f_" + sha.hex()[:32]}
+    if expires is not None:
+        metadata["expires_at"] = expires.isoformat()
+    fields = dict(
+        content_type=content_type,
+        encoding=encoding,
+        size=size,
+        encoded_size=encoded_size,
+        checksum="sha256:" + sha.hex(),
+        metadata=metadata,
+        name=name,
+        role=role,
+        description=description,
+        url=f"http://127.0.0.1:8080/v1/files/{metadata['file_id']}/content?{query}",
+        url_expires_at=url_expires_at,
+        download_method=method,
+    )
+    fast = url_descriptor_json(**fields)  # type: ignore[arg-type]
+    model = FileContent(type=TransferMode.URL, range_supported=True, **fields).to_json()  # type: ignore[arg-type]
+    assert fast == model and list(fast) == list(model)  # the same keys and values, in the same order
+    assert json.dumps(fast) == json.dumps(model)
 
 
 @given(data=st.binary(max_size=3000), name=names, content_type=media)

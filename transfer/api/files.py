@@ -314,7 +314,7 @@ def files_router(services: Services, base_url: Callable[[Request], str], needs: 
         size = LIST_DEFAULT if limit is None else parse_bounded(limit, "limit", low=1, high=LIST_MAX)
         page = await service.list(caller_of(request), size, cursor)
         origin = base_url(request)
-        items = [(await service.describe(r, origin, inline=False)).to_json() for r in page.records]
+        items = [await service.describe_json(r, origin, inline=False) for r in page.records]
         return {"files": items, "next_cursor": page.next_cursor}
 
     @router.get(
@@ -332,10 +332,9 @@ def files_router(services: Services, base_url: Callable[[Request], str], needs: 
         inline: bool | None = None,
     ) -> dict[str, Any]:
         record = await service.record(file_id, caller_of(request))
-        descriptor = await service.describe(
+        return await service.describe_json(
             record, base_url(request), download_method=download_method, ttl=ttl, inline=inline
         )
-        return descriptor.to_json()
 
     @router.delete(
         "/v1/files/{file_id}",

@@ -209,7 +209,7 @@ def tus_router(
     async def descriptor(request: Request, uid: str) -> Response:
         caller = caller_of(request)
         record = await files.record(await finished_file(request, uid), caller)
-        body = (await files.describe(record, base_url(request), inline=False)).to_json()
+        body = await files.describe_json(record, base_url(request), inline=False)
         return AsciiJSONResponse(body, headers={"cache-control": "no-store"})
 
     read_doc: dict[str, Any] = dict(dependencies=[needs(AuthScope.READ)], tags=["tus"], response_class=Response)

@@ -314,7 +314,7 @@ class McpBinding:
         )
         files = self.services.files
         record = await files.upload(_read_file(full, self.settings.buffer_size), request)
-        return (await files.describe(record, self.base_url(ctx), ttl=ttl)).to_json()
+        return await files.describe_json(record, self.base_url(ctx), ttl=ttl)
 
     async def upload_content(
         self,
@@ -346,7 +346,7 @@ class McpBinding:
         )
         files = self.services.files
         record = await files.upload(_one(raw), request)
-        return (await files.describe(record, self.base_url(ctx), ttl=ttl)).to_json()
+        return await files.describe_json(record, self.base_url(ctx), ttl=ttl)
 
     async def open_session(
         self,
@@ -446,7 +446,7 @@ class McpBinding:
         files = self.services.files
         page = await files.list(grant, limit, cursor)
         base = self.base_url(ctx)
-        items = [(await files.describe(r, base, inline=False)).to_json() for r in page.records]
+        items = [await files.describe_json(r, base, inline=False) for r in page.records]
         return {"files": items, "next_cursor": page.next_cursor}
 
     async def authorize_upload(

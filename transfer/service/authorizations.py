@@ -335,7 +335,7 @@ class Authorizations:
     async def descriptor(self, file_id: str, base_url: str) -> dict[str, Any]:
         """The url-mode descriptor of a file an authorisation received (its owner was checked by the caller)."""
         record = await self.files.record(file_id, TRUSTED)
-        return (await self.files.describe(record, base_url, inline=False)).to_json()
+        return await self.files.describe_json(record, base_url, inline=False)
 
     async def confirm(self, aid: str, caller: Grant, base_url: str) -> dict[str, Any]:
         """The descriptor (with its SHA-256) of the file an authorisation received; Conflict while nothing is."""

@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import pybase64
 
@@ -21,7 +22,14 @@ from storage.base import Capability, ObjectReader, Storage, SupportsAbandonedUpl
 from storage.errors import StorageError
 from transfer import metrics
 from transfer.core.auth import TRUSTED, Grant
-from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode, format_timestamp
+from transfer.core.content import (
+    ContentEncoding,
+    DownloadMethod,
+    FileContent,
+    TransferMode,
+    format_timestamp,
+    url_descriptor_json,
+)
 from transfer.core.delivery import DeliveryPlan, DeliveryPolicy, Representation, plan_delivery
 from transfer.core.encodings import DecodeLimits, encoder_levels, http_coding, make_decoder
 from transfer.core.lifecycle import expiry_bucket, expiry_key, is_expired
@@ -411,6 +419,35 @@ class FileService:
     ) -> FileContent:
         """The Synapse descriptor of a stored file: inline (base64) when at most the inline threshold (or when
         ``inline`` says so), otherwise url mode with a fresh signed URL."""
+        fields = await self._descriptor_fields(record, base_url, download_method, ttl, inline)
+        return FileContent(**fields)
+
+    async def describe_json(
+        self,
+        record: FileRecord,
+        base_url: str,
+        *,
+        download_method: DownloadMethod | None = None,
+        ttl: int | None = None,
+        inline: bool | None = None,
+    ) -> dict[str, Any]:
+        """``describe(…).to_json()``: the descriptor's JSON, a url-mode one rendered without building the model
+        (:func:`url_descriptor_json`; a listing renders a page of them)."""
+        fields = await self._descriptor_fields(record, base_url, download_method, ttl, inline)
+        if fields["type"] is TransferMode.URL:
+            del fields["type"], fields["range_supported"]
+            return url_descriptor_json(**fields)
+        return FileContent(**fields).to_json()
+
+    async def _descriptor_fields(
+        self,
+        record: FileRecord,
+        base_url: str,
+        download_method: DownloadMethod | None,
+        ttl: int | None,
+        inline: bool | None,
+    ) -> dict[str, Any]:
+        """The fields of :meth:`describe`'s descriptor (every key the url-mode renderer takes, in url mode)."""
         s = self.settings
         ttl = min(ttl or s.url_ttl, MAX_URL_TTL)
         metadata = {"file_id": record.id}
@@ -419,7 +456,7 @@ class FileService:
             # leaves for extensions, and no URL claims to work past it
             metadata["expires_at"] = format_timestamp(record.expires_at)
             ttl = max(1, min(ttl, int(record.expires_at.timestamp()) - int(self.clock())))
-        common = dict(
+        common: dict[str, Any] = dict(
             content_type=record.content_type,
             size=record.size,
             checksum="sha256:" + record.sha256,
@@ -433,11 +470,11 @@ class FileService:
             data = self._fresh.pop(record.id, None)
             if data is None or len(data) != record.size:
                 data = await self._read_original(record)
-            return FileContent(
+            return dict(
                 type=TransferMode.INLINE,
                 encoding=ContentEncoding.BASE64,
                 data=pybase64.b64encode(data).decode("ascii"),
-                **common,  # type: ignore[arg-type]
+                **common,
             )
         method = download_method or s.default_download_method
         presigner = capable(self.storage, Capability.PRESIGN, SupportsPresign)
@@ -446,7 +483,7 @@ class FileService:
         else:  # GET, POST, or signed_url on a backend that cannot presign: our own signed URL
             http_method = "POST" if method is DownloadMethod.POST else "GET"
             url, expires_at = self.signed_url(base_url, record.id, http_method, ttl)
-        return FileContent(
+        return dict(
             type=TransferMode.URL,
             encoding=record.encoding,
             encoded_size=record.encoded_size if record.encoding is not ContentEncoding.NONE else None,
@@ -454,7 +491,7 @@ class FileService:
             url_expires_at=expires_at,
             download_method=method,
             range_supported=True,
-            **common,  # type: ignore[arg-type]
+            **common,
         )
 
     async def _presigned_url(self, storage: SupportsPresign, record: FileRecord, ttl: int) -> tuple[str, datetime]:

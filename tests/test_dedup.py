@@ -25,7 +25,7 @@ import pytest
 
 from devtools.s3server import s3_client
 from tests.conftest import Clock, LiveServer, running
-from transfer.client.dedup import cut_file
+from transfer.client.dedup import cut_file, upload_deduplicated
 from transfer.core.auth import TRUSTED, new_token, token_hash
 from transfer.service.files import FileService
 from transfer.service.ingest import UploadRequest
@@ -443,6 +443,25 @@ def test_chunked_creation_declaring_stored_content_is_born_completed(stored: Sto
 async def checks_done(live: LiveServer) -> None:
     """Until every chunk check the server left for after its answer has ended."""
     await live.call(live.app.state.services.chunks.indexing_done())
+
+
+def test_the_client_says_a_known_file_went_by_its_manifest_alone(stored: Stored, tmp_path: Path) -> None:
+    data = os.urandom(MIN + 77)
+    assert upload(stored.url, "alice", data).status_code == 201
+    src = tmp_path / "again.bin"
+    src.write_bytes(data)
+
+    async def again() -> Any:
+        async with httpx.AsyncClient(headers=key("alice"), timeout=60) as http:
+            return await upload_deduplicated(http, stored.url, src)
+
+    outcome = asyncio.run(again())
+    assert outcome.how == "known" and outcome.sent_bytes == 0 and outcome.sent_chunks == 0
+    assert outcome.descriptor.checksum == checksum(data) and outcome.manifest_bytes > 0
+    fresh = tmp_path / "fresh.bin"
+    fresh.write_bytes(os.urandom(MIN + 78))
+    src.write_bytes(fresh.read_bytes())
+    assert asyncio.run(again()).how == "chunks"  # content nobody stored: its chunks went
 
 
 def test_a_chunked_upload_born_completed_holds_no_open_slot(tmp_path: Path, clock: Clock) -> None:

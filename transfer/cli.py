@@ -367,7 +367,13 @@ async def cmd_upload(args: argparse.Namespace) -> int:
                         path, download_method=args.download_method, ttl=args.ttl, send_whole=send_whole, **about
                     )
                     if deduplicated is not None:
-                        if deduplicated.how == "chunks":
+                        if deduplicated.how == "known":
+                            print(
+                                f"{path.name}: this key stores this content already; published without sending "
+                                f"it (the manifest only, {deduplicated.manifest_bytes} bytes)",
+                                file=sys.stderr,
+                            )
+                        elif deduplicated.how == "chunks":
                             print(
                                 f"{path.name}: sent {deduplicated.sent_bytes} of {path.stat().st_size} bytes "
                                 f"({deduplicated.sent_chunks} of {deduplicated.chunks} chunks; "

@@ -63,7 +63,8 @@ class DedupOutcome:
     sent_bytes: int  # chunk bytes sent (the manifest not counted)
     manifest_bytes: int
     # "chunks": the manifest first, then what the key lacked; "whole": a new file (its probed head unknown to the
-    # key), sent whole at once and its chunks indexed afterwards
+    # key), sent whole at once and its chunks indexed afterwards; "known": content the key stores already,
+    # published when its manifest came (nothing sent but the manifest)
     how: str = "chunks"
     index_error: str | None = None  # "whole": why its chunks were not indexed (the file is published all the same)
     indexed_later: bool = False  # "whole": the service took the manifest and checks and indexes the chunks after
@@ -400,16 +401,19 @@ async def upload_deduplicated(
             break
     finally:
         os.close(fd)
-    return _outcome(done.content, manifest, sent_chunks, sent_bytes, len(body))
+    known = made.get("state") == "completed"  # published at its creation: the key stores this content already
+    return _outcome(done.content, manifest, sent_chunks, sent_bytes, len(body), how="known" if known else "chunks")
 
 
-def _outcome(answer: bytes, manifest: Manifest, sent_chunks: int, sent_bytes: int, manifest_bytes: int) -> DedupOutcome:
+def _outcome(
+    answer: bytes, manifest: Manifest, sent_chunks: int, sent_bytes: int, manifest_bytes: int, how: str = "chunks"
+) -> DedupOutcome:
     descriptor = load_descriptor(answer)
     if not isinstance(descriptor, FileContent):
         raise InvalidDescriptor("server did not answer with a FileContent descriptor")
     if descriptor.checksum != "sha256:" + manifest.sha256 or descriptor.size != manifest.size:
         raise ChecksumMismatch("the server's checksum differs from the file's", actual=descriptor.checksum)
-    return DedupOutcome(descriptor, len(manifest.chunks), sent_chunks, sent_bytes, manifest_bytes)
+    return DedupOutcome(descriptor, len(manifest.chunks), sent_chunks, sent_bytes, manifest_bytes, how=how)
 
 
 async def _send_whole(

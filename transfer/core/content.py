@@ -306,9 +306,9 @@ def url_descriptor_json(
     ``FileContent(type=url, …, range_supported=True).to_json()`` gives, key for key and in its order — built without
     the model. For descriptors of the service's own files only: their fields were checked when the file was
     published (media type, checksum form, name) and the URL is one the service made (its own signed URL, or its
-    storage's presigned one), so the model's checks would find
-    nothing, and a listing renders hundreds at once (building and dumping the model was 45 % of a page). A receiver
-    still validates what it gets (:func:`load_descriptor`)."""
+    storage's presigned one), so the model's checks would find nothing, and a listing renders hundreds at once
+    (building and dumping the model was 45 % of a page). A receiver still validates what it gets
+    (:func:`load_descriptor`)."""
     doc: dict[str, Any] = {
         "type": "url",
         "content_type": content_type,

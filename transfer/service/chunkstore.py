@@ -815,7 +815,7 @@ class ChunkService:
                 ) from None
             kept = {"file_id": record.id, **manifest.compact()}
             await write_record(self.storage, manifest_key(owner, record.id), kept)
-            done = ChunkedUpload.from_json({**upload.to_json(), "state": "completed", "file_id": record.id})
+            done = replace(upload, state="completed", file_id=record.id)
             try:
                 await write_record(self.storage, upload_key(owner, uid), done.to_json())
             except TransferError as exc:  # the file is published; the sweep ends the record at its expiry
@@ -1070,7 +1070,7 @@ class ChunkService:
         """Keep the published file's manifest, end the upload's record and its place among the key's open ones."""
         owner, uid = upload.owner, upload.id
         kept = {"file_id": record.id, **upload.manifest.compact()}
-        done = ChunkedUpload.from_json({**upload.to_json(), "state": "completed", "file_id": record.id})
+        done = replace(upload, state="completed", file_id=record.id)
 
         async def end() -> None:
             try:

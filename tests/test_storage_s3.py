@@ -59,6 +59,36 @@ async def test_multipart_boundaries(
     assert etag_parts(s3_endpoint, s3_bucket, storage, "files/m") == parts
 
 
+async def test_parts_over_plain_http_are_proven_by_their_signed_sha256_alone(storage: S3Storage) -> None:
+    """The test engines listen on plain HTTP, where SigV4 signs each part's SHA-256 and the engine checks it: no
+    CRC32 is computed beside it. The signed hash is the part's real one (a part whose bytes changed on the way
+    would be refused), and an HTTPS endpoint keeps botocore's CRC32, the only per-part check there."""
+    import hashlib
+
+    from storage.s3 import _checksum_calculation
+
+    sent: list[tuple[dict[str, str], bytes]] = []
+
+    def seen(request: Any, **_: Any) -> None:
+        sent.append(
+            (
+                {k.lower(): (v.decode() if isinstance(v, bytes) else v) for k, v in request.headers.items()},
+                bytes(request.body),
+            )
+        )
+
+    storage.client.meta.events.register("before-send.s3.UploadPart", seen)
+    data = os.urandom(5 * MiB + 1)
+    await put(storage, "files/signed", data)
+    assert await read_all(storage, "files/signed") == data
+    assert len(sent) == 2
+    for headers, body in sent:
+        assert headers["x-amz-content-sha256"] == hashlib.sha256(body).hexdigest()
+        assert not [name for name in headers if name.startswith("x-amz-checksum-")]
+    assert _checksum_calculation("https://s3.example.com") == "when_supported"
+    assert _checksum_calculation("HTTP://10.0.0.5:9000") == "when_required"
+
+
 async def test_failure_mid_upload_aborts_the_multipart_upload(
     storage: S3Storage, s3_endpoint: Any, s3_bucket: str
 ) -> None:

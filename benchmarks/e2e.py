@@ -34,6 +34,8 @@ from typing import Any
 import httpx
 import xxhash
 
+from devtools.ports import free_port
+
 MB = 1_000_000
 
 
@@ -127,13 +129,6 @@ def read_log(workdir: Path, name: str = "serve.log") -> str:
     """The last lines of a service's log in ``workdir``, for the error that says why it did not start."""
     path = workdir / name
     return "\n".join(path.read_text(errors="replace").splitlines()[-40:]) if path.exists() else "(no log)"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def peak_rss_bytes(pid: int) -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from devtools.ports import free_ports
 
 SWIFT_VERSION = "2.38.3"
 ACCESS_KEY = "test:tester"
@@ -70,17 +71,6 @@ def ensure_swift() -> Path:
             check=True,
         )
     return bin_dir
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _defaults(etc: Path, port: int) -> str:

@@ -12,8 +12,11 @@ from typing import Any, TypeVar
 import uvicorn
 from fastapi import FastAPI
 
+from devtools.ports import free_port, free_ports
 from transfer.api.protocol.server import uvicorn_config
 from transfer.settings import Settings
+
+__all__ = ["ThreadServer", "free_port", "free_ports", "listening_socket", "serve_in_thread"]
 
 T = TypeVar("T")
 
@@ -35,13 +38,6 @@ class ThreadServer(uvicorn.Server):
             work.close()
             raise RuntimeError("the server is not serving")
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self.loop))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def listening_socket() -> socket.socket:

@@ -26,6 +26,7 @@ from storage.base import RegionWriter, Storage
 from storage.errors import ObjectExists, StorageError
 from transfer.core.uploads import Part
 from transfer.errors import NotFound, from_storage_error, storage_errors_translated
+from transfer.service import cpus
 from transfer.service.recordstore import RecordStore
 
 T = TypeVar("T")
@@ -43,7 +44,8 @@ class _Digest(Protocol):
 
 class PieceHasher:
     """Several digests of one stream of pieces, updated together: in a thread for pieces of ``OFFLOAD_BYTES`` or
-    more (the digests release the GIL), inline for smaller ones. Pieces must be fed in order, one at a time."""
+    more (the digests release the GIL), inline for smaller ones and for any piece on a single CPU
+    (:mod:`~transfer.service.cpus`). Pieces must be fed in order, one at a time."""
 
     def __init__(self, *digests: _Digest | None) -> None:
         self._digests = [d for d in digests if d is not None]
@@ -54,7 +56,7 @@ class PieceHasher:
 
     async def update(self, piece: bytes) -> None:
         """Feed one piece to every digest (in a thread when it is large)."""
-        if len(piece) >= OFFLOAD_BYTES:
+        if len(piece) >= OFFLOAD_BYTES and not cpus.SINGLE:
             await asyncio.to_thread(self._update, piece)
         else:
             self._update(piece)

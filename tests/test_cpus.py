@@ -59,16 +59,19 @@ async def test_the_piece_hasher_stays_on_the_loop_on_one_cpu(monkeypatch: pytest
         hasher = PieceHasher(recorder)
         await hasher.update(b"x" * OFFLOAD_BYTES)
         await hasher.update(b"x" * 100)
+        await hasher.update(b"x" * (cpus.LOOP_HASH_MAX + 1))  # longer than the loop is held for, even on one CPU
         assert (recorder.threads[0] == loop_thread) is large_on_loop
         assert recorder.threads[1] == loop_thread
+        assert recorder.threads[2] != loop_thread
 
 
-@pytest.mark.parametrize("single", [False, True])
+@pytest.mark.parametrize(("single", "buffer_size"), [(False, 1 << 20), (True, 1 << 20), (True, 8 << 20)])
 async def test_an_upload_is_hashed_on_the_loop_only_on_one_cpu(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, single: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, single: bool, buffer_size: int
 ) -> None:
-    """4 MiB sent plain and 4 MiB sent gzip-coded: with more than one CPU every batch of the plain body hops to a
-    worker thread; on one CPU none does, while decoding the coded one still does. The files read back whole."""
+    """12 MiB sent plain and 12 MiB sent gzip-coded: with more than one CPU every batch of the plain body hops to a
+    worker thread; on one CPU none does (unless a batch is longer than the loop may be held for: a buffer size of
+    8 MiB), while decoding the coded one still does. The files read back whole."""
     monkeypatch.setattr(cpus, "SINGLE", single)
     hops: list[str] = []
     real_to_thread = asyncio.to_thread
@@ -77,11 +80,11 @@ async def test_an_upload_is_hashed_on_the_loop_only_on_one_cpu(
         hops.append(getattr(func, "__qualname__", ""))
         return await real_to_thread(func, *args, **kwargs)
 
-    settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"})
+    settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"}, buffer_size=buffer_size)
     files = FileService(LocalStorage(settings.data_dir), settings)
     await files.start()
     try:
-        data = os.urandom(4 << 20)
+        data = os.urandom(12 << 20)
 
         async def body(blob: bytes) -> AsyncIterator[bytes]:
             for at in range(0, len(blob), 256 << 10):
@@ -96,7 +99,7 @@ async def test_an_upload_is_hashed_on_the_loop_only_on_one_cpu(
         )
         coded_hops = hops.count("_Digests.step")
         monkeypatch.setattr(asyncio, "to_thread", real_to_thread)
-        assert (plain_hops == 0) is single
+        assert (plain_hops == 0) is (single and buffer_size <= cpus.LOOP_HASH_MAX)
         assert coded_hops > 0
         for record in (plain, coded):
             assert record.sha256 == hashlib.sha256(data).hexdigest()

@@ -3,10 +3,10 @@
 On a single CPU a worker thread cannot hash one piece while the event loop receives the next: handing each piece to
 it only adds two context switches and a wake-up of the loop. So where the service hashes received bytes in a
 thread (:mod:`transfer.service.ingest`, :class:`transfer.service.uploads.PieceHasher`), it hashes them on the loop
-when :data:`SINGLE` is true (a batch of 1 MiB holds the loop ~0.6 ms). An upload into the discarding sink on a
-server pinned to one core: 1.01 -> 0.92 s of CPU per GiB, 0.58x -> 0.64x one-core SHA-256 (AMD EPYC, medians of
-5, two rounds in turn). Decoding and encoding stay in the thread (their cost per byte is less predictable), and so
-do the storage's writes (they may wait on the disk).
+when :data:`SINGLE` is true (a batch of 1 MiB holds the loop ~0.6 ms; none longer than :data:`LOOP_HASH_MAX`). An
+upload into the discarding sink on a server pinned to one core: 1.01 -> 0.92 s of CPU per GiB, 0.58x -> 0.64x
+one-core SHA-256 (AMD EPYC, medians of 5, two rounds in turn). Decoding and encoding stay in the thread (their cost
+per byte is less predictable), and so do the storage's writes (they may wait on the disk).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 import os
 from pathlib import Path
 
-__all__ = ["SINGLE", "usable_cpus"]
+__all__ = ["LOOP_HASH_MAX", "SINGLE", "hash_on_loop", "usable_cpus"]
 
 
 def usable_cpus() -> int:
@@ -37,3 +37,12 @@ def usable_cpus() -> int:
 
 
 SINGLE = usable_cpus() == 1  # decided at start: the affinity or the quota a process is started with
+# ... and then at most this many bytes are hashed in one go on the loop (~2.5 ms of SHA-256): a larger step (a
+# buffer_size configured past it) goes to the thread, where the kernel time-slices it with the loop's other work
+LOOP_HASH_MAX = 4 << 20
+
+
+def hash_on_loop(size: int, at_most: int) -> bool:
+    """Whether ``size`` bytes are hashed on the event loop: ``at_most`` of them (fewer than a thread hop would
+    cost), or on a single CPU up to :data:`LOOP_HASH_MAX`."""
+    return size <= at_most or (SINGLE and size <= LOOP_HASH_MAX)

@@ -124,7 +124,7 @@ class _Digests:
         """Take the next batch of bytes as received (call once :meth:`step` has reported it done). Lazy: the
         hashing and decoding happen in the steps, in the worker thread."""
         self._pieces = self._decoded(batch)
-        self.cheap = self._identity and (cpus.SINGLE or sum(map(len, batch)) <= INLINE_STEP)
+        self.cheap = self._identity and cpus.hash_on_loop(sum(map(len, batch)), INLINE_STEP)
 
     def _decoded(self, batch: list[bytes]) -> Iterator[bytes]:
         for piece in batch:

@@ -56,7 +56,7 @@ class PieceHasher:
 
     async def update(self, piece: bytes) -> None:
         """Feed one piece to every digest (in a thread when it is large)."""
-        if len(piece) >= OFFLOAD_BYTES and not cpus.SINGLE:
+        if not cpus.hash_on_loop(len(piece), OFFLOAD_BYTES - 1):
             await asyncio.to_thread(self._update, piece)
         else:
             self._update(piece)

@@ -44,8 +44,8 @@ class _Digest(Protocol):
 
 class PieceHasher:
     """Several digests of one stream of pieces, updated together: in a thread for pieces of ``OFFLOAD_BYTES`` or
-    more (the digests release the GIL), inline for smaller ones and for any piece on a single CPU
-    (:mod:`~transfer.service.cpus`). Pieces must be fed in order, one at a time."""
+    more (the digests release the GIL), inline for smaller ones and, on a single CPU, for pieces up to
+    :data:`~transfer.service.cpus.LOOP_HASH_MAX`. Pieces must be fed in order, one at a time."""
 
     def __init__(self, *digests: _Digest | None) -> None:
         self._digests = [d for d in digests if d is not None]

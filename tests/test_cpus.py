@@ -106,3 +106,24 @@ async def test_an_upload_is_hashed_on_the_loop_only_on_one_cpu(
             assert await read_all(files.storage, object_key(record.id)) == data
     finally:
         await files.close()
+
+
+async def test_a_hash_awaited_at_once_runs_on_the_loop_only_where_the_rule_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The chunked door, the read-backs and the MCP authorised upload hash through ``cpus.hashed``: a thread with
+    two CPUs (beyond ``at_most``), the loop with one, and the thread again past ``LOOP_HASH_MAX``."""
+    loop_thread = threading.get_ident()
+
+    def where(_: bytes) -> int:
+        return threading.get_ident()
+
+    for single, size, at_most, on_loop in (
+        (False, 1 << 20, 0, False),
+        (False, 100, 1 << 10, True),
+        (True, 1 << 20, 0, True),
+        (True, cpus.LOOP_HASH_MAX + 1, 0, False),
+    ):
+        monkeypatch.setattr(cpus, "SINGLE", single)
+        ran_on = await cpus.hashed(where, size, b"", at_most=at_most)
+        assert (ran_on == loop_thread) is on_loop, (single, size, at_most)

@@ -21,7 +21,6 @@ SHA-256 is known, and ``confirm`` answers the descriptor with it.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, replace
@@ -45,6 +44,7 @@ from transfer.errors import (
     TooManyAuthorizations,
     storage_errors_translated,
 )
+from transfer.service import cpus
 from transfer.service.documents import publish_composed, read_document
 from transfer.service.files import FileService
 from transfer.service.ingest import UploadRequest
@@ -388,7 +388,7 @@ class Authorizations:
         with storage_errors_translated():
             async with await self.storage.open(staged) as reader:
                 async for piece in reader.read():
-                    await asyncio.to_thread(sha.update, piece)
+                    await cpus.hashed(sha.update, len(piece), piece)
                     if len(head) < SNIFF_BYTES:
                         head += piece[: SNIFF_BYTES - len(head)]
         candidate = Candidate(

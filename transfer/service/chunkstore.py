@@ -68,6 +68,7 @@ from transfer.errors import (
     TransferError,
     storage_errors_translated,
 )
+from transfer.service import cpus
 from transfer.service.files import FileService
 from transfer.service.publisher import SNIFF_BYTES, Candidate, file_id_for
 from transfer.service.quota import SessionQuota
@@ -738,7 +739,7 @@ class ChunkService:
                 ) as writer:  # not flushed: an assembly hashes what it reads and drops a chunk that lost its bytes
                     try:
                         async for batch in _batches(body, run, positions, total):
-                            digests = await asyncio.to_thread(_hash_all, batch)
+                            digests = await cpus.hashed(_hash_all, sum(len(data) for _, data in batch), batch)
                             for (chunk, data), digest in zip(batch, digests, strict=True):
                                 if digest != chunk.sha256:
                                     raise ChunkChecksumMismatch(
@@ -926,7 +927,7 @@ class ChunkService:
                             data = b"".join([p async for p in reader.read(at.offset, at.offset + at.length)])
                 except NotFound:
                     pass
-            if await asyncio.to_thread(_sha_hex, data) != chunk.sha256:
+            if await cpus.hashed(_sha_hex, len(data), data) != chunk.sha256:
                 bad.append(chunk.sha256)
                 damaged.append(i)
         if damaged:
@@ -971,10 +972,8 @@ class ChunkService:
                                 # checked when it was opened), so the copy starts now, while the run is read
                                 await copier.copy_range(reader, copy_from, end)  # in the background on S3
                                 copied.add(pack)
-                            if len(data) >= 1 << 20:
-                                await asyncio.to_thread(sha.update, data)
-                            else:
-                                sha.update(data)  # a chunk of the usual size: less than the thread hop
+                            # a chunk of the usual size stays on the loop: less than the thread hop
+                            await cpus.hashed(sha.update, len(data), data, at_most=(1 << 20) - 1)
                         digest = sha.hexdigest()
                         if digest != manifest.sha256:
                             await self._drop_damaged(owner, manifest)
@@ -1028,7 +1027,7 @@ class ChunkService:
                             if len(head) < SNIFF_BYTES:
                                 head += bytes(data[: SNIFF_BYTES - len(head)])
                             batch = list(manifest.chunks[first : first + count])
-                            bad = await asyncio.to_thread(_check_batch, data, batch, sha)
+                            bad = await cpus.hashed(_check_batch, len(data), data, batch, sha)
                             if bad is not None:
                                 raise ChunkChecksumMismatch(
                                     f"chunk at offset {bad[0].offset} does not hash to the manifest's SHA-256; "

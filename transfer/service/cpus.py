@@ -11,11 +11,16 @@ per byte is less predictable), and so do the storage's writes (they may wait on 
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
-__all__ = ["LOOP_HASH_MAX", "SINGLE", "hash_on_loop", "usable_cpus"]
+__all__ = ["LOOP_HASH_MAX", "SINGLE", "hash_on_loop", "hashed", "usable_cpus"]
+
+T = TypeVar("T")
 
 
 def usable_cpus() -> int:
@@ -46,3 +51,11 @@ def hash_on_loop(size: int, at_most: int) -> bool:
     """Whether ``size`` bytes are hashed on the event loop: ``at_most`` of them (fewer than a thread hop would
     cost), or on a single CPU up to :data:`LOOP_HASH_MAX`."""
     return size <= at_most or (SINGLE and size <= LOOP_HASH_MAX)
+
+
+async def hashed(work: Callable[..., T], size: int, *args: Any, at_most: int = 0) -> T:
+    """``work(*args)``, which hashes ``size`` bytes: on the event loop when :func:`hash_on_loop` says so, else in a
+    worker thread (the digests release the GIL). For a hash the caller awaits at once, with nothing to overlap."""
+    if hash_on_loop(size, at_most):
+        return work(*args)
+    return await asyncio.to_thread(work, *args)

@@ -54,6 +54,7 @@ from transfer.errors import (
     TransferError,
     storage_errors_translated,
 )
+from transfer.service import cpus
 from transfer.service.publisher import SNIFF_BYTES, Candidate, Publisher, file_id_for
 from transfer.service.quota import SessionQuota
 from transfer.service.records import FileRecord, object_key
@@ -473,7 +474,7 @@ class DirectService:
                 data = await pending.pop(0)
                 if not head:
                     head = data[:SNIFF_BYTES]
-                await asyncio.to_thread(sha.update, data)
+                await cpus.hashed(sha.update, len(data), data)
         finally:
             for task in pending:
                 task.cancel()

@@ -56,10 +56,7 @@ class PieceHasher:
 
     async def update(self, piece: bytes) -> None:
         """Feed one piece to every digest (in a thread when it is large)."""
-        if not cpus.hash_on_loop(len(piece), OFFLOAD_BYTES - 1):
-            await asyncio.to_thread(self._update, piece)
-        else:
-            self._update(piece)
+        await cpus.hashed(self._update, len(piece), piece, at_most=OFFLOAD_BYTES - 1)
 
 
 class PrefixHasher:

@@ -2,7 +2,7 @@
 # install     the venv, the MCP Inspector CLI (pinned, into .cache/node), the web page's and /docs' browser libraries (npm ci in transfer/web, pinned by its
 #             package-lock.json; never copied into the repository) and, for the browser test, Debian's chromium; for the
 #             S3 tests on Ceph (devtools/ceph.py) Debian's Ceph monitor, OSD and RADOS Gateway, and HAProxy for the
-#             replica tests (tests/test_replicas_ceph.py): each only if missing, without recommends
+#             replica tests (tests/ops/test_replicas_ceph.py): each only if missing, without recommends
 # test        lint + every test (the README's command), the test files spread over 3 worker processes (most tests
 #             wait on servers and sockets, so 3 beat 2 on two cores; a file stays on one worker, for its fixtures)
 # test-quick  lint + the tests not marked slow or s3: the inner loop while editing; run `make test` before pushing
@@ -10,7 +10,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# the MCP Inspector CLI (tests/test_mcp_inspector.py drives it), pinned, from the npm registry, into .cache/node
+# the MCP Inspector CLI (tests/agents/test_mcp_inspector.py drives it), pinned, from the npm registry, into .cache/node
 INSPECTOR_VERSION := 2.12.0
 INSPECTOR := .cache/node/node_modules/.bin/mcp-inspector
 WEB := transfer/web

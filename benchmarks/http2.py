@@ -213,7 +213,7 @@ def run_small_uploads(requests: int, reps: int, workdir: Path) -> dict[str, Any]
 
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [  # as tests/test_web_page.py starts it, trusting the benchmark's own certificate
+CHROMIUM_ARGS = [  # as tests/client/test_web_page.py starts it, trusting the benchmark's own certificate
     "--headless",
     "--no-sandbox",
     "--disable-gpu",

@@ -26,8 +26,8 @@ import pybase64
 import xxhash
 from isal import isal_zlib
 
-from transfer.core.content import ContentEncoding
-from transfer.core.encodings import (
+from transfer.core.model.content import ContentEncoding
+from transfer.core.model.encodings import (
     INFLATE,
     ISAL,
     Base64Encoder,
@@ -41,7 +41,8 @@ from transfer.core.encodings import (
 MB = 1_000_000
 PIECE = 1 << 20
 STDLIB_ZLIB = InflateBackend("zlib", zlib.decompressobj, zlib.error)
-try:  # zlib-ng is compared here only (a dev dependency): the service decodes with isal (transfer/core/encodings.py)
+# zlib-ng is compared here only (a dev dependency): the service decodes with isal (transfer/core/model/encodings.py)
+try:
     from zlib_ng import zlib_ng
 except ImportError:  # pragma: no cover - without it the comparison has no zlib-ng columns
     zlib_ng = None

@@ -33,8 +33,8 @@ import xxhash
 from benchmarks.e2e import service
 from benchmarks.suite import machine
 from storage.local import LocalStorage
-from transfer.service.files import FileService
-from transfer.service.ingest import UploadRequest
+from transfer.service.files.service import FileService
+from transfer.service.uploads.ingest import UploadRequest
 from transfer.settings import Settings
 
 MiB = 1 << 20

@@ -24,7 +24,7 @@ from transfer.hosts import create_app
 from transfer.settings import Settings
 
 # `transfer serve` processes the tests start end with SIGTERM: without the drain (readiness 503 while still accepting,
-# for load balancers) each would take 5 s to stop. tests/test_observability.py sets it where it is the subject.
+# for load balancers) each would take 5 s to stop. tests/ops/test_observability.py sets it where it is the subject.
 os.environ.setdefault("TRANSFER_SHUTDOWN_DRAIN", "0")
 # An engine without atomic compare-and-set (Swift's s3api) refuses replicas unless told the process runs alone. The
 # tests' servers on Swift say so (the test that checks the refusal clears it); servers on Ceph, the engine the

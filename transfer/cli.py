@@ -29,8 +29,8 @@ from transfer.client.client import DEFAULT_SERVER, AsyncTransferClient
 from transfer.client.dedup import AUTO_DEDUP_THRESHOLD
 from transfer.client.direct import AUTO_DIRECT_THRESHOLD
 from transfer.client.resolver import Progress, ResolveOptions
-from transfer.core.content import ContentBundle, FileContent, TransferMode, load_descriptor
-from transfer.core.encodings import CODECS
+from transfer.core.model.content import ContentBundle, FileContent, TransferMode, load_descriptor
+from transfer.core.model.encodings import CODECS
 from transfer.errors import DirectUploadUnsupported, TransferError
 
 # PERF-NOTES: uvloop hands Python a fresh ~256 KiB bytes per socket read; with glibc's default thresholds a 1 GiB

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from transfer.core.content import INLINE_THRESHOLD, DownloadMethod
+from transfer.core.model.content import INLINE_THRESHOLD, DownloadMethod
 
 MAX_URL_TTL = 7 * 24 * 3600  # the longest a signed URL may live (S3's presign limit too)
 

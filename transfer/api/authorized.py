@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.streaming import request_body
 from transfer.core.numerals import parse_count
-from transfer.service.authorizations import Authorizations
+from transfer.service.uploads.authorizations import Authorizations
 
 
 def authorized_router(authorizations: Authorizations, base_url: Callable[[Request], str]) -> APIRouter:

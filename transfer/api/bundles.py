@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 from transfer.api.caller import caller_of
 from transfer.api.fields import JsonInt
 from transfer.core.auth import Scope
-from transfer.service.bundles import BundleService
+from transfer.service.files.bundles import BundleService
 
 
 class BundleCreate(BaseModel):

@@ -44,13 +44,13 @@ from transfer.api.caller import caller_of
 from transfer.api.fields import NewFile
 from transfer.api.streaming import request_body
 from transfer.core.auth import Scope
-from transfer.core.chunking import MAX_CHUNKS
-from transfer.core.content import DownloadMethod, format_timestamp
-from transfer.core.negotiation import preference
+from transfer.core.http.negotiation import preference
+from transfer.core.model.content import DownloadMethod, format_timestamp
 from transfer.core.numerals import parse_count
+from transfer.core.uploads.chunking import MAX_CHUNKS
 from transfer.errors import ClientDisconnected, InvalidManifest, InvalidRequest, ManifestTooLarge
-from transfer.service.chunkstore import MAX_PROBE, ChunkedUpload, ChunkService, manifest_document
-from transfer.service.files import FileService
+from transfer.service.files.service import FileService
+from transfer.service.uploads.chunked import MAX_PROBE, ChunkedUpload, ChunkService, manifest_document
 
 MANIFEST_BYTES_PER_CHUNK = 128  # {"offset":…,"length":…,"sha256":"<64 hex>"} with room for spaces
 MAX_MANIFEST_BODY = MAX_CHUNKS * MANIFEST_BYTES_PER_CHUNK + (64 << 10)

@@ -23,9 +23,9 @@ from pydantic import BaseModel, Field, field_validator
 from transfer.api.caller import caller_of
 from transfer.api.fields import JsonInt, NewFile
 from transfer.core.auth import Scope
-from transfer.core.content import DownloadMethod, format_timestamp, normalize_checksum
-from transfer.service.direct import DirectService, Plan
-from transfer.service.files import FileService
+from transfer.core.model.content import DownloadMethod, format_timestamp, normalize_checksum
+from transfer.service.files.service import FileService
+from transfer.service.uploads.direct import DirectService, Plan
 
 SHA256_HEX = r"^(sha256:)?[0-9a-fA-F]{64}$"
 

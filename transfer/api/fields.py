@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, field_validator
 
-from transfer.core.content import FileRole, normalize_checksum
-from transfer.core.mime import validate_media_type
+from transfer.core.model.content import FileRole, normalize_checksum
+from transfer.core.model.mime import validate_media_type
 from transfer.core.numerals import JsonBool, JsonInt
 
 __all__ = ["JsonBool", "JsonInt", "NewFile"]

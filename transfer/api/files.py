@@ -15,17 +15,17 @@ from transfer.api.caller import caller_of
 from transfer.api.multipart import multipart_boundary, parse_form
 from transfer.api.streaming import DownloadResponse, combined_headers, request_body
 from transfer.core.auth import Scope
-from transfer.core.content import DownloadMethod, FileRole, TransferMode, normalize_checksum
-from transfer.core.digests import sha256_from_digest_field
-from transfer.core.encodings import CODECS, coding_from_http, encoder_levels, storage_encoding
-from transfer.core.lifecycle import parse_expires_in
-from transfer.core.naming import filename_from_content_disposition
+from transfer.core.http.digests import sha256_from_digest_field
+from transfer.core.model.content import DownloadMethod, FileRole, TransferMode, normalize_checksum
+from transfer.core.model.encodings import CODECS, coding_from_http, encoder_levels, storage_encoding
+from transfer.core.model.naming import filename_from_content_disposition
 from transfer.core.numerals import parse_bounded, parse_count
+from transfer.core.uploads.lifetimes import parse_expires_in
 from transfer.errors import ClientDisconnected, InvalidRequest, TransferError
 from transfer.service.container import Services
-from transfer.service.files import LIST_DEFAULT, LIST_MAX
-from transfer.service.ingest import UploadRequest
-from transfer.service.progress import counted
+from transfer.service.files.service import LIST_DEFAULT, LIST_MAX
+from transfer.service.jobs.progress import counted
+from transfer.service.uploads.ingest import UploadRequest
 
 ERROR_SCHEMA: dict[str, Any] = {
     "description": "error",

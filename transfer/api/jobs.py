@@ -9,7 +9,7 @@ A job id is a session id (``s_…``: any replica), an import (``j_…``) or the 
 ``POST /v1/files?job_id=…`` (that process only; open the stream first, it waits for the upload to start).
 
 How job events map to envelopes (SSE ``id`` = envelope ``index``, ``<index>-end`` on the terminal event, see
-transfer.core.aiflowy; ``message_id`` = the job id):
+transfer.core.agents.aiflowy; ``message_id`` = the job id):
 
     start     event message  workflow/status    {"node_id": job, "state": "start", "kind", "name"?, "total"?}
     progress  event message  tool/progress      {"tool_call_id": job, "name": kind, "bytes", "total"?, "percent"?,
@@ -34,11 +34,11 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from transfer.api.caller import caller_of
-from transfer.core import aiflowy
+from transfer.core.agents import aiflowy
 from transfer.core.auth import Scope
 from transfer.errors import NotFound
 from transfer.service.container import Services
-from transfer.service.progress import Job, ProgressEvent
+from transfer.service.jobs.progress import Job, ProgressEvent
 
 
 class ImportRequest(BaseModel):

@@ -15,10 +15,10 @@ from dataclasses import dataclass, replace
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from transfer.core.content import FileRole, normalize_checksum
-from transfer.core.naming import filename_from_content_disposition
+from transfer.core.model.content import FileRole, normalize_checksum
+from transfer.core.model.naming import filename_from_content_disposition
 from transfer.errors import MalformedBody
-from transfer.service.ingest import UploadRequest
+from transfer.service.uploads.ingest import UploadRequest
 
 MAX_FIELD_BYTES = 64 << 10
 FIELDS = ("name", "content_type", "role", "description", "checksum")

@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import httpx
 
 from transfer.api.streaming import plan_body
-from transfer.core.delivery import CONTENT_SAFETY_HEADERS
-from transfer.core.encodings import encoder_levels
+from transfer.core.http.delivery import CONTENT_SAFETY_HEADERS
+from transfer.core.model.encodings import encoder_levels
 from transfer.service.container import Services
 
 FILE_CONTENT = re.compile(r"/v1/files/(?P<id>f_[0-9a-f]{32})/content")

@@ -39,11 +39,8 @@ from transfer.api.responses import AsciiJSONResponse
 from transfer.api.streaming import request_body
 from transfer.core.auth import Grant
 from transfer.core.auth import Scope as AuthScope
-from transfer.core.content import normalize_checksum
-from transfer.core.digests import sha256_from_digest_field
-from transfer.core.naming import filename_from_content_disposition
-from transfer.core.numerals import parse_count
-from transfer.core.resumable import (
+from transfer.core.http.digests import sha256_from_digest_field
+from transfer.core.http.resumable import (
     INCONSISTENT_LENGTH,
     INTEROP_HEADER,
     INTEROP_VERSION,
@@ -57,6 +54,9 @@ from transfer.core.resumable import (
     problem,
     serialize_boolean,
 )
+from transfer.core.model.content import normalize_checksum
+from transfer.core.model.naming import filename_from_content_disposition
+from transfer.core.numerals import parse_count
 from transfer.errors import (
     Conflict,
     InconsistentUploadLength,
@@ -67,8 +67,8 @@ from transfer.errors import (
     UnsupportedMediaType,
     UploadOffsetMismatch,
 )
-from transfer.service.files import FileService
-from transfer.service.tus import DECLARED_SHA256, TusService, Upload
+from transfer.service.files.service import FileService
+from transfer.service.uploads.tus import DECLARED_SHA256, TusService, Upload
 
 PREFIX = "/v1/uploads"
 

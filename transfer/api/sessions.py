@@ -26,18 +26,18 @@ from transfer.api.fields import JsonInt, NewFile
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.streaming import OwningStreamResponse, request_body
 from transfer.core.auth import Scope
-from transfer.core.content import (
+from transfer.core.http.delivery import CONTENT_SAFETY_HEADERS
+from transfer.core.http.digests import sha256_from_digest_field
+from transfer.core.http.negotiation import preference
+from transfer.core.model.content import (
     DownloadMethod,
     FileContent,
 )
-from transfer.core.delivery import CONTENT_SAFETY_HEADERS
-from transfer.core.digests import sha256_from_digest_field
-from transfer.core.negotiation import preference
 from transfer.core.numerals import decimal
 from transfer.errors import InvalidRequest, SessionIncomplete
-from transfer.service import session_views
-from transfer.service.files import FileService
-from transfer.service.sessions import ChunkDigest, SessionService
+from transfer.service.files.service import FileService
+from transfer.service.uploads import session_views
+from transfer.service.uploads.sessions import ChunkDigest, SessionService
 
 # a chunk index in a URL is ASCII digits (a sign for a refusal that names the range): "1.0" or "+1" is no index
 ChunkIndex = Annotated[str, Path(pattern=r"^-?[0-9]{1,18}$", description="the chunk's index, from 0")]

@@ -12,11 +12,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from transfer.core.delivery import CompressedBody, MultipartBody, NoBody, RangeBody
-from transfer.core.encodings import coding_from_http as coding_of
-from transfer.core.encodings import make_encoder
+from transfer.core.http.delivery import CompressedBody, MultipartBody, NoBody, RangeBody
+from transfer.core.model.encodings import coding_from_http as coding_of
+from transfer.core.model.encodings import make_encoder
 from transfer.errors import ClientDisconnected, UnsupportedEncoding
-from transfer.service.files import Download
+from transfer.service.files.service import Download
 
 
 def request_body(request: Request, *, decodes: bool = False) -> AsyncIterator[bytes]:

@@ -22,12 +22,12 @@ from transfer.api.caller import caller_of
 from transfer.api.responses import AsciiJSONResponse
 from transfer.api.streaming import DownloadResponse, combined_headers, request_body
 from transfer.core.auth import Scope as AuthScope
-from transfer.core.encodings import encoder_levels
-from transfer.core.negotiation import explicitly_accepts
+from transfer.core.http.negotiation import explicitly_accepts
+from transfer.core.model.encodings import encoder_levels
 from transfer.core.numerals import parse_count
 from transfer.errors import InvalidRequest, NotFound, TusVersionUnsupported, UnsupportedMediaType
-from transfer.service.files import FileService
-from transfer.service.tus import CHECKSUM_ALGORITHMS, TusService, encode_metadata, http_date
+from transfer.service.files.service import FileService
+from transfer.service.uploads.tus import CHECKSUM_ALGORITHMS, TusService, encode_metadata, http_date
 
 TUS_VERSION = "1.0.0"
 EXTENSIONS = "creation,creation-with-upload,creation-defer-length,checksum,termination,expiration,concatenation"

@@ -1,5 +1,5 @@
 """The A2A front door: the Agent Card and the standard A2A JSON-RPC methods, a thin adapter over
-:class:`A2AService` (shapes and codes in :mod:`transfer.core.a2a_protocol`).
+:class:`A2AService` (shapes and codes in :mod:`transfer.core.agents.a2a_protocol`).
 
 GET  /.well-known/agent-card.json   the public Agent Card (A2A 1.0 §8.2; also at /.well-known/agent.json for
                                     older clients): the JSON-RPC endpoint, the bearer scheme when API keys are
@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request
 
 from transfer import __version__
 from transfer.api.responses import AsciiJSONResponse
-from transfer.core.a2a_protocol import (
+from transfer.core.agents.a2a_protocol import (
     CARD_PATH,
     LEGACY_CARD_PATH,
     METHODS,

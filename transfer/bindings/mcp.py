@@ -55,9 +55,10 @@ from transfer.bindings.mcp_schemas import (
     inline_enum_refs,
     tool_texts,
 )
+from transfer.core.agents.tp import Binding, validate_envelope
 from transfer.core.auth import Authenticator, Grant
 from transfer.core.auth import Scope as KeyScope
-from transfer.core.content import (
+from transfer.core.model.content import (
     BundleItemRole,
     ContentBundle,
     DownloadMethod,
@@ -66,13 +67,12 @@ from transfer.core.content import (
     load_descriptor,
     normalize_checksum,
 )
-from transfer.core.content import (
+from transfer.core.model.content import (
     TextContent as SynapseText,
 )
-from transfer.core.encodings import CODECS, storage_encoding
-from transfer.core.mime import is_textual
+from transfer.core.model.encodings import CODECS, storage_encoding
+from transfer.core.model.mime import is_textual
 from transfer.core.numerals import JsonBool, JsonInt
-from transfer.core.tp import Binding, validate_envelope
 from transfer.errors import (
     Conflict,
     InvalidRequest,
@@ -82,10 +82,10 @@ from transfer.errors import (
     UploadForbidden,
 )
 from transfer.service.container import Services
-from transfer.service.files import LIST_DEFAULT, LIST_MAX
-from transfer.service.ingest import UploadRequest
-from transfer.service.session_views import session_document
-from transfer.service.sessions import ChunkDigest
+from transfer.service.files.service import LIST_DEFAULT, LIST_MAX
+from transfer.service.uploads.ingest import UploadRequest
+from transfer.service.uploads.session_views import session_document
+from transfer.service.uploads.sessions import ChunkDigest
 
 P = ParamSpec("P")
 logger = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ Descriptions are plain sentences for a model to read, with sizes from the runnin
 setting's name. Annotations follow the MCP specification's ``ToolAnnotations`` (readOnlyHint, destructiveHint,
 idempotentHint, openWorldHint). Result models describe exactly the JSON the tools return (the SDK checks each
 result against them); the descriptor a caller hands to ``resolve`` is a JSON object with a short schema naming its
-required fields, validated by our own loader (:func:`transfer.core.content.load_descriptor`) rather than by the
+required fields, validated by our own loader (:func:`transfer.core.model.content.load_descriptor`) rather than by the
 expanded union of every content model, which was 7.8 KB of schema for one argument.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, Literal
 from mcp_types import ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
-from transfer.core.content import BundleItemRole, ContentEncoding, DownloadMethod, FileRole, TransferMode
+from transfer.core.model.content import BundleItemRole, ContentEncoding, DownloadMethod, FileRole, TransferMode
 
 
 def size_text(n: int) -> str:

@@ -37,10 +37,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.websockets import WebSocketDisconnect
 
 from transfer.bindings.a2a import answer_a2a, dumps, is_a2a_method
-from transfer.core.a2a_protocol import RpcCode
-from transfer.core.auth import Authenticator
-from transfer.core.numerals import decimal
-from transfer.core.tp import (
+from transfer.core.agents.a2a_protocol import RpcCode
+from transfer.core.agents.tp import (
     MEDIA_TYPE,
     MESSAGE_TYPES,
     METHOD_TO_TYPE,
@@ -59,6 +57,8 @@ from transfer.core.tp import (
     tp_error,
     validate_envelope,
 )
+from transfer.core.auth import Authenticator
+from transfer.core.numerals import decimal
 from transfer.errors import (
     InvalidEnvelope,
     InvalidRequest,
@@ -74,9 +74,9 @@ from transfer.errors import (
     UnsupportedMediaType,
     UnsupportedMessageType,
 )
+from transfer.service.agents.tp import TPOutcome, receiver_topic
 from transfer.service.container import Services
-from transfer.service.progress import ProgressEvent
-from transfer.service.tp import TPOutcome, receiver_topic
+from transfer.service.jobs.progress import ProgressEvent
 
 JSON_TYPES = (MEDIA_TYPE, "application/json")
 PARSE_IN_THREAD = 1 << 20  # JSON bodies larger than this are decoded and parsed off the event loop

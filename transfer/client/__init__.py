@@ -2,6 +2,6 @@
 
 from transfer.client.client import AsyncTransferClient, TransferClient
 from transfer.client.resolver import ResolveOptions, Resolver
-from transfer.core.content import load_descriptor
+from transfer.core.model.content import load_descriptor
 
 __all__ = ["AsyncTransferClient", "ResolveOptions", "Resolver", "TransferClient", "load_descriptor"]

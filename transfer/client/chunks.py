@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import xxhash
 
-from transfer.core.content import FileContent, checksum_hex
+from transfer.core.model.content import FileContent, checksum_hex
 from transfer.errors import (
     ChecksumMismatch,
     ChunkChecksumMismatch,

@@ -30,7 +30,7 @@ from transfer.client.dedup import (
 from transfer.client.direct import DirectOptions, PartFilter, upload_direct
 from transfer.client.events import JobEvent, follow_job
 from transfer.client.resolver import Descriptor, Progress, ResolveOptions, Resolver, raise_for_error
-from transfer.core.content import ContentBundle, FileContent, checksum_hex, load_descriptor
+from transfer.core.model.content import ContentBundle, FileContent, checksum_hex, load_descriptor
 from transfer.errors import ChecksumMismatch, InvalidDescriptor, SizeMismatch
 
 UploadSource = str | os.PathLike[str] | bytes | IO[bytes] | AsyncIterable[bytes]

@@ -35,8 +35,8 @@ import httpx
 from pyfastcdc import FastCDC
 
 from transfer.client.resolver import Progress, raise_for_error, verify_bytes
-from transfer.core.chunking import CHUNKING, Chunk, Manifest, parse_manifest
-from transfer.core.content import ContentEncoding, DownloadMethod, FileContent, TransferMode, load_descriptor
+from transfer.core.model.content import ContentEncoding, DownloadMethod, FileContent, TransferMode, load_descriptor
+from transfer.core.uploads.chunking import CHUNKING, Chunk, Manifest, parse_manifest
 from transfer.errors import ChecksumMismatch, ChunksMissing, InvalidDescriptor, RemoteError, TransferError
 
 AUTO_DEDUP_THRESHOLD = 1 << 20  # `transfer upload` cuts files from this size on (smaller: one request is cheaper)

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from transfer.client.chunks import _error_from, _first, _state_key, write_atomically
-from transfer.core.content import checksum_hex
+from transfer.core.model.content import checksum_hex
 from transfer.errors import ChecksumMismatch, RemoteError
 
 Progress = Callable[[int, int | None], None]

@@ -12,7 +12,7 @@ import httpx
 from httpx_sse import SSEError, aconnect_sse
 
 from transfer.client.resolver import raise_for_error
-from transfer.core import aiflowy
+from transfer.core.agents import aiflowy
 from transfer.errors import InvalidEnvelope, RemoteError, TransferError, errors_by_code
 
 

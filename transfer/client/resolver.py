@@ -28,7 +28,7 @@ import pybase64
 
 from transfer.client.chunks import ChunkOptions, follow, streaming_to_path, write_atomically
 from transfer.client.fetch import Fetcher, FetchPlan, RangeIgnored, hash_range, lean_path_possible, pwrite_all
-from transfer.core.content import (
+from transfer.core.model.content import (
     CodeContent,
     ContentBundle,
     ContentEncoding,
@@ -39,8 +39,8 @@ from transfer.core.content import (
     TransferMode,
     checksum_hex,
 )
-from transfer.core.encodings import DecodeLimits, make_decoder
-from transfer.core.naming import sanitize_filename
+from transfer.core.model.encodings import DecodeLimits, make_decoder
+from transfer.core.model.naming import sanitize_filename
 from transfer.errors import (
     ChecksumMismatch,
     InvalidDescriptor,

@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from transfer.core.content import format_timestamp
+from transfer.core.model.content import format_timestamp
 from transfer.errors import StorageUnavailable, storage_errors_translated
 from transfer.service.container import Services
-from transfer.service.records import FileRecord, is_file_id
+from transfer.service.files.records import FileRecord, is_file_id
 
 log = logging.getLogger("transfer.sweeps")
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from storage.base import Storage
 from transfer.errors import Conflict, InvalidRequest, NotFound
-from transfer.service.documents import read_document, write_document
+from transfer.service.files.documents import read_document, write_document
 from transfer.settings import Settings
 
 SIGNING_KEYS_KEY = "system/signing-keys.json"

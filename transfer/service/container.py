@@ -18,25 +18,25 @@ from dataclasses import dataclass, field
 from storage.base import Storage, require_replica_safe
 from transfer import metrics
 from transfer.core.auth import TRUSTED, Grant
-from transfer.core.sessions import SessionState
+from transfer.core.uploads.sessions import SessionState
 from transfer.errors import NotFound, SessionAborted, SessionExpired, TransferError
-from transfer.service.a2a import A2AService
-from transfer.service.authorizations import Authorizations
+from transfer.service.accounting.slots import SessionQuota
+from transfer.service.agents.a2a import A2AService
+from transfer.service.agents.tp import TPService
 from transfer.service.backends import make_storage
-from transfer.service.bundles import BundleService
-from transfer.service.chunkstore import ChunkService
-from transfer.service.direct import DirectService
-from transfer.service.files import FileService
-from transfer.service.imports import ImportService
-from transfer.service.journal import JobJournal
+from transfer.service.files.bundles import BundleService
+from transfer.service.files.service import FileService
+from transfer.service.jobs.imports import ImportService
+from transfer.service.jobs.journal import JobJournal
+from transfer.service.jobs.progress import Job, ProgressHub
+from transfer.service.jobs.resolve import ResolveService
 from transfer.service.metered import metered
-from transfer.service.progress import Job, ProgressHub
-from transfer.service.quota import SessionQuota
-from transfer.service.resolve import ResolveService
-from transfer.service.sessions import SessionService, is_session_id
-from transfer.service.tp import TPService
-from transfer.service.tus import TusService
-from transfer.service.uploads import UploadEngine
+from transfer.service.uploads.authorizations import Authorizations
+from transfer.service.uploads.chunked import ChunkService
+from transfer.service.uploads.direct import DirectService
+from transfer.service.uploads.engine import UploadEngine
+from transfer.service.uploads.sessions import SessionService, is_session_id
+from transfer.service.uploads.tus import TusService
 from transfer.settings import Settings
 
 log = logging.getLogger("transfer.maintenance")

@@ -10,7 +10,7 @@ failures are counted when it commits). S3 retries are counted through the backen
 The wrapper implements exactly the capability interfaces its backend implements (one mixin per interface, the
 class built once per backend class), so ``isinstance(storage, SupportsDirectUpload)`` answers as for the backend
 itself, and any other attribute (a backend's own: ``engine``, ``root``) is read from the backend. A method added to
-one of the protocols must be added to its mixin here: ``tests/test_metered_storage.py`` fails until it is.
+one of the protocols must be added to its mixin here: ``tests/storage/test_metered_storage.py`` fails until it is.
 """
 
 from __future__ import annotations

@@ -27,9 +27,9 @@ Tested against: uvicorn 0.54 (``uvicorn[standard]>=0.54,<0.55`` in ``pyproject.t
 and uvloop 0.23 installed) and Hypercorn 0.18 (``>=0.18,<0.19``; 0.18.0 with h2 4.4). The subclasses build on
 private classes of both (``uvicorn.protocols.http.httptools_impl``, ``uvicorn.protocols.websockets.
 websockets_sansio_impl``, ``hypercorn.protocol.h2``), so the pins are upper-bounded on purpose: raise them only
-after ``tests/test_body_read.py``, ``test_body_smuggling.py``, ``test_zero_copy.py``, ``test_resumable.py``,
+after ``tests/http/test_body_read.py``, ``test_body_smuggling.py``, ``test_zero_copy.py``, ``test_resumable.py``,
 ``test_slow_clients.py``, ``test_observability.py`` (shutdown) and ``test_http2.py`` pass on the new version
-(``tests/test_protocol_pins.py`` fails when the installed versions leave the range named here).
+(``tests/http/test_protocol_pins.py`` fails when the installed versions leave the range named here).
 """
 
 # the versions this package's subclasses were written and tested against (see the docstring): [low, high)

@@ -1,0 +1,187 @@
+"""deploy/kubernetes/, offline: every manifest against the Kubernetes API's own JSON schemas (``kubernetes-validate``,
+strict: an unknown field fails), the ServiceMonitor against the Prometheus Operator's CRD schema and the
+kustomization against SchemaStore's (both vendored in tests/schemas/, sources in its README); then what ties them
+together: probes, the shutdown timing, resources from the benchmarks' memory rows, selectors, names, and every
+setting they pass being one the service reads. No cluster runs here: `kubectl apply` was not run."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from transfer.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "kubernetes"
+SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
+KUBERNETES_VERSION = "1.37.0"  # the newest kubernetes-validate ships; preStop's sleep action needs 1.30+
+
+
+def manifests() -> dict[str, dict[str, Any]]:
+    """Every resource of the kustomization, by kind."""
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    found: dict[str, dict[str, Any]] = {}
+    for name in kustomization["resources"]:
+        for doc in yaml.safe_load_all((K8S / name).read_text()):
+            assert doc["kind"] not in found, f"two {doc['kind']} resources"
+            found[doc["kind"]] = doc
+    return found
+
+
+def strict(schema: Any) -> Any:
+    """A CRD's structural schema with unknown fields refused, as the API server prunes them (kubeconform's -strict)."""
+    if isinstance(schema, dict):
+        out = {k: strict(v) for k, v in schema.items()}
+        if "properties" in out and "additionalProperties" not in out:
+            if not out.get("x-kubernetes-preserve-unknown-fields"):
+                out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [strict(v) for v in schema]
+    return schema
+
+
+def service_monitor_schema() -> dict[str, Any]:
+    crd = yaml.safe_load((SCHEMAS / "servicemonitor-crd.yaml").read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    schema: dict[str, Any] = strict(version["schema"]["openAPIV3Schema"])
+    schema["properties"]["metadata"] = {"type": "object"}  # ObjectMeta: the API server's, not the CRD's
+    schema["required"] = ["apiVersion", "kind", "metadata", "spec"]
+    return schema
+
+
+def test_every_manifest_follows_the_kubernetes_api_schema() -> None:
+    resources = manifests()
+    assert set(resources) == {
+        "Namespace",
+        "ConfigMap",
+        "Secret",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "HorizontalPodAutoscaler",
+        "ServiceMonitor",
+    }
+    for kind, resource in resources.items():
+        if kind != "ServiceMonitor":
+            kubernetes_validate.validate(resource, KUBERNETES_VERSION, strict=True)
+    # the validator refuses a misspelt field and a wrong type (so the passes above mean something)
+    broken = copy.deepcopy(resources["Deployment"])
+    broken["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["paht"] = "/readyz"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+    broken = copy.deepcopy(resources["HorizontalPodAutoscaler"])
+    broken["spec"]["minReplicas"] = "three"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_service_monitor_and_the_kustomization_follow_their_schemas() -> None:
+    schema = service_monitor_schema()
+    monitor = manifests()["ServiceMonitor"]
+    jsonschema.validate(monitor, schema)
+    broken = copy.deepcopy(monitor)
+    broken["spec"]["endpoints"][0]["intervall"] = "30s"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema)
+
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    schema = json.loads((SCHEMAS / "kustomization.schema.json").read_text())
+    jsonschema.validate(kustomization, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**kustomization, "resource": kustomization["resources"]}, schema)
+    # every manifest of the folder is in it, and only those
+    assert sorted(kustomization["resources"]) == sorted(p.name for p in K8S.glob("*.yaml") if p.stem != "kustomization")
+    container = manifests()["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"].split(":")[0] == kustomization["images"][0]["name"]
+
+
+def test_probes_and_shutdown_timing_match_the_service() -> None:
+    resources = manifests()
+    config = resources["ConfigMap"]["data"]
+    pod = resources["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["startupProbe"]["httpGet"]["path"] == "/healthz"
+    drain, grace = float(config["TRANSFER_SHUTDOWN_DRAIN"]), float(config["TRANSFER_SHUTDOWN_GRACE"])
+    pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pre_stop == drain  # the endpoint leaves the proxies for as long as the service itself would drain
+    assert pod["terminationGracePeriodSeconds"] > pre_stop + drain + grace  # the kubelet's SIGKILL comes after
+    # unprivileged, as the image (USER 10001)
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 10001
+    assert (
+        container["securityContext"]["readOnlyRootFilesystem"]
+        and not container["securityContext"]["allowPrivilegeEscalation"]
+    )
+
+
+def quantity_mib(value: str) -> float:
+    number, unit = re.fullmatch(r"(\d+)(Mi|Gi)", value).groups()  # type: ignore[union-attr]
+    return float(number) * (1024 if unit == "Gi" else 1)
+
+
+def test_memory_is_sized_from_the_benchmarks_memory_rows() -> None:
+    readme = (ROOT / "README.md").read_text()
+    rows = {
+        "local": r"\| server peak RSS, largest file \| (\d+) MB \|",
+        "s3": r"\| server peak RSS, upload into S3 \| (\d+) MB \|",
+    }
+    peaks = {name: float(re.search(pattern, readme).group(1)) * 1e6 / 2**20 for name, pattern in rows.items()}  # type: ignore[union-attr]
+    (container,) = manifests()["Deployment"]["spec"]["template"]["spec"]["containers"]
+    request = quantity_mib(container["resources"]["requests"]["memory"])
+    limit = quantity_mib(container["resources"]["limits"]["memory"])
+    assert peaks["local"] < peaks["s3"] <= request  # one upload into S3 at its measured peak fits the request
+    assert limit >= 2 * request  # and several at once fit the limit before the OOM killer
+    assert "cpu" in container["resources"]["requests"]
+
+
+def test_selectors_names_and_references_agree() -> None:
+    resources = manifests()
+    deployment, service = resources["Deployment"], resources["Service"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert resources["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    target = resources["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
+    assert resources["HorizontalPodAutoscaler"]["spec"]["minReplicas"] >= 2  # the PDB leaves one to serve
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    port_names = {p["name"] for p in container["ports"]}
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names
+    monitor = resources["ServiceMonitor"]["spec"]
+    assert monitor["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert {e["port"] for e in monitor["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
+    credentials = monitor["endpoints"][0]["authorization"]["credentials"]
+    assert credentials["name"] == resources["Secret"]["metadata"]["name"]
+    assert credentials["key"] in resources["Secret"]["stringData"]
+    refs = {next(iter(ref.values()))["name"] for ref in container["envFrom"]}
+    assert refs == {resources["ConfigMap"]["metadata"]["name"], resources["Secret"]["metadata"]["name"]}
+
+
+def test_every_setting_passed_is_one_the_service_reads_and_parses(monkeypatch: pytest.MonkeyPatch) -> None:
+    resources = manifests()
+    (container,) = resources["Deployment"]["spec"]["template"]["spec"]["containers"]
+    env: dict[str, str] = dict(resources["ConfigMap"]["data"])
+    for name, value in resources["Secret"]["stringData"].items():
+        env[name] = value
+    env.update({e["name"]: e["value"].replace("$(POD_IP)", "10.1.2.3") for e in container["env"] if "value" in e})
+    known = {f"TRANSFER_{name.upper()}" for name in Settings.model_fields}
+    passed = {name for name in env if name.startswith("TRANSFER_")}
+    assert passed - known == set(), "settings the service does not read (misspelt?)"
+    # with the placeholders filled as an operator would, the service's own settings accept every value
+    env["TRANSFER_API_KEYS"] = json.dumps({"prometheus": {"sha256": "ab" * 32, "scopes": ["admin"]}})
+    env["TRANSFER_SIGNING_KEYS"] = json.dumps({"k1": "0123456789abcdef0123456789abcdef"})
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    assert settings.storage == "s3" and "10.1.2.3" in settings.allowed_hosts
+    assert settings.shutdown_drain == 5 and settings.shutdown_grace == 25

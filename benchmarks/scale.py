@@ -33,8 +33,9 @@ import xxhash
 from benchmarks.e2e import service
 from benchmarks.suite import machine
 from storage.local import LocalStorage
-from transfer.service.files.service import FileService
-from transfer.service.uploads.ingest import UploadRequest
+from transfer.core.uploads.state import FileIntent
+from transfer.service.container import Services
+from transfer.service.files.ingest import UploadRequest
 from transfer.settings import Settings
 
 MiB = 1 << 20
@@ -47,7 +48,7 @@ async def populate(data_dir: Path, have: int, want: int, concurrency: int) -> fl
     if want <= have:
         return 0.0
     settings = Settings(data_dir=data_dir, signing_keys={"bench": "0123456789abcdef0123"})
-    files = FileService(LocalStorage(data_dir), settings)
+    files = Services.build(settings, LocalStorage(data_dir)).files
     await files.start()
     left = want - have
     start = time.perf_counter()
@@ -59,7 +60,7 @@ async def populate(data_dir: Path, have: int, want: int, concurrency: int) -> fl
         nonlocal left
         while left > 0:
             left -= 1
-            await files.upload(one(), UploadRequest(name="other.bin", owner="someone-else"))
+            await files.upload(one(), UploadRequest(owner="someone-else", intent=FileIntent(name="other.bin")))
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     await files.close()

@@ -475,5 +475,6 @@ class SupportsDirectUpload(Protocol):
         ...
 
     async def discard_direct_upload(self, key: str, upload_id: str | None) -> None:
-        """Abort the upload (if ``upload_id``) and delete assembled, unpublished bytes of ``key``; idempotent."""
+        """Abort the upload (if ``upload_id``) and delete assembled, unpublished bytes of ``key`` (a published
+        object stays: a completion published it); idempotent."""
         ...

@@ -1383,6 +1383,11 @@ class S3Storage:
                 )
             except ObjectNotFound:
                 pass
+        try:  # published (its metadata written): not this call's to delete, whoever aborts the upload
+            await self._read_metadata(key)
+            return
+        except ObjectNotFound:
+            pass
         await self.call(
             f"discarding {key}", self.client.delete_object, Bucket=self.config.bucket, Key=self.data_key(key)
         )

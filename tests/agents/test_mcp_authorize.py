@@ -106,7 +106,7 @@ async def test_expired_or_oversized_or_tampered_authorization_is_refused(live: L
         unknown = tool_error(await client.call_tool("authorize_download", {"file_id": "f_" + "0" * 32}))
         assert unknown["code"] == "not_found"
         clock.advance(24 * 3600)  # past the authorisation's life: the sweep removes its record
-        swept = await live.app.state.services.authorizations.sweep_authorizations()
+        swept = await live.app.state.services.uploads.sweep()
         assert swept == 1
         gone = tool_error(await client.call_tool("confirm_upload", {"authorization_id": plan["authorization_id"]}))
         assert gone["code"] == "not_found"
@@ -120,15 +120,14 @@ async def test_on_s3_the_put_goes_to_the_bucket_and_confirm_publishes(
     size = 12 << 20
     async with Client(f"{on_s3.url}/mcp") as client:
         plan = structured(
-            await client.call_tool("authorize_upload", {"name": "direct.bin", "max_size": size, "start_ttl": 600})
+            await client.call_tool("authorize_upload", {"name": "direct.bin", "size": size, "start_ttl": 600})
         )
         assert plan["direct"] is True
         assert plan["upload"]["url"].startswith(s3_env["TRANSFER_S3_ENDPOINT_URL"])  # not the service's address
         sent = hashlib.sha256()
         async with httpx.AsyncClient(timeout=120) as http:
-            put = await http.put(
-                plan["upload"]["url"], headers=plan["upload"]["headers"], content=_pieces(b"s3", size, sent)
-            )
+            headers = {**plan["upload"]["headers"], "content-length": str(size)}  # the length the URL signs
+            put = await http.put(plan["upload"]["url"], headers=headers, content=_pieces(b"s3", size, sent))
         assert put.status_code == 200, put.text
         confirmed = structured(await client.call_tool("confirm_upload", {"authorization_id": plan["authorization_id"]}))
         assert confirmed["checksum"] == "sha256:" + sent.hexdigest() and confirmed["size"] == size
@@ -138,12 +137,13 @@ async def test_on_s3_the_put_goes_to_the_bucket_and_confirm_publishes(
         got = httpx.get(fetch["download"]["url"], timeout=120)
         assert hashlib.sha256(got.content).hexdigest() == sent.hexdigest()
 
-        small = structured(await client.call_tool("authorize_upload", {"max_size": 10}))
-        assert (
-            httpx.put(small["upload"]["url"], headers=small["upload"]["headers"], content=b"x" * 11).status_code == 200
-        )
-        over = tool_error(await client.call_tool("confirm_upload", {"authorization_id": small["authorization_id"]}))
-        assert over["code"] == "payload_too_large"  # checked before anything is published
+        # straight to the bucket, the exact size is required: the bucket holds the PUT to it (signed) and the key's
+        # quota counts it from the start (a URL for "up to 10 bytes" would let the bucket take any size, uncounted)
+        unsized = tool_error(await client.call_tool("authorize_upload", {"max_size": 10}))
+        assert unsized["code"] == "invalid_request" and unsized["detail"]["field"] == "size"
+        small = structured(await client.call_tool("authorize_upload", {"size": 10}))
+        longer = httpx.put(small["upload"]["url"], headers=small["upload"]["headers"], content=b"x" * 11)
+        assert longer.status_code in (400, 403), longer.text  # the signed length refuses any other body
 
 
 async def test_a_key_may_hold_only_so_many_open_upload_authorizations(tmp_path: Path, clock: Clock) -> None:
@@ -225,7 +225,7 @@ async def test_an_authorization_lets_go_of_its_slot_when_it_receives_its_file(tm
     await files.start()
 
     async def markers() -> list[str]:
-        return await authorizations.open_grants.open_ids(alice.owner or "")
+        return await authorizations.kind.slots.open_ids(alice.owner or "")
 
     async def body(data: bytes) -> AsyncIterator[bytes]:
         yield data
@@ -239,7 +239,7 @@ async def test_an_authorization_lets_go_of_its_slot_when_it_receives_its_file(tm
         await authorizations.receive(plans[0]["authorization_id"], query, body(b"done"), content_length=4)
         assert len(await markers()) == 2  # the one that received its file holds no slot
         clock.advance(24 * 3600 + 1)
-        assert await authorizations.sweep_authorizations() == 3
+        assert await services.uploads.sweep() == 3
         assert await markers() == []
     finally:
         await files.close()

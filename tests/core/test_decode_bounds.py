@@ -33,8 +33,9 @@ from transfer.core.model.content import ContentEncoding
 from transfer.core.model.encodings import DecodeLimits, make_decoder
 from transfer.core.uploads.sessions import Session
 from transfer.errors import ChunkOutOfRange, ContentLengthMismatch, MalformedBody, SizeMismatch, TooLarge
+from transfer.service.container import Services
+from transfer.service.files.ingest import UploadRequest
 from transfer.service.files.service import FileService
-from transfer.service.uploads.ingest import UploadRequest
 from transfer.settings import Settings
 
 MiB = 1 << 20
@@ -173,7 +174,7 @@ def _zstd_stream(pieces: int, rng: random.Random) -> Iterator[bytes]:
 @pytest.fixture
 async def files(tmp_path: Path) -> AsyncIterator[FileService]:
     settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"})
-    service = FileService(LocalStorage(settings.data_dir, buffer_size=settings.buffer_size), settings)
+    service = Services.build(settings, LocalStorage(settings.data_dir, buffer_size=settings.buffer_size)).files
     await service.start()
     yield service
     await service.close()
@@ -270,9 +271,7 @@ def test_deferred_length_tus_upload_is_capped_by_the_size_limit(limited: LiveSer
 
 
 def test_session_limits_in_the_core() -> None:
-    open_ended = Session(
-        id="s_x", name="n", content_type=None, size=None, chunk_size=100, created_at=0, expires_at=9, max_size=1000
-    )
+    open_ended = Session(id="s_x", size=None, chunk_size=100, created_at=0, expires_at=9, max_size=1000)
     open_ended.check_index(9)
     with pytest.raises(ChunkOutOfRange):
         open_ended.check_index(10)

@@ -23,6 +23,7 @@ from tests.uploads.test_lifecycle import KEYS, TOKENS, TUS, KiB, MiB, key, life_
 from transfer.cli import main as cli_main
 from transfer.core.auth import parse_keys
 from transfer.hosts import create_app
+from transfer.service.accounting.recordstore import RecordStore
 from transfer.service.accounting.usage import UsageLedger
 from transfer.service.backends import make_storage
 
@@ -128,7 +129,7 @@ def side_ledger(live: LiveServer, change: Callable[[UsageLedger], Awaitable[Any]
         storage = make_storage(live.settings)
         await storage.start()
         try:
-            return await change(UsageLedger(storage, parse_keys(KEYS)))
+            return await change(UsageLedger(RecordStore(storage), parse_keys(KEYS)))
         finally:
             await storage.close()
 

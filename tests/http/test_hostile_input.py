@@ -27,6 +27,7 @@ from transfer.core.model.content import ContentEncoding
 from transfer.core.model.mime import is_media_type, validate_media_type
 from transfer.core.model.naming import sanitize_filename
 from transfer.core.numerals import MAX_DIGITS, decimal, parse_count
+from transfer.core.uploads.state import FileIntent
 from transfer.errors import InvalidRequest, TransferError
 from transfer.service.files.records import FileRecord, new_file_id, object_key
 from transfer.service.uploads.tus import parse_metadata
@@ -175,10 +176,15 @@ async def test_tp_and_mcp_session_content_types_are_validated(live_server: LiveS
     for bad in BAD_TYPES:  # the operation TP resource_mount {upload} and the MCP open_session tool both call
         with pytest.raises(InvalidRequest):
             await sessions.create(
-                name="a", content_type=bad, size=5, chunk_size=None, checksum=None, ttl=None, owner=None
+                size=5,
+                chunk_size=None,
+                checksum=None,
+                ttl=None,
+                owner=None,
+                intent=FileIntent(name="a", content_type=bad),
             )
     with pytest.raises(InvalidRequest):  # TP hands the envelope's checksum string over as it came
-        await sessions.create(name="a", content_type=None, size=5, chunk_size=None, checksum="zz", ttl=None, owner=None)
+        await sessions.create(size=5, chunk_size=None, checksum="zz", ttl=None, owner=None, intent=FileIntent(name="a"))
     envelope = {
         "tp_version": "1.0.0",
         "message_id": str(uuid.uuid4()),

@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from tests.conftest import LiveServer, running
 from transfer.core.model.mime import is_media_type, is_textual
 from transfer.core.model.naming import resolve_content_type, sniff_content_type
-from transfer.service.uploads.ingest import SNIFF_BYTES
+from transfer.service.files.ingest import SNIFF_BYTES
 from transfer.settings import Settings
 
 

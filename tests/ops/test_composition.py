@@ -216,10 +216,19 @@ async def test_websocket_subscription_rules_are_the_tp_services(tmp_path: Path) 
 
 
 def test_the_doors_share_the_collaborators_of_the_composition_root(tmp_path: Path) -> None:
-    """One publisher, one lifecycle, one upload engine per process: no door builds its own."""
+    """One publisher, one upload lifecycle, one upload engine per process: no door builds its own; every door's
+    kind is registered with the one lifecycle, whose publisher is the file service's; tus and sessions share their
+    open-upload slots."""
     services = Services.build(_settings(tmp_path))
-    doors = (services.sessions, services.tus, services.direct)
-    assert all(door.publisher is services.files.publisher for door in doors)
-    assert all(door.lifecycle is services.files.lifecycle for door in doors)
-    assert services.sessions.engine is services.tus.engine is services.direct.engine is services.authorizations.engine
-    assert services.sessions.quota is services.tus.quota
+    doors = (services.sessions, services.tus, services.direct, services.authorizations, services.chunks)
+    assert all(door.lifecycle is services.uploads for door in doors)
+    assert services.uploads.publisher is services.files.publisher
+    assert {kind.name for kind in services.uploads.kinds.values()} == {
+        "tus",
+        "session",
+        "plan",
+        "authorization",
+        "chunked",
+    }
+    assert services.sessions.engine is services.tus.engine
+    assert services.sessions.kind.slots is services.tus.kind.slots

@@ -20,11 +20,12 @@ import pytest
 from storage.local import LocalStorage
 from tests.storage_conformance import read_all
 from transfer.core.model.content import ContentEncoding
+from transfer.core.uploads.state import FileIntent
 from transfer.service import cpus
+from transfer.service.container import Services
+from transfer.service.files.ingest import UploadRequest
 from transfer.service.files.records import object_key
-from transfer.service.files.service import FileService
-from transfer.service.uploads.engine import OFFLOAD_BYTES, PieceHasher
-from transfer.service.uploads.ingest import UploadRequest
+from transfer.service.hashing import OFFLOAD_BYTES, PieceHasher
 from transfer.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -81,7 +82,7 @@ async def test_an_upload_is_hashed_on_the_loop_only_on_one_cpu(
         return await real_to_thread(func, *args, **kwargs)
 
     settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"}, buffer_size=buffer_size)
-    files = FileService(LocalStorage(settings.data_dir), settings)
+    files = Services.build(settings, LocalStorage(settings.data_dir)).files
     await files.start()
     try:
         data = os.urandom(12 << 20)
@@ -91,11 +92,12 @@ async def test_an_upload_is_hashed_on_the_loop_only_on_one_cpu(
                 yield blob[at : at + (256 << 10)]
 
         monkeypatch.setattr(asyncio, "to_thread", counted)
-        plain = await files.upload(body(data), UploadRequest(name="plain.bin"))
+        plain = await files.upload(body(data), UploadRequest(intent=FileIntent(name="plain.bin")))
         plain_hops = hops.count("_Digests.step")
         del hops[:]
         coded = await files.upload(
-            body(gzip.compress(data, 1)), UploadRequest(name="coded.bin", body_encoding=ContentEncoding.GZIP)
+            body(gzip.compress(data, 1)),
+            UploadRequest(body_encoding=ContentEncoding.GZIP, intent=FileIntent(name="coded.bin")),
         )
         coded_hops = hops.count("_Digests.step")
         monkeypatch.setattr(asyncio, "to_thread", real_to_thread)

@@ -131,7 +131,7 @@ def test_metrics_count_requests_bytes_storage_sweeps_and_rejections(tmp_path: Pa
         assert httpx.get(f"{srv.url}/v1/files/f_0123/nothing-here").status_code == 404
 
         deadline = time.monotonic() + 30
-        while value(samples := scrape(srv.url), "transfer_sweeps_total", sweep="sessions", outcome="ok") < 1:
+        while value(samples := scrape(srv.url), "transfer_sweeps_total", sweep="uploads", outcome="ok") < 1:
             assert time.monotonic() < deadline, "no sweep ran"
             time.sleep(0.2)
 
@@ -158,7 +158,7 @@ def test_metrics_count_requests_bytes_storage_sweeps_and_rejections(tmp_path: Pa
     # signed-URL rejections by reason
     for reason in ("mismatch", "unknown_key", "malformed", "path_variant"):
         assert value(samples, "transfer_signed_url_rejections_total", reason=reason) >= 1, reason
-    assert value(samples, "transfer_sweep_last_success_timestamp_seconds", sweep="sessions") > 0
+    assert value(samples, "transfer_sweep_last_success_timestamp_seconds", sweep="uploads") > 0
     assert value(samples, "transfer_ready") in (0, 1)
 
 
@@ -330,7 +330,7 @@ def test_readyz_probes_storage_and_sweeps(tmp_path: Path, monkeypatch: pytest.Mo
         # a slow first run of one of them, so wait (bounded) for the replica to become ready
         ready = wait_ready(live.url)
         checks = ready.json()["checks"]
-        assert checks["storage"] == "ok" and checks["sweep:sessions"] == "ok"
+        assert checks["storage"] == "ok" and checks["sweep:uploads"] == "ok"
         assert set(checks.values()) == {"ok"}  # every sweep of Services.maintenance is watched
         # storage that refuses writes (its temporary directory replaced by a file): not ready; then ready again
         tmp = live.data_dir / "tmp"
@@ -354,16 +354,16 @@ def test_readyz_probes_storage_and_sweeps(tmp_path: Path, monkeypatch: pytest.Mo
             await asyncio.Event().wait()
             return {}
 
-    # the sweeps are bound when the services start: a replica whose sessions sweep hangs from the start
-    from transfer.service.uploads.sessions import SessionService
+    # the sweeps are bound when the services start: a replica whose uploads sweep hangs from the start
+    from transfer.service.uploads.lifecycle import UploadLifecycle
 
-    monkeypatch.setattr(SessionService, "sweep_expired", lambda self: hang())
+    monkeypatch.setattr(UploadLifecycle, "sweep", lambda self: hang())
     with running(settings) as live:
         deadline = time.monotonic() + 30
         while (stuck := httpx.get(f"{live.url}/readyz")).status_code == 200:
             assert time.monotonic() < deadline, "a hung sweep never made the replica unready"
             time.sleep(0.1)
-        assert stuck.status_code == 503 and stuck.json()["checks"]["sweep:sessions"].startswith("no run for")
+        assert stuck.status_code == 503 and stuck.json()["checks"]["sweep:uploads"].startswith("no run for")
 
 
 # --- graceful shutdown ---

@@ -380,7 +380,7 @@ async def test_mcp_authorisation_across_replicas(fleet: Fleet) -> None:
     size = 6 * MiB
     data = os.urandom(size)
     async with Client(_bearer(f"{fleet.urls[0]}/mcp", OWNER)) as first:
-        plan = structured(await first.call_tool("authorize_upload", {"name": "m.bin", "max_size": size}))
+        plan = structured(await first.call_tool("authorize_upload", {"name": "m.bin", "size": size}))
     async with httpx.AsyncClient(timeout=120) as http:
         put = await http.put(plan["upload"]["url"], headers=plan["upload"]["headers"], content=data)
         assert put.status_code == 200, put.text

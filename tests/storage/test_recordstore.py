@@ -136,7 +136,7 @@ async def test_a_leader_cancelled_during_its_write_leaves_its_group_answered(tmp
 async def test_a_group_of_queued_charges_is_one_write_of_the_usage_record(tmp_path: Path) -> None:
     gated = _Gated(await _local(tmp_path / "s"))
     gated.gate.set()
-    ledger = UsageLedger(gated, {})  # type: ignore[arg-type]
+    ledger = UsageLedger(RecordStore(gated), {})  # type: ignore[arg-type]
     await ledger.charge(None, "s_first", 1)  # the record exists; this process knows its version
     gated.writes.clear()
     gated.reads.clear()
@@ -157,7 +157,8 @@ async def test_a_group_of_queued_charges_is_one_write_of_the_usage_record(tmp_pa
 async def test_six_replicas_claiming_one_removal_remove_and_refund_it_once(tmp_path: Path) -> None:
     root = tmp_path / "data"
     settings = Settings(data_dir=root, signing_keys=SIGNING)
-    replicas = [Lifecycle(await _local(root), settings) for _ in range(6)]  # six processes' worth of everything
+    # six processes' worth of everything
+    replicas = [Lifecycle(RecordStore(await _local(root)), settings) for _ in range(6)]
     store = replicas[0].storage
     async with store.create("files/f_doomed", size_hint=4) as writer:
         await writer.write(b"data")
@@ -210,7 +211,7 @@ async def test_a_usage_record_of_the_older_shape_reads_and_counts_as_before(tmp_
     async with store.create(usage_key("alice"), size_hint=0) as writer:
         await writer.write(json.dumps(old).encode())
         await writer.commit({})
-    ledger = UsageLedger(store, {}, clock=lambda: now)
+    ledger = UsageLedger(RecordStore(store), {}, clock=lambda: now)
     usage = await ledger.usage("alice")
     assert (usage.used, usage.files, usage.reserved) == (7000, 4, 300)
     used, files, claims, etag = await ledger.recorded("alice")
@@ -246,7 +247,7 @@ class _LosingUsage(LocalStorage):
 async def test_a_record_that_keeps_changing_gives_a_specific_busy_error(tmp_path: Path) -> None:
     store = _LosingUsage(tmp_path / "s")
     await store.start()
-    ledger = UsageLedger(store, {}, policy=RetryPolicy(attempts=3, budget=1e9, base=0, cap=0))
+    ledger = UsageLedger(RecordStore(store, RetryPolicy(attempts=3, budget=1e9, base=0, cap=0)), {})
     await ledger.charge(None, "s_a", 1)  # the record's first write: if absent
     for attempt in (ledger.charge(None, "s_b", 1), ledger.claim_removal(None, "f_a", 1)):
         with pytest.raises(RecordBusy) as busy:

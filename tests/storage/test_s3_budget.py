@@ -21,7 +21,7 @@ from storage.s3 import S3Storage, S3Writer
 from tests.conftest import in_progress_uploads, running, s3_config
 from tests.storage_conformance import read_all
 from transfer.api.protocol.bodyread import HIGH_WATER
-from transfer.service.uploads.ingest import PACED_BATCH, _batches
+from transfer.service.files.ingest import PACED_BATCH, _batches
 from transfer.settings import Settings
 
 pytestmark = [pytest.mark.anyio]

@@ -23,7 +23,7 @@ from tests.conftest import Clock, LiveServer, running, wait_indexed
 from transfer.client.dedup import ChunkCache, cut_file, offer, resolve_with_cache, upload_deduplicated
 from transfer.core.auth import token_hash
 from transfer.core.uploads.chunking import Manifest
-from transfer.service.uploads.chunked import CHUNK_GRACE, key_folder
+from transfer.service.uploads.chunkstore import CHUNK_GRACE, key_folder
 from transfer.settings import Settings
 
 pytestmark = pytest.mark.anyio

@@ -27,10 +27,10 @@ from devtools.s3server import s3_client
 from tests.conftest import Clock, LiveServer, running
 from transfer.client.dedup import cut_file, upload_deduplicated
 from transfer.core.auth import TRUSTED, new_token, token_hash
+from transfer.service.container import Services
+from transfer.service.files.ingest import UploadRequest
 from transfer.service.files.records import object_key
-from transfer.service.files.service import FileService
 from transfer.service.files.shared import SWEEP_GRACE, content_key
-from transfer.service.uploads.ingest import UploadRequest
 from transfer.settings import Settings
 
 TOKENS = {name: new_token() for name in ("alice", "bob", "carol", "root")}
@@ -267,7 +267,7 @@ def test_deleting_or_expiring_one_file_keeps_the_bytes_the_others_use(stored: St
 
 
 async def _sweep_files(settings: Settings, clock: Clock) -> int:
-    service = FileService(_storage(settings), settings, clock=clock)
+    service = Services.build(settings, _storage(settings), clock=clock).files
     await service.start()
     try:
         return await service.sweep_expired_files()
@@ -319,7 +319,7 @@ def crash_settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
 async def test_a_crash_between_any_two_steps_leaves_an_orphan_the_sweep_removes(
     crash_settings: Settings, clock: Clock
 ) -> None:
-    service = FileService(_storage(crash_settings), crash_settings, clock=clock)
+    service = Services.build(crash_settings, _storage(crash_settings), clock=clock).files
     await service.start()
     try:
         shared = service.publisher.shared
@@ -442,7 +442,7 @@ def test_chunked_creation_declaring_stored_content_is_born_completed(stored: Sto
 
 async def checks_done(live: LiveServer) -> None:
     """Until every chunk check the server left for after its answer has ended."""
-    await live.call(live.app.state.services.chunks.indexing_done())
+    await live.call(live.app.state.services.chunks.store.indexing_done())
 
 
 def test_the_client_says_a_known_file_went_by_its_manifest_alone(stored: Stored, tmp_path: Path) -> None:
@@ -652,7 +652,7 @@ async def test_a_file_shared_in_a_group_keeps_its_bytes_after_the_groups_change(
     sha = hashlib.sha256(data).hexdigest()
     request = UploadRequest(checksum="sha256:" + sha, expected_size=len(data), owner="alice")
     before = tenant_settings(tmp_path, dedup_groups=GROUPS)
-    service = FileService(_storage(before), before, clock=clock)
+    service = Services.build(before, _storage(before), clock=clock).files
     await service.start()
     try:
         origin = await service.upload(_body(data), request)
@@ -661,7 +661,7 @@ async def test_a_file_shared_in_a_group_keeps_its_bytes_after_the_groups_change(
     finally:
         await service.close()
     after = tenant_settings(tmp_path)  # the operator dissolved the group: alice's scope is her own again
-    service = FileService(_storage(after), after, clock=clock)
+    service = Services.build(after, _storage(after), clock=clock).files
     await service.start()
     try:
         await service.delete(origin.id, TRUSTED)  # the origin still finds the record it is the location of
@@ -702,7 +702,7 @@ async def test_a_file_larger_than_one_copy_moves_is_shared_and_moved_in_ranges_o
 
     monkeypatch.setattr(s3, "copy_ranges", ranges)
     settings = tenant_settings(tmp_path, storage="s3")
-    service = FileService(_storage(settings), settings, clock=clock)
+    service = Services.build(settings, _storage(settings), clock=clock).files
     await service.start()
     try:
         data = os.urandom((16 << 20) + 3)

@@ -26,7 +26,7 @@ from transfer.client.client import AsyncTransferClient
 from transfer.client.dedup import PROBE_BYTES, cut_file, cut_head
 from transfer.core.uploads.chunking import Chunk
 from transfer.errors import RemoteError
-from transfer.service.uploads.chunked import MAX_PROBE
+from transfer.service.uploads.chunkstore import MAX_PROBE
 
 pytestmark = pytest.mark.anyio
 MiB = 1 << 20
@@ -179,13 +179,13 @@ async def test_an_index_given_respond_async_is_answered_first_and_checked_after_
         answer = bob.put(url, json=dataclasses.replace(manifest, chunks=tuple(lying)).to_json(), headers=later)
         assert answer.status_code == 202 and answer.headers["preference-applied"] == "respond-async"
         assert answer.json() == {"chunks": len(shas), "indexed": None}
-        await tenants.call(services.chunks.indexing_done())
+        await tenants.call(services.chunks.store.indexing_done())
         assert bob.post("/v1/chunked/probe", json={"chunks": shas}).json() == {"held": []}
         assert bob.get(url).status_code == 404  # the lie indexed nothing, not even its manifest
 
         answer = bob.put(url, json=manifest.to_json(), headers={"prefer": "handling=lenient, respond-async; x=1"})
         assert answer.status_code == 202, answer.text
-        await tenants.call(services.chunks.indexing_done())
+        await tenants.call(services.chunks.store.indexing_done())
         assert bob.post("/v1/chunked/probe", json={"chunks": shas}).json() == {"held": list(range(len(shas)))}
         kept = bob.get(url)
         assert kept.status_code == 200 and [c["sha256"] for c in kept.json()["chunks"]] == shas

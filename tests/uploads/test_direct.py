@@ -326,10 +326,10 @@ async def test_expired_plans_are_swept(
         second = http.post("/v1/direct", json={"size": 1}).json()["id"]
     assert len(in_progress_uploads(s3_endpoint, s3_bucket)) == 2
     services = s3_service.app.state.services  # the app's own: its clock is the test's
-    storage, direct = services.files.storage, services.direct
-    assert await direct.sweep_direct_plans() == 0  # not expired yet
+    storage = services.files.storage
+    assert await services.uploads.sweep() == 0  # not expired yet
     clock.advance(s3_service.settings.session_ttl + 1)
-    assert await direct.sweep_direct_plans() == 2
+    assert await services.uploads.sweep() == 2
     assert in_progress_uploads(s3_endpoint, s3_bucket) == []
     with http_for(s3_service) as http:
         assert http.get(f"/v1/direct/{pid}").status_code == 404

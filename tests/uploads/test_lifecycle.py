@@ -28,10 +28,11 @@ from tests.uploads.test_api_upload import assert_error
 from transfer.cli import main as cli_main
 from transfer.core.auth import new_token, parse_keys, token_hash
 from transfer.core.uploads.lifetimes import LifetimePolicy, expiry_bucket, parse_expires_in
+from transfer.core.uploads.state import FileIntent
 from transfer.errors import InsufficientStorage, InvalidRequest, LifetimeTooLong, QuotaExceeded
 from transfer.hosts import create_app
-from transfer.service.files.service import FileService
-from transfer.service.uploads.ingest import UploadRequest
+from transfer.service.container import Services
+from transfer.service.files.ingest import UploadRequest
 from transfer.settings import Settings
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -460,8 +461,8 @@ class CountingStorage(LocalStorage):
 
     index_entries_listed = 0
 
-    async def list(self, prefix: str = "") -> AsyncIterator[Any]:  # type: ignore[override]
-        async for info in super().list(prefix):
+    async def list(self, prefix: str = "", **options: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+        async for info in super().list(prefix, **options):
             if info.key.startswith("expiry/"):
                 CountingStorage.index_entries_listed += 1
             yield info
@@ -470,14 +471,16 @@ class CountingStorage(LocalStorage):
 @pytest.mark.anyio
 async def test_the_sweep_reads_only_the_index_entries_that_are_due(tmp_path: Path, clock: Clock) -> None:
     settings = life_settings(tmp_path)
-    files = FileService(CountingStorage(settings.data_dir), settings, clock=clock)
+    files = Services.build(settings, CountingStorage(settings.data_dir), clock=clock).files
     await files.start()
 
     async def upload(expires_in: int) -> None:
         async def body() -> AsyncIterator[bytes]:
             yield b"q" * 100
 
-        await files.upload(body(), UploadRequest(owner="bob", expires_in=expires_in, expected_size=100))
+        await files.upload(
+            body(), UploadRequest(owner="bob", expected_size=100, intent=FileIntent(lifetime=expires_in))
+        )
 
     for _ in range(40):
         await upload(10 * DAY)
@@ -547,7 +550,7 @@ async def test_an_index_entry_without_its_file_is_kept_while_a_publication_may_b
     """The entry is written just before its file is published: a sweep in between must not drop it (the file would
     then never be swept). Only once its hour is well past is an entry without a file dropped."""
     settings = life_settings(tmp_path)
-    files = FileService(LocalStorage(settings.data_dir), settings, clock=clock)
+    files = Services.build(settings, LocalStorage(settings.data_dir), clock=clock).files
     await files.start()
     key_name = f"expiry/{expiry_bucket(clock() + 60)}/f_{'0' * 32}"
     async with files.storage.create(key_name, size_hint=0) as writer:
@@ -585,7 +588,7 @@ class FailingPublishStorage(LocalStorage):
 @pytest.mark.anyio
 async def test_a_failed_refund_does_not_hide_why_the_publish_failed(tmp_path: Path, clock: Clock) -> None:
     settings = life_settings(tmp_path)
-    files = FileService(FailingPublishStorage(settings.data_dir), settings, clock=clock)
+    files = Services.build(settings, FailingPublishStorage(settings.data_dir), clock=clock).files
     await files.start()
 
     async def body() -> AsyncIterator[bytes]:
@@ -610,23 +613,21 @@ async def test_mcp_authorized_uploads_are_charged_and_expire(life: LiveServer, c
 
     size = 1 * MiB
     async with Client(_bearer(f"{life.url}/mcp", TOKENS["alice"])) as client:
-        too_long = tool_error(await client.call_tool("authorize_upload", {"expires_in": 8 * DAY}))
+        too_long = tool_error(await client.call_tool("authorize_upload", {"expires_in": 8 * DAY, "size": 10}))
         assert too_long["code"] == "expires_in_too_long"  # above alice's max_file_ttl: refused before any PUT
 
-        over = structured(await client.call_tool("authorize_upload", {"name": "over.bin"}))
+        asked = await client.call_tool("authorize_upload", {"name": "over.bin", "size": QUOTA + 1})
         with httpx.Client(timeout=60) as http:
-            put = http.put(over["upload"]["url"], headers=over["upload"]["headers"], content=os.urandom(QUOTA + 1))
-            if over["direct"]:  # the bucket took it; confirm checks the quota before publishing
-                assert put.status_code == 200, put.text
-                refused = tool_error(
-                    await client.call_tool("confirm_upload", {"authorization_id": over["authorization_id"]})
-                )
-                assert refused["code"] == "quota_exceeded"
-            else:
+            if asked.is_error:  # straight to the bucket: the size is reserved now, so it is refused before any PUT
+                assert tool_error(asked)["code"] == "quota_exceeded"
+            else:  # through the service: the PUT is refused before a byte is stored
+                over = structured(asked)
+                put = http.put(over["upload"]["url"], headers=over["upload"]["headers"], content=os.urandom(QUOTA + 1))
                 assert put.status_code == 413 and put.json()["error"]["code"] == "quota_exceeded", put.text
 
-            plan = structured(await client.call_tool("authorize_upload", {"name": "ok.bin", "expires_in": 3600}))
             data = os.urandom(size)
+            ask = {"name": "ok.bin", "expires_in": 3600, "size": size}
+            plan = structured(await client.call_tool("authorize_upload", ask))
             put = http.put(plan["upload"]["url"], headers=plan["upload"]["headers"], content=data)
             assert put.status_code in (200, 201), put.text
         confirmed = structured(await client.call_tool("confirm_upload", {"authorization_id": plan["authorization_id"]}))

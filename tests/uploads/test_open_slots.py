@@ -17,9 +17,10 @@ from storage.base import ObjectInfo, Storage
 from storage.local import LocalStorage
 from storage.s3 import S3Storage
 from tests.conftest import s3_config
+from transfer.core.ids import owner_folder
 from transfer.errors import TooManySessions, VersionConflict
-from transfer.service.accounting.slots import FRESH, SessionQuota
-from transfer.service.files.records import owner_folder
+from transfer.service.accounting.recordstore import RecordStore
+from transfer.service.accounting.slots import FRESH, OpenSlots
 
 pytestmark = pytest.mark.anyio
 RACERS = 6
@@ -27,20 +28,20 @@ ROUNDS = 3
 OWNER = "alice-key"
 
 
-def quota_on(storage: Storage, limit: int, closed: set[str] | None = None, clock: Any = time.time) -> SessionQuota:
-    quota = SessionQuota(storage, limit, clock=clock)
+def quota_on(storage: Storage, limit: int, closed: set[str] | None = None, clock: Any = time.time) -> OpenSlots:
+    quota = OpenSlots(RecordStore(storage), limit, clock=clock)
     quota.register(lambda sid: True, _open_unless_in(closed if closed is not None else set()))
     return quota
 
 
 def _open_unless_in(closed: set[str]) -> Any:
-    async def is_open(sid: str) -> bool:
+    async def is_open(owner: str | None, sid: str) -> bool:
         return sid not in closed
 
     return is_open
 
 
-async def _won(quota: SessionQuota, sid: str) -> bool:
+async def _won(quota: OpenSlots, sid: str) -> bool:
     try:
         await quota.acquire(OWNER, sid)
     except TooManySessions:
@@ -101,7 +102,7 @@ async def test_racers_whose_uploads_are_not_recorded_yet_still_hold_their_slots(
     they race: a holder acquired a moment ago must count as open all the same (the FRESH window), on every replica,
     or the second racer drops the first and both are admitted."""
     stores = [await local(tmp_path / "data") for _ in range(RACERS)]
-    quotas = [SessionQuota(storage, 1) for storage in stores]
+    quotas = [OpenSlots(RecordStore(storage), 1) for storage in stores]
     for quota in quotas:
         quota.register(lambda sid: True, _never_open)
     for round_ in range(ROUNDS):
@@ -110,7 +111,7 @@ async def test_racers_whose_uploads_are_not_recorded_yet_still_hold_their_slots(
         await quotas[0].release(OWNER, f"s_n{round_}_{won.index(True)}")
 
 
-async def _never_open(sid: str) -> bool:
+async def _never_open(owner: str | None, sid: str) -> bool:
     return False
 
 

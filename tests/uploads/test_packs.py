@@ -26,7 +26,7 @@ from tests.uploads.test_chunked_dedup import changed
 from transfer.core.auth import token_hash
 from transfer.core.uploads.chunking import Chunk, Manifest
 from transfer.errors import StorageUnavailable
-from transfer.service.uploads.chunked import CHUNK_GRACE, INDEX_SHARDS, key_folder
+from transfer.service.uploads.chunkstore import CHUNK_GRACE, INDEX_SHARDS, key_folder
 from transfer.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -369,7 +369,7 @@ async def test_the_read_ahead_ends_when_its_reader_leaves_with_the_queue_full() 
     import asyncio
     import contextlib
 
-    from transfer.service.uploads.chunked import _received_ahead
+    from transfer.service.uploads.chunkbodies import _received_ahead
 
     async def endless() -> AsyncIterator[int]:
         n = 0
@@ -405,9 +405,10 @@ async def test_an_upload_writes_objects_per_body_not_per_chunk(
     packs = writes.under(folder + "packs/")
     assert len(packs) == 2  # one pack per body
     assert len(writes.under(folder + "index/")) <= 2 * INDEX_SHARDS  # one compare-and-set per shard per body
-    # everything the chunk store wrote for this upload: the packs, their shards, the upload record (created and
-    # completed) and the manifest kept for readers; a per-chunk layout would have written `chunks` objects
-    assert len(writes.under(folder)) <= 2 + 2 * INDEX_SHARDS + 3 < chunks
+    # everything the chunk store wrote for this upload: the packs, their shards, the upload record (created, its
+    # completion claimed, completed) and the manifest kept for readers; a per-chunk layout would have written
+    # `chunks` objects
+    assert len(writes.under(folder)) <= 2 + 2 * INDEX_SHARDS + 4 < chunks
     stored = await objects(server, folder)
     assert sorted(k for k in stored if "/packs/" in k) == sorted(packs)
     assert sum(n for k, n in stored.items() if "/packs/" in k) == len(data)  # every byte once, in the packs

@@ -21,6 +21,7 @@ from benchmarks.e2e import service
 from storage.local import LocalStorage
 from tests.conftest import LiveServer, running
 from transfer.core.auth import TRUSTED, new_token, token_hash
+from transfer.core.uploads.state import FileIntent
 from transfer.errors import InvalidRequest, RecordBusy
 from transfer.service.accounting.recordstore import RecordStore, RetryPolicy
 from transfer.service.accounting.usage import UsageLedger
@@ -87,10 +88,10 @@ async def test_a_description_limit_holds_for_every_service_door(tmp_path: Path) 
     await services.files.start()
     with pytest.raises(InvalidRequest):  # TP and MCP open sessions through the same service
         await services.sessions.create(
-            name="s", content_type=None, size=3, chunk_size=None, checksum=None, ttl=None, description=LONG
+            size=3, chunk_size=None, checksum=None, ttl=None, intent=FileIntent(name="s", description=LONG)
         )
     with pytest.raises(InvalidRequest):  # refused before it looks at the backend's capabilities
-        services.files.publisher.check_fields(description=LONG)
+        services.files.publisher.check_intent(FileIntent(description=LONG))
     await services.files.close()
 
 
@@ -109,7 +110,7 @@ def test_file_ids_follow_upload_ids_as_they_always_did() -> None:
 async def test_a_second_charge_of_one_upload_is_not_counted(tmp_path: Path) -> None:
     store = LocalStorage(tmp_path / "s")
     await store.start()
-    ledger, other = UsageLedger(store, {}), UsageLedger(store, {})  # two replicas' ledgers
+    ledger, other = UsageLedger(RecordStore(store), {}), UsageLedger(RecordStore(store), {})  # two replicas' ledgers
     outcomes = await asyncio.gather(
         *(ledger.charge(None, "s_1", 100, until=1e12) for _ in range(3)),
         *(other.charge(None, "s_1", 100, until=1e12) for _ in range(3)),
@@ -134,8 +135,10 @@ async def test_concurrent_confirmations_of_one_s3_authorization_charge_once(
         authz = services.authorizations
         assert authz.direct
         for round_ in range(3):
-            plan = await authz.authorize_upload(TRUSTED, "http://127.0.0.1", name=f"c{round_}.bin")
             data = os.urandom(100_000)
+            plan = await authz.authorize_upload(
+                TRUSTED, "http://127.0.0.1", intent=FileIntent(name=f"c{round_}.bin"), size=len(data)
+            )
             async with httpx.AsyncClient(timeout=30) as http:
                 put = await http.put(plan["upload"]["url"], content=data, headers=plan["upload"]["headers"])
                 assert put.status_code == 200, put.text
@@ -242,7 +245,7 @@ async def test_a_record_update_that_keeps_losing_gives_up_within_its_rounds_and_
         await RecordStore(losing, by_time).update("r.json", dict, lambda d: {"n": d["n"] + 1}, dict)  # type: ignore[arg-type]
     assert 1 < losing.conditional_writes <= 3  # the 3 s budget, not the 1,000 rounds, ended it
     assert (await RecordStore(store).read("r.json"))[0] == {"n": 0}
-    ledger = UsageLedger(losing, {}, policy=RetryPolicy(attempts=4, budget=1e9, base=0, cap=0))  # type: ignore[arg-type]
+    ledger = UsageLedger(RecordStore(losing, RetryPolicy(attempts=4, budget=1e9, base=0, cap=0)), {})  # type: ignore[arg-type]
     await ledger.charge(None, "a", 1)  # the first write of a usage record is if-absent
     losing.conditional_writes = 0
     with pytest.raises(RecordBusy):

@@ -20,6 +20,7 @@ from storage.base import Capability, SupportsWriteAtOffset, capable
 from storage.local import LocalStorage
 from tests.layout import object_file
 from transfer.core.auth import TRUSTED
+from transfer.core.uploads.state import FileIntent
 from transfer.errors import ChunkConflict, TransferError
 from transfer.service.container import Services
 from transfer.service.uploads.sessions import ChunkDigest, staged_key
@@ -60,7 +61,7 @@ def _staged_file(tmp_path: Path, sid: str) -> Path:
 
 async def _open(services: Services, size: int) -> str:
     session = await services.sessions.create(
-        name="s.bin", content_type=None, size=size, chunk_size=CHUNK, checksum=None, ttl=None
+        size=size, chunk_size=CHUNK, checksum=None, ttl=None, intent=FileIntent(name="s.bin")
     )
     assert session.staged
     return session.id
@@ -151,8 +152,8 @@ async def test_a_crash_between_writing_a_chunk_and_recording_it_loses_nothing(tm
     try:
         data = os.urandom(3 * CHUNK)
         sid = await _open(services, len(data))
-        engine = services.sessions.engine
-        real_update = engine.update
+        uploads = services.uploads  # every record change goes through the one lifecycle
+        real_update = uploads.change
         calls = 0
 
         async def crash_once(*args: Any, **kwargs: Any) -> Any:
@@ -162,10 +163,10 @@ async def test_a_crash_between_writing_a_chunk_and_recording_it_loses_nothing(tm
                 raise RuntimeError("process stopped before the record was written")
             return await real_update(*args, **kwargs)
 
-        engine.update = crash_once  # type: ignore[method-assign]
+        uploads.change = crash_once  # type: ignore[method-assign]
         with pytest.raises(RuntimeError):
             await _put(services, sid, 1, data)
-        engine.update = real_update  # type: ignore[method-assign]
+        uploads.change = real_update  # type: ignore[method-assign]
         assert _staged_file(tmp_path, sid).read_bytes()[CHUNK : 2 * CHUNK] == data[CHUNK : 2 * CHUNK]
         assert (await services.sessions.status(sid, TRUSTED))["stored"] == []
         # a chunk cut half way: garbage in its region, nothing recorded
@@ -198,11 +199,11 @@ async def test_abort_and_expiry_remove_the_staged_file(tmp_path: Path) -> None:
         await asyncio.gather(*services.sessions._background)
         settings = services.sessions.settings
         now[0] += settings.session_ttl + settings.session_max_ttl + 1
-        assert await services.sessions.sweep_expired() >= 1
+        assert await services.uploads.sweep() >= 1
         assert not _staged_file(tmp_path, expiring).exists()
         assert (await services.sessions.status(expiring, TRUSTED))["state"] == "expired"
         now[0] += settings.session_retention + settings.session_max_ttl + 1  # the ended sessions' records go too
-        await services.sessions.sweep_expired()
+        await services.uploads.sweep()
         assert not [info.key async for info in services.files.storage.list("sessions/")]
         assert [p.name for p in (tmp_path / "data" / "staging").rglob("*")] == ["sessions"]  # the shared folder
     finally:

@@ -26,7 +26,9 @@ from tests.layout import object_file, stored_keys
 from tests.storage_conformance import read_all
 from tests.uploads.test_sessions_resume import start_server
 from transfer.core.auth import ApiKey, Scope
+from transfer.core.uploads.state import FileIntent
 from transfer.errors import QuotaExceeded
+from transfer.service.accounting.recordstore import RecordStore
 from transfer.service.accounting.usage import UsageLedger, usage_key
 
 pytestmark = pytest.mark.anyio
@@ -151,7 +153,7 @@ async def test_concurrent_charges_of_one_key_share_one_write_and_stay_exact(tmp_
     await store.start()
     counting = _CountingStorage(store)
     keys = {"alice": ApiKey("alice", "0" * 64, frozenset({Scope.UPLOAD}), max_bytes=10_000)}
-    ledger = UsageLedger(counting, keys)  # type: ignore[arg-type]
+    ledger = UsageLedger(RecordStore(counting), keys)  # type: ignore[arg-type]
     # 64 charges at once of 100 bytes, and 4 of 5,000 that cannot all fit: each is decided on its own
     results = await asyncio.gather(
         *(ledger.charge("alice", f"r{i}", 100) for i in range(64)),
@@ -167,7 +169,7 @@ async def test_concurrent_charges_of_one_key_share_one_write_and_stay_exact(tmp_
     # group commit: far fewer durable writes of the record than charges (one per round, not one per charge)
     assert counting.creates[usage_key("alice")] < 68 // 4
     # a second replica's ledger over the same storage stays exact: its write makes our cached version stale
-    other = UsageLedger(store, keys)
+    other = UsageLedger(RecordStore(store), keys)
     await other.charge("alice", "o", 1)
     await ledger.charge("alice", "p", 1)
     assert (await other.usage("alice")).used == (await ledger.usage("alice")).used == usage.used + 2
@@ -176,7 +178,7 @@ async def test_concurrent_charges_of_one_key_share_one_write_and_stay_exact(tmp_
 async def test_a_charge_cancelled_before_its_round_is_not_applied(tmp_path: Path) -> None:
     store = LocalStorage(tmp_path / "s")
     await store.start()
-    ledger = UsageLedger(store, {})
+    ledger = UsageLedger(RecordStore(store), {})
     first = asyncio.ensure_future(ledger.charge(None, "a", 10))
     second = asyncio.ensure_future(ledger.charge(None, "b", 20))
     await asyncio.sleep(0)  # both queued; the first leads a round, the second waits for the lock
@@ -311,8 +313,8 @@ async def test_a_small_upload_waits_on_the_disk_once_for_its_charge_and_its_byte
     """The usage charge is written (without a flush of its own) before the object's group commit, whose syncfs
     calls flush both: one commit round of two syncfs per upload, not the charge's round and then the object's.
     What is on disk when the upload returns holds both: the charge counts the file, the file reads back."""
-    from transfer.service.files.service import FileService
-    from transfer.service.uploads.ingest import UploadRequest
+    from transfer.service.container import Services
+    from transfer.service.files.ingest import UploadRequest
     from transfer.settings import Settings
 
     calls: list[int] = []
@@ -324,7 +326,7 @@ async def test_a_small_upload_waits_on_the_disk_once_for_its_charge_and_its_byte
         real(fd)
 
     settings = Settings(data_dir=tmp_path / "data", signing_keys={"t": "0123456789abcdef0123"})
-    files = FileService(LocalStorage(settings.data_dir), settings)
+    files = Services.build(settings, LocalStorage(settings.data_dir)).files
     await files.start()
     try:
         body = os.urandom(4096)
@@ -333,7 +335,7 @@ async def test_a_small_upload_waits_on_the_disk_once_for_its_charge_and_its_byte
             yield body
 
         monkeypatch.setattr(local, "_syncfs", counted)
-        record = await files.upload(one(), UploadRequest(name="small.bin"))
+        record = await files.upload(one(), UploadRequest(intent=FileIntent(name="small.bin")))
         assert len(calls) == 2  # one group commit: before, the charge's own took two more, first
         usage = await files.lifecycle.usage.usage(None)
         assert (usage.used, usage.files) == (4096, 1)

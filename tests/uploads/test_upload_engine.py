@@ -20,7 +20,7 @@ from storage.base import Capability, ObjectInfo
 from storage.errors import ObjectExists
 from storage.local import LocalStorage, LocalWriter
 from transfer.core.auth import TRUSTED, ApiKey, Grant, Scope
-from transfer.core.uploads.state import TRANSITIONS, UploadEvent, UploadState, transition
+from transfer.core.uploads.state import TRANSITIONS, FileIntent, UploadEvent, UploadState, transition
 from transfer.errors import (
     ChunkConflict,
     SessionAborted,
@@ -30,7 +30,7 @@ from transfer.errors import (
     VersionConflict,
 )
 from transfer.service.container import Services
-from transfer.service.uploads.engine import OFFLOAD_BYTES, PieceHasher
+from transfer.service.hashing import OFFLOAD_BYTES, PieceHasher
 from transfer.service.uploads.sessions import ChunkDigest, chunk_key
 from transfer.settings import Settings
 
@@ -51,6 +51,7 @@ DOCUMENTED = {
     ("open", "abort"): "aborted",
     ("open", "expire"): "expired",
     ("completed", "complete"): "completed",
+    ("expired", "expire"): "expired",
 }
 
 
@@ -83,8 +84,11 @@ def test_every_pair_the_table_does_not_list_is_refused(state: UploadState, event
 
 def test_an_open_upload_may_do_anything_and_ended_ones_almost_nothing() -> None:
     assert all((UploadState.OPEN, event) in TRANSITIONS for event in UploadEvent)
-    ended = [pair for pair in TRANSITIONS if pair[0] is not UploadState.OPEN]
-    assert ended == [(UploadState.COMPLETED, UploadEvent.COMPLETE)]  # completing again has one outcome
+    ended = [
+        pair for pair in TRANSITIONS if pair[0] in (UploadState.COMPLETED, UploadState.ABORTED, UploadState.EXPIRED)
+    ]
+    # completing again has one outcome; the sweep records what the clock decided
+    assert ended == [(UploadState.COMPLETED, UploadEvent.COMPLETE), (UploadState.EXPIRED, UploadEvent.EXPIRE)]
 
 
 # -- a storage that counts what the service asks of it ----------------------------------------------------------
@@ -158,13 +162,12 @@ async def test_no_per_request_path_lists_storage(tmp_path: Path) -> None:
             await services.tus.terminate(ended.id, caller)
 
             session = await services.sessions.create(
-                name="s.bin",
-                content_type=None,
                 size=len(data),
                 chunk_size=CHUNK,
                 checksum=None,
                 ttl=None,
                 owner=caller.owner,
+                intent=FileIntent(name="s.bin"),
             )
             for index in (3, 1, 0, 2):  # out of order
                 chunk = data[index * CHUNK : (index + 1) * CHUNK]
@@ -173,7 +176,7 @@ async def test_no_per_request_path_lists_storage(tmp_path: Path) -> None:
             _, file = await services.sessions.complete(session.id, caller)
             assert file.sha256 == hashlib.sha256(data).hexdigest()
             other = await services.sessions.create(
-                name=None, content_type=None, size=None, chunk_size=CHUNK, checksum=None, ttl=None, owner=caller.owner
+                size=None, chunk_size=CHUNK, checksum=None, ttl=None, owner=caller.owner, intent=FileIntent()
             )
             await services.sessions.abort(other.id, caller)
             await asyncio.sleep(0)
@@ -193,7 +196,7 @@ async def test_concurrent_chunks_from_two_replicas_are_all_recorded(tmp_path: Pa
     try:
         data = os.urandom(16 * CHUNK)
         session = await a.sessions.create(
-            name="r.bin", content_type=None, size=len(data), chunk_size=CHUNK, checksum=None, ttl=None
+            size=len(data), chunk_size=CHUNK, checksum=None, ttl=None, intent=FileIntent(name="r.bin")
         )
 
         async def send(services: Services, index: int) -> None:
@@ -218,7 +221,7 @@ async def test_a_chunk_stored_before_a_crash_but_not_recorded_is_adopted(tmp_pat
     try:
         data = os.urandom(2 * CHUNK)
         session = await services.sessions.create(
-            name=None, content_type=None, size=len(data), chunk_size=CHUNK, checksum=None, ttl=None
+            size=len(data), chunk_size=CHUNK, checksum=None, ttl=None, intent=FileIntent()
         )
         first = data[:CHUNK]
         async with services.files.storage.create(chunk_key(session.id, 0)) as w:
@@ -267,7 +270,7 @@ async def test_a_chunk_lost_to_a_writer_still_in_flight_is_a_conflict_not_a_404(
     try:
         data = os.urandom(2 * CHUNK)
         session = await services.sessions.create(
-            name=None, content_type=None, size=len(data), chunk_size=CHUNK, checksum=None, ttl=None
+            size=len(data), chunk_size=CHUNK, checksum=None, ttl=None, intent=FileIntent()
         )
         first, other = data[:CHUNK], os.urandom(CHUNK)
         key = chunk_key(session.id, 0)
@@ -301,7 +304,7 @@ async def test_no_lock_or_hasher_outlives_its_upload(tmp_path: Path) -> None:
     """Before, TusService kept one lock per upload it ever finished, forever; sessions one per session."""
     services = await _services(tmp_path)
     engine = services.tus.engine
-    assert services.sessions.engine is engine  # one engine: one lock table, one set of hashers
+    assert services.sessions.engine is engine  # one engine: one set of hashers; one lifecycle: one lock table
     try:
         for _ in range(20):
             data = os.urandom(CHUNK + 1)
@@ -310,7 +313,7 @@ async def test_no_lock_or_hasher_outlives_its_upload(tmp_path: Path) -> None:
             await services.tus.current(upload.id, TRUSTED)
             await services.tus.append(upload.id, offset, _body(data[100:]), TRUSTED)
             session = await services.sessions.create(
-                name=None, content_type=None, size=len(data), chunk_size=CHUNK, checksum=None, ttl=None
+                size=len(data), chunk_size=CHUNK, checksum=None, ttl=None, intent=FileIntent()
             )
             for index in range(2):
                 chunk = data[index * CHUNK : (index + 1) * CHUNK]
@@ -320,7 +323,7 @@ async def test_no_lock_or_hasher_outlives_its_upload(tmp_path: Path) -> None:
             await services.tus.append(dropped.id, 0, _body(b"12345"), TRUSTED)
             await services.tus.terminate(dropped.id, TRUSTED)
         await asyncio.gather(*services.sessions._background)  # the sessions' hashing, run after each chunk
-        assert len(engine.locks) == 0
+        assert len(services.uploads.locks) == 0
         assert engine.hashers == {}
     finally:
         await services.close()
@@ -359,15 +362,14 @@ async def test_sweep_expired_ends_expired_uploads_and_sessions_and_counts_them(t
         upload = await services.tus.create(length=10, metadata={}, caller=TRUSTED)
         await services.tus.append(upload.id, 0, _body(b"12345"), TRUSTED)
         session = await services.sessions.create(
-            name=None, content_type=None, size=2 * CHUNK, chunk_size=CHUNK, checksum=None, ttl=None
+            size=2 * CHUNK, chunk_size=CHUNK, checksum=None, ttl=None, intent=FileIntent()
         )
         chunk = os.urandom(CHUNK)
         await services.sessions.put_chunk(session.id, 0, _body(chunk), _digest(chunk), None, TRUSTED)
         await asyncio.gather(*services.sessions._background)
-        assert await services.tus.sweep_expired() == 0 and await services.sessions.sweep_expired() == 0
+        assert await services.uploads.sweep() == 0
         now[0] += settings.session_ttl + settings.session_max_ttl + 1  # past both expiries
-        assert await services.tus.sweep_expired() == 1
-        assert await services.sessions.sweep_expired() == 1
+        assert await services.uploads.sweep() == 2  # the tus upload and the session
         left = [info.key async for info in storage.list("tus/")] + [
             info.key async for info in storage.list("sessions/")
         ]

@@ -50,7 +50,8 @@ from transfer.core.numerals import parse_count
 from transfer.core.uploads.chunking import MAX_CHUNKS
 from transfer.errors import ClientDisconnected, InvalidManifest, InvalidRequest, ManifestTooLarge
 from transfer.service.files.service import FileService
-from transfer.service.uploads.chunked import MAX_PROBE, ChunkedUpload, ChunkService, manifest_document
+from transfer.service.uploads.chunked import ChunkedUpload, ChunkService
+from transfer.service.uploads.chunkstore import MAX_PROBE, manifest_document
 
 MANIFEST_BYTES_PER_CHUNK = 128  # {"offset":…,"length":…,"sha256":"<64 hex>"} with room for spaces
 MAX_MANIFEST_BODY = MAX_CHUNKS * MANIFEST_BYTES_PER_CHUNK + (64 << 10)
@@ -129,15 +130,7 @@ def chunked_router(
         except ValidationError as exc:
             problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
             raise InvalidRequest("; ".join(problems)) from None
-        made = await chunks.create(
-            doc,
-            caller_of(request),
-            name=about.name,
-            content_type=about.content_type,
-            role=about.role,
-            description=about.description,
-            expires_in=about.expires_in,
-        )
+        made = await chunks.create(doc, caller_of(request), intent=about.intent())
         return upload_document(made)
 
     @router.post("/v1/chunked/probe", dependencies=upload, tags=["chunked"], summary="Which of these chunks are held")
@@ -145,7 +138,7 @@ def chunked_router(
         doc = await _manifest_body(request, MAX_PROBE_BODY)
         if not isinstance(doc, dict) or "chunks" not in doc:
             raise InvalidManifest('a probe is a JSON object {"chunks": [SHA-256 hex, …]}')
-        return {"held": await chunks.probe(doc["chunks"], caller_of(request))}
+        return {"held": await chunks.store.probe(doc["chunks"], caller_of(request))}
 
     @router.put("/v1/chunked/{uid}/chunks/{index}", dependencies=upload, tags=["chunked"], summary="Send chunks")
     async def put_chunks(
@@ -217,7 +210,7 @@ def chunked_router(
         "/v1/files/{file_id}/chunks", dependencies=[needs(Scope.READ)], tags=["files"], summary="A file's chunks"
     )
     async def file_chunks(request: Request, file_id: str) -> dict[str, Any]:
-        return manifest_document(await chunks.manifest(file_id, caller_of(request)))
+        return manifest_document(await chunks.store.manifest(file_id, caller_of(request)))
 
     @router.put(
         "/v1/files/{file_id}/chunks",
@@ -240,7 +233,7 @@ def chunked_router(
         200 after its own, as without the preference."""
         doc = await _manifest_body(request)
         later = preference(",".join(request.headers.getlist("prefer")), "respond-async") is not None
-        total, indexed = await chunks.index_file(file_id, doc, caller_of(request), later=later)
+        total, indexed = await chunks.store.index_file(file_id, doc, caller_of(request), later=later)
         if indexed is None:
             response.status_code = 202
             response.headers["preference-applied"] = "respond-async"
@@ -248,7 +241,7 @@ def chunked_router(
 
     @router.get("/v1/files/{file_id}/manifest", tags=["files"], summary="A file's chunks, with its signed URL's query")
     async def signed_chunks(request: Request, file_id: str) -> dict[str, Any]:
-        manifest = await chunks.signed_manifest(file_id, request.url.query, request.scope.get("raw_path"))
+        manifest = await chunks.store.signed_manifest(file_id, request.url.query, request.scope.get("raw_path"))
         return manifest_document(manifest)
 
     return router

@@ -24,6 +24,7 @@ from transfer.api.caller import caller_of
 from transfer.api.fields import JsonInt, NewFile
 from transfer.core.auth import Scope
 from transfer.core.model.content import DownloadMethod, format_timestamp, normalize_checksum
+from transfer.core.uploads.state import UploadState
 from transfer.service.files.service import FileService
 from transfer.service.uploads.direct import DirectService, Plan
 
@@ -88,12 +89,8 @@ def direct_router(
         plan = await direct.create(
             size=body.size,
             caller=caller_of(request),
-            name=body.name,
-            content_type=body.content_type,
+            intent=body.intent(),
             checksum=body.checksum,
-            role=body.role,
-            description=body.description,
-            expires_in=body.expires_in,
         )
         return plan_document(plan)
 
@@ -120,7 +117,8 @@ def direct_router(
         held = {p.number for p in parts}
         doc = plan_document(plan)
         doc["stored"] = [{"number": p.number, "size": p.size} for p in parts]
-        doc["missing"] = [n for n in range(1, plan.part_count + 1) if n not in held] if plan.state == "open" else []
+        missing = [n for n in range(1, plan.part_count + 1) if n not in held]
+        doc["missing"] = missing if plan.state is UploadState.OPEN else []
         return doc
 
     @router.post("/v1/direct/{pid}/complete", dependencies=upload, tags=["direct"], summary="Verify and publish")

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, field_validator
 from transfer.core.model.content import FileRole, normalize_checksum
 from transfer.core.model.mime import validate_media_type
 from transfer.core.numerals import JsonBool, JsonInt
+from transfer.core.uploads.state import FileIntent
 
 __all__ = ["JsonBool", "JsonInt", "NewFile"]
 
@@ -24,6 +25,16 @@ class NewFile(BaseModel):
     expires_in: JsonInt | None = Field(
         default=None, gt=0, description="seconds the finished file lives; above the key's or service's maximum: 400"
     )
+
+    def intent(self) -> FileIntent:
+        """What the request asks the file to be (its lifetime as asked: the upload engine grants it)."""
+        return FileIntent(
+            name=self.name,
+            content_type=self.content_type,
+            role=self.role,
+            description=self.description,
+            lifetime=self.expires_in,
+        )
 
     @field_validator("content_type")
     @classmethod

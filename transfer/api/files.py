@@ -5,7 +5,7 @@ upload takes (query parameters and header fields) are read here too, for the lea
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
@@ -21,11 +21,12 @@ from transfer.core.model.encodings import CODECS, coding_from_http, encoder_leve
 from transfer.core.model.naming import filename_from_content_disposition
 from transfer.core.numerals import parse_bounded, parse_count
 from transfer.core.uploads.lifetimes import parse_expires_in
+from transfer.core.uploads.state import FileIntent
 from transfer.errors import ClientDisconnected, InvalidRequest, TransferError
 from transfer.service.container import Services
+from transfer.service.files.ingest import UploadRequest
 from transfer.service.files.service import LIST_DEFAULT, LIST_MAX
 from transfer.service.jobs.progress import counted
-from transfer.service.uploads.ingest import UploadRequest
 
 ERROR_SCHEMA: dict[str, Any] = {
     "description": "error",
@@ -183,15 +184,17 @@ def files_router(services: Services, base_url: Callable[[Request], str], needs: 
         except ValueError as exc:
             raise InvalidRequest(f"checksum: {exc}") from exc
         req = UploadRequest(
-            name=name,
-            content_type=options.content_type,
-            role=options.role,
-            description=options.description,
+            intent=FileIntent(
+                name=name,
+                content_type=options.content_type,
+                role=options.role,
+                description=options.description,
+                lifetime=options.expires_in,
+            ),
             checksum=declared_checksum,
             expected_size=options.size,
             store_encoding=storage_encoding(options.encoding),
             owner=caller_of(request).owner,
-            expires_in=options.expires_in,
         )
         if options.content_encoding:
             req.body_encoding = coding_from_http(options.content_encoding)
@@ -215,16 +218,15 @@ def files_router(services: Services, base_url: Callable[[Request], str], needs: 
             if req.body_sha256 is not None:
                 raise InvalidRequest("digest fields cover the whole multipart body; send 'checksum' instead")
         else:
-            req.hinted_type = (
-                raw_type.strip() or None
-            )  # a tool's default or the client's word: see resolve_content_type
+            # a tool's default or the client's word: see resolve_content_type
+            req.intent = replace(req.intent, hinted_type=raw_type.strip() or None)
             disposition = request.headers.get("content-disposition")
-            if req.name is None and disposition:
-                req.name = filename_from_content_disposition(disposition)
+            if req.intent.name is None and disposition:
+                req.intent = replace(req.intent, name=filename_from_content_disposition(disposition))
         job = None
         if options.job_id is not None:
             job = services.hub.open(options.job_id, "upload", owner=req.owner)
-            job.start(req.name, options.size if options.size is not None else req.declared_length)
+            job.start(req.intent.name, options.size if options.size is not None else req.declared_length)
             stream = counted(stream, job)
         try:
             # Expect: 100-continue (RFC 9110 §10.1.1): no byte is asked for until the service reads the body, so

@@ -18,7 +18,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from transfer.core.model.content import FileRole, normalize_checksum
 from transfer.core.model.naming import filename_from_content_disposition
 from transfer.errors import MalformedBody
-from transfer.service.uploads.ingest import UploadRequest
+from transfer.service.files.ingest import UploadRequest
 
 MAX_FIELD_BYTES = 64 << 10
 FIELDS = ("name", "content_type", "role", "description", "checksum")
@@ -57,15 +57,16 @@ class FormFields:
 
     def apply(self, request: UploadRequest) -> UploadRequest:
         """``request`` with the form's fields where it has none (the query's word wins), as a new request."""
-        return replace(
-            request,
-            name=request.name if request.name is not None else self.name,
-            content_type=request.content_type or self.content_type,
-            hinted_type=self.hinted_type or request.hinted_type,
-            role=request.role or self.role,
-            description=request.description if request.description is not None else self.description,
-            checksum=request.checksum or self.checksum,
+        asked = request.intent
+        intent = replace(
+            asked,
+            name=asked.name if asked.name is not None else self.name,
+            content_type=asked.content_type or self.content_type,
+            hinted_type=self.hinted_type or asked.hinted_type,
+            role=asked.role or self.role,
+            description=asked.description if asked.description is not None else self.description,
         )
+        return replace(request, intent=intent, checksum=request.checksum or self.checksum)
 
 
 class _PartState:

@@ -85,16 +85,12 @@ def sessions_router(
     @router.post("/v1/sessions", dependencies=upload, status_code=201, tags=["sessions"], summary="Open a session")
     async def create_session(request: Request, body: SessionCreate) -> dict[str, Any]:
         session = await sessions.create(
-            name=body.name,
-            content_type=body.content_type,
+            intent=body.intent(),
             size=body.size,
             chunk_size=body.chunk_size,
             checksum=body.checksum,
             ttl=body.ttl,
-            role=body.role,
-            description=body.description,
             owner=caller_of(request).owner,
-            expires_in=body.expires_in,
         )
         return session_document(session, base_url(request))
 

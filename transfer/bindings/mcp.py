@@ -73,6 +73,7 @@ from transfer.core.model.content import (
 from transfer.core.model.encodings import CODECS, storage_encoding
 from transfer.core.model.mime import is_textual
 from transfer.core.numerals import JsonBool, JsonInt
+from transfer.core.uploads.state import FileIntent
 from transfer.errors import (
     Conflict,
     InvalidRequest,
@@ -82,8 +83,8 @@ from transfer.errors import (
     UploadForbidden,
 )
 from transfer.service.container import Services
+from transfer.service.files.ingest import UploadRequest
 from transfer.service.files.service import LIST_DEFAULT, LIST_MAX
-from transfer.service.uploads.ingest import UploadRequest
 from transfer.service.uploads.session_views import session_document
 from transfer.service.uploads.sessions import ChunkDigest
 
@@ -304,13 +305,15 @@ class McpBinding:
         full = self.path(path, must_exist=True)
         request = UploadRequest(
             owner=grant.owner,
-            name=name or full.name,
-            content_type=content_type,
-            role=role,
-            description=description,
+            intent=FileIntent(
+                name=name or full.name,
+                content_type=content_type,
+                role=role,
+                description=description,
+                lifetime=expires_in,
+            ),
             declared_length=full.stat().st_size,
             store_encoding=storage_encoding(encoding),
-            expires_in=expires_in,
         )
         files = self.services.files
         record = await files.upload(_read_file(full, self.settings.buffer_size), request)
@@ -336,13 +339,11 @@ class McpBinding:
         self._limit(len(raw), "content")
         request = UploadRequest(
             owner=grant.owner,
-            name=name,
-            content_type=content_type,
-            role=role,
-            description=description,
+            intent=FileIntent(
+                name=name, content_type=content_type, role=role, description=description, lifetime=expires_in
+            ),
             checksum=_checksum(checksum),
             expected_size=len(raw),
-            expires_in=expires_in,
         )
         files = self.services.files
         record = await files.upload(_one(raw), request)
@@ -367,14 +368,12 @@ class McpBinding:
             chunk_size = min(self.settings.session_chunk_size, self.settings.mcp_max_inline_bytes)
         sessions = self.services.sessions
         session = await sessions.create(
-            name=name,
-            content_type=content_type,
+            intent=FileIntent(name=name, content_type=content_type, lifetime=expires_in),
             size=size,
             chunk_size=chunk_size,
             checksum=_checksum(checksum),
             ttl=ttl,
             owner=grant.owner,
-            expires_in=expires_in,
         )
         return session_document(self.services.files, session, self.base_url(ctx))
 
@@ -470,18 +469,17 @@ class McpBinding:
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """An expiring signed URL to PUT a file to, outside MCP (SEP-2631 ``files/authorizeUpload``). Give ``size``
-        when it is known: the URL then takes exactly that many bytes (the storage refuses any other length)."""
+        when it is known: the URL then takes exactly that many bytes (the storage refuses any other length); where
+        the URL is the bucket's own (``direct``), ``size`` is required."""
         grant = self.grant(ctx)
         grant(KeyScope.UPLOAD)
         return await self._authorizations.authorize_upload(
             grant,
             self.base_url(ctx),
-            name=name,
-            content_type=content_type,
+            intent=FileIntent(name=name, content_type=content_type, lifetime=expires_in),
             max_size=max_size,
             size=size,
             start_ttl=start_ttl,
-            expires_in=expires_in,
             checksum=checksum,
         )
 

@@ -4,6 +4,7 @@ them, so a malformed id is refused before it becomes a storage key."""
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 
 _HEX = frozenset("0123456789abcdef")
@@ -17,3 +18,9 @@ def new_id(prefix: str) -> str:
 def is_id(value: str, prefix: str) -> bool:
     """Whether ``value`` is an id of the kind ``prefix``: the prefix and exactly 32 lowercase hex digits."""
     return value.startswith(prefix) and len(value) == len(prefix) + 32 and _HEX.issuperset(value[len(prefix) :])
+
+
+def owner_folder(owner: str) -> str:
+    """``owners/<key hash>/``: the folder of what is kept per API key (its open-upload slots, its file index).
+    Hashed: key names are free text."""
+    return f"owners/{hashlib.sha256(owner.encode('utf-8')).hexdigest()[:32]}/"

@@ -105,7 +105,7 @@ async def _count_files(services: Services) -> tuple[dict[str | None, dict[str, i
         counted.setdefault(owner, {})[bundle_id] = nbytes
     async for payer, message_id, nbytes in services.tp.charged():
         counted.setdefault(payer, {})[message_id] = nbytes
-    async for holder, pack_id, nbytes in services.chunks.charged():  # chunk packs count whole, beside the files
+    async for holder, pack_id, nbytes in services.chunks.store.charged():  # chunk packs count whole, beside the files
         counted.setdefault(holder, {})[pack_id] = nbytes
     return counted, unreadable
 

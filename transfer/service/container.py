@@ -1,5 +1,8 @@
 """All services over one storage backend, built once and shared by every front door (REST, tus, SSE, TP bindings,
-MCP): there is exactly one FileService, SessionService, … per process.
+MCP): there is exactly one FileService, SessionService, … per process, and every shared piece is built here alone:
+the record store (compare-and-set records, one retry policy), the accounting (lifetimes, quotas, usage), the one
+publisher, the open-upload slots of each folder, the upload engine (parts and hashing) and the one upload lifecycle
+every door registers its kind with.
 
 The set owns its background work and its shutdown. Every host (``transfer serve``, ``transfer mcp`` over stdio, the
 tests) calls :meth:`Services.start` and :meth:`Services.close` and so runs the same maintenance: the sweeps listed in
@@ -19,12 +22,22 @@ from storage.base import Storage, require_replica_safe
 from transfer import metrics
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.uploads.sessions import SessionState
-from transfer.errors import NotFound, SessionAborted, SessionExpired, TransferError
-from transfer.service.accounting.slots import SessionQuota
+from transfer.errors import (
+    NotFound,
+    SessionAborted,
+    SessionExpired,
+    TooManyAuthorizations,
+    TooManyPlans,
+    TransferError,
+)
+from transfer.service.accounting.lifecycle import Lifecycle
+from transfer.service.accounting.recordstore import RecordStore
+from transfer.service.accounting.slots import OpenSlots
 from transfer.service.agents.a2a import A2AService
 from transfer.service.agents.tp import TPService
 from transfer.service.backends import make_storage
 from transfer.service.files.bundles import BundleService
+from transfer.service.files.publisher import Publisher
 from transfer.service.files.service import FileService
 from transfer.service.jobs.imports import ImportService
 from transfer.service.jobs.journal import JobJournal
@@ -33,8 +46,10 @@ from transfer.service.jobs.resolve import ResolveService
 from transfer.service.metered import metered
 from transfer.service.uploads.authorizations import Authorizations
 from transfer.service.uploads.chunked import ChunkService
+from transfer.service.uploads.chunkstore import ChunkStore
 from transfer.service.uploads.direct import DirectService
 from transfer.service.uploads.engine import UploadEngine
+from transfer.service.uploads.lifecycle import UploadLifecycle
 from transfer.service.uploads.sessions import SessionService, is_session_id
 from transfer.service.uploads.tus import TusService
 from transfer.settings import Settings
@@ -73,6 +88,7 @@ class Services:
     authorizations: Authorizations
     direct: DirectService
     chunks: ChunkService
+    uploads: UploadLifecycle
     _users: int = 0  # hosts that started the set and have not closed it yet (stdio MCP + its HTTP server: two)
     _sweepers: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -82,17 +98,44 @@ class Services:
     ) -> Services:
         """The one set of services of a process over ``storage`` (default: the one the settings name), every
         backend operation counted in the metrics (:mod:`transfer.service.metered`)."""
-        files = FileService(metered(storage or make_storage(settings)), settings, clock=clock)
-        quota = SessionQuota(files.storage, settings.max_open_sessions_per_key, clock=clock)
-        engine = UploadEngine(files.storage)  # one engine (records, locks, hashers): tus, sessions, plans, grants
+        store = metered(storage or make_storage(settings))
+        records = RecordStore(store)
+        terms = Lifecycle(records, settings, clock=clock)
+        publisher = Publisher(records, settings, terms, clock=clock)
+        files = FileService(settings, publisher, clock=clock)
+        s = settings
+        slots = {  # a key's open uploads, one counter per folder (tus and sessions share theirs)
+            "sessions": OpenSlots(records, s.max_open_sessions_per_key, clock=clock),
+            "plans": OpenSlots(
+                records,
+                s.max_open_direct_plans_per_key,
+                folder="plans",
+                noun="open upload plans",
+                error=TooManyPlans,
+                clock=clock,
+            ),
+            "authorizations": OpenSlots(
+                records,
+                s.max_open_authorizations_per_key,
+                folder="authorizations",
+                noun="open upload authorisations",
+                error=TooManyAuthorizations,
+                clock=clock,
+            ),
+            "chunked": OpenSlots(
+                records, s.max_open_sessions_per_key, folder="chunked", noun="open chunked uploads", clock=clock
+            ),
+        }
+        engine = UploadEngine(store)  # parts and running hashes of every door
+        uploads = UploadLifecycle(store, records, publisher, clock=clock)  # every upload's record and life
         sessions = SessionService(
-            files.storage,
+            store,
             settings,
             clock=clock,
-            quota=quota,
+            lifecycle=uploads,
+            slots=slots["sessions"],
             engine=engine,
             check_signed=files.check_signed,
-            publisher=files.publisher,
         )
         journal = JobJournal(files.storage, retention=settings.job_retention, clock=clock)
         hub = ProgressHub(
@@ -107,7 +150,7 @@ class Services:
             settings=settings,
             files=files,
             sessions=sessions,
-            tus=TusService(files.storage, settings, clock=clock, quota=quota, engine=engine, publisher=files.publisher),
+            tus=TusService(store, settings, clock=clock, lifecycle=uploads, slots=slots["sessions"], engine=engine),
             bundles=BundleService(files.storage, files, clock=clock),
             hub=hub,
             journal=journal,
@@ -115,26 +158,24 @@ class Services:
             resolve=ResolveService(settings, imports),
             tp=TPService(files, sessions, imports, clock=clock),
             a2a=A2AService(files, imports, clock=clock),
-            authorizations=Authorizations(files, engine),
-            direct=DirectService(files.storage, settings, clock=clock, publisher=files.publisher, engine=engine),
-            chunks=ChunkService(files, clock=clock),
+            authorizations=Authorizations(files, uploads, slots["authorizations"]),
+            direct=DirectService(store, settings, clock=clock, lifecycle=uploads, slots=slots["plans"]),
+            chunks=ChunkService(ChunkStore(files, records, clock=clock), uploads, slots["chunked"], clock=clock),
+            uploads=uploads,
         )
 
     def maintenance(self) -> list[Sweep]:
         """The background work of every host, in one place: a new sweep is one line here."""
         every = self.settings.session_gc_interval
         return [
-            Sweep("sessions", every, self.sessions.sweep_expired),
-            Sweep("tus", every, self.tus.sweep_expired),
+            Sweep("uploads", every, self.uploads.sweep),
             Sweep("abandoned_uploads", every, self.files.sweep_abandoned_uploads),
             Sweep("expired_files", every, self.files.sweep_expired_files),
             Sweep("shared_content", every, self.files.sweep_shared_content),
             Sweep("jobs", every, self.journal.sweep_jobs),
-            Sweep("authorizations", every, self.authorizations.sweep_authorizations),
-            Sweep("direct_plans", every, self.direct.sweep_direct_plans),
             Sweep("tp_mailboxes", every, self.tp.sweep_mailboxes),
             Sweep("expired_bundles", every, self.bundles.sweep_expired_bundles),
-            Sweep("chunks", every, self.chunks.sweep_chunks),
+            Sweep("chunks", every, self.chunks.store.sweep_chunks),
         ]
 
     async def start(self) -> None:

@@ -2,7 +2,7 @@
 
 On a single CPU a worker thread cannot hash one piece while the event loop receives the next: handing each piece to it
 only adds two context switches and a wake-up of the loop. So where the service hashes received bytes in a thread
-(:mod:`transfer.service.uploads.ingest`, :class:`transfer.service.uploads.engine.PieceHasher`), it hashes them on the
+(:mod:`transfer.service.files.ingest`, :class:`transfer.service.hashing.PieceHasher`), it hashes them on the
 loop when :data:`SINGLE` is true (a batch of 1 MiB holds the loop ~0.6 ms; none longer than :data:`LOOP_HASH_MAX`). An
 upload into the discarding sink on a server pinned to one core: 1.01 -> 0.92 s of CPU per GiB, 0.58x -> 0.64x one-core
 SHA-256 (AMD EPYC, medians of 5, two rounds in turn). Decoding and encoding stay in the thread (their cost per byte is

@@ -19,18 +19,18 @@ chunk indices stop where ``max_size`` (the service's size limit) would end.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Self
 
+from transfer.core.model.naming import sanitize_filename
 from transfer.core.uploads.state import (
     Part,
     UploadEvent,
+    UploadRecord,
     UploadState,
     compact_ranges,
     parts_from_json,
     parts_to_json,
-    state_at,
-    transition,
 )
 from transfer.errors import (
     ChunkLengthMismatch,
@@ -62,28 +62,28 @@ def plan_chunk_size(requested: int | None, *, default: int, minimum: int, maximu
     return size
 
 
-@dataclass(frozen=True, slots=True)
-class Session:
-    """Everything persisted about a session (JSON in the storage backend)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Session(UploadRecord):
+    """Everything persisted about a session (JSON in the storage backend): the shared fields of every upload, and
+    its size, chunking and the index of its stored chunks."""
 
-    id: str
-    name: str
-    content_type: str | None
-    size: int | None
+    size: int | None = None
     chunk_size: int
-    created_at: float
-    expires_at: float
-    state: SessionState = SessionState.OPEN
     checksum: str | None = None  # declared sha256:<hex> of the whole
-    role: str | None = None
-    description: str | None = None
-    file_id: str | None = None  # once completed
     chunk_digests: list[str] = field(default_factory=list)  # xxh3-128 hex per chunk, once completed
-    owner: str | None = None  # the API key that opened it (open-session quota)
     max_size: int | None = None  # the largest file it may make (the service's limit when it was opened)
     parts: dict[int, Part] = field(default_factory=dict)  # chunk index -> size and digests: the stored chunks
-    file_ttl: int | None = None  # seconds the file it makes lives from completion (None: until deleted)
     staged: bool = False  # chunks are written at their offsets into one staged object, not stored one by one
+
+    @property
+    def name(self) -> str:
+        """The name the file will have (as its descriptor shows it: sanitised, ``upload`` when none was given)."""
+        return sanitize_filename(self.intent.name, default="upload")
+
+    @property
+    def content_type(self) -> str | None:
+        """The media type the client declared for the file (None: sniffed at completion)."""
+        return self.intent.content_type
 
     @property
     def total_chunks(self) -> int | None:
@@ -98,18 +98,9 @@ class Session:
             return total_chunks(self.size, self.chunk_size)
         return None if self.max_size is None else total_chunks(self.max_size, self.chunk_size)
 
-    def state_at(self, now: float) -> SessionState:
-        """The session's state at ``now`` (an open session past its expiry is expired)."""
-        return state_at(self.state, self.expires_at, now)
-
-    def after(self, event: UploadEvent, now: float) -> SessionState:
-        """The state ``event`` leads to at ``now`` (the transition table); the state's refusal if none."""
-        detail = {"file_id": self.file_id} if self.file_id else {}
-        return transition(self.state_at(now), event, upload_id=f"session {self.id}", **detail)
-
     def require_open(self, now: float) -> None:
         """Refuse unless chunks may still be stored (the table's PUT_PART)."""
-        self.after(UploadEvent.PUT_PART, now)
+        self.after(UploadEvent.PUT_PART, now, noun="session")
 
     @property
     def stored(self) -> dict[int, int]:
@@ -173,34 +164,29 @@ class Session:
                 raise ChunkLengthMismatch(f"chunk {i} has {stored[i]} bytes; expected {expected}", index=i)
         return size, total
 
-    def with_changes(self, **changes: Any) -> Session:
-        """A copy of the session with ``changes``."""
-        return replace(self, **changes)
-
     def to_json(self) -> dict[str, Any]:
         """The session's record as stored."""
         return {
-            "owner": self.owner,
-            "id": self.id,
-            "name": self.name,
-            "content_type": self.content_type,
+            **self.base_json(),
             "size": self.size,
             "chunk_size": self.chunk_size,
-            "created_at": self.created_at,
-            "expires_at": self.expires_at,
-            "state": self.state.value,
             "checksum": self.checksum,
-            "role": self.role,
-            "description": self.description,
-            "file_id": self.file_id,
             "chunk_digests": self.chunk_digests,
             "max_size": self.max_size,
             "parts": parts_to_json(self.parts),
-            "file_ttl": self.file_ttl,
             "staged": self.staged,
         }
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> Session:
-        """The session a stored record holds."""
-        return cls(**{**doc, "state": SessionState(doc["state"]), "parts": parts_from_json(doc.get("parts"))})
+    def from_json(cls, doc: dict[str, Any]) -> Self:
+        """The session a stored record holds (one written before intents were kept whole: from its flat fields)."""
+        return cls(
+            **cls.base_fields(doc),
+            size=doc.get("size"),
+            chunk_size=int(doc["chunk_size"]),
+            checksum=doc.get("checksum"),
+            chunk_digests=list(doc.get("chunk_digests") or []),
+            max_size=doc.get("max_size"),
+            parts=parts_from_json(doc.get("parts")),
+            staged=bool(doc.get("staged")),
+        )

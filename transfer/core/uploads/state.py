@@ -1,18 +1,24 @@
-"""The one upload state machine behind tus uploads (offset-addressed parts), chunked sessions (index-addressed
-parts), direct-upload plans (parts in the bucket) and upload authorisations (one PUT), written as an executable
-transition table, as h11 writes HTTP/1.1's. Every record's state is moved by :func:`transition` alone. Pure: no I/O.
+"""The one upload state machine behind every resumable upload (tus and IETF uploads, chunked sessions, direct-upload
+plans, upload authorisations, chunked deduplicating uploads), written as an executable transition table, as h11
+writes HTTP/1.1's, and the record every kind of upload shares. Pure: no I/O.
 
     state      event            next state
     OPEN       PUT_PART         OPEN        a part is stored and enters the record's index
     OPEN       DECLARE_LENGTH   OPEN        tus creation-defer-length; a session's size at completion
     OPEN       COMPLETE         COMPLETED   every byte present and verified; the file is published
-    OPEN       ABORT            ABORTED     tus termination, session abort
-    OPEN       EXPIRE           EXPIRED     the clock passed expires_at (the expiry sweep records it)
+    OPEN       ABORT            ABORTED     tus termination, session abort, plan abort
+    OPEN       EXPIRE           EXPIRED     (the clock decided: an open upload past its expiry is EXPIRED already)
     COMPLETED  COMPLETE         COMPLETED   a second completion (a HEAD and the last PATCH, two replicas): one outcome
+    EXPIRED    EXPIRE           EXPIRED     the sweep records what the clock decided
+
+An OPEN record past its ``expires_at`` is EXPIRED whether or not the sweep has recorded it yet
+(:meth:`UploadRecord.state_at`); events are judged on that derived state. So a completion racing an abort on two
+replicas has one outcome: whichever compare-and-set comes first moves the record, and the other is refused by the
+table (410 ``session_aborted`` for the completion, whose file then goes again; 409 ``session_completed`` for the
+abort).
 
 Any other (state, event) pair raises the refusal of the current state (SessionCompleted 409, SessionAborted 410,
-SessionExpired 410), carrying the state and the event. An OPEN record whose ``expires_at`` has passed is EXPIRED
-whether or not the sweep has recorded it yet (:func:`state_at`).
+SessionExpired 410), carrying the state and the event.
 
 The record of an upload indexes its parts: address -> :class:`Part` (size and digests), where the address is the
 byte offset (tus) or the chunk index (sessions). Every per-request path reads this index; none lists storage.
@@ -22,15 +28,15 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Self
 
+from transfer.core.model.content import FileRole
 from transfer.errors import SessionAborted, SessionCompleted, SessionExpired, TransferError
 
 
 class UploadState(enum.StrEnum):
-    """The states of every resumable upload (tus, IETF, sessions, direct plans, authorisations) in the transition
-    table."""
+    """The states of every resumable upload in the transition table."""
 
     OPEN = "open"
     COMPLETED = "completed"
@@ -56,6 +62,7 @@ TRANSITIONS: Mapping[tuple[UploadState, UploadEvent], UploadState] = {
     (S.OPEN, E.ABORT): S.ABORTED,
     (S.OPEN, E.EXPIRE): S.EXPIRED,
     (S.COMPLETED, E.COMPLETE): S.COMPLETED,
+    (S.EXPIRED, E.EXPIRE): S.EXPIRED,
 }
 
 _REFUSALS: Mapping[UploadState, tuple[type[TransferError], str]] = {
@@ -64,6 +71,7 @@ _REFUSALS: Mapping[UploadState, tuple[type[TransferError], str]] = {
     S.ABORTED: (SessionAborted, "was aborted"),
     S.EXPIRED: (SessionExpired, "expired"),
 }
+ENDED = frozenset({S.COMPLETED, S.ABORTED, S.EXPIRED})
 
 
 def transition(state: UploadState, event: UploadEvent, *, upload_id: str = "upload", **detail: Any) -> UploadState:
@@ -85,6 +93,128 @@ def state_at(state: UploadState, expires_at: float, now: float) -> UploadState:
     if state is UploadState.OPEN and now >= expires_at:
         return UploadState.EXPIRED
     return state
+
+
+@dataclass(frozen=True, slots=True)
+class FileIntent:
+    """What the file an upload makes is to be: its name, media type (the client's own word, or a hint that came with
+    the body, perhaps a tool's default), role, description and lifetime in seconds from its publication (as asked by
+    the client until the engine settles it against the key's and the service's policy; then as granted). One type
+    from the front door that parses it, through the upload's record, to the publisher that applies it."""
+
+    name: str | None = None
+    content_type: str | None = None
+    hinted_type: str | None = None
+    role: FileRole | None = None
+    description: str | None = None
+    lifetime: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The intent as a record stores it (fields that are not set are left out)."""
+        doc: dict[str, Any] = {
+            "name": self.name,
+            "content_type": self.content_type,
+            "hinted_type": self.hinted_type,
+            "role": None if self.role is None else self.role.value,
+            "description": self.description,
+            "lifetime": self.lifetime,
+        }
+        return {k: v for k, v in doc.items() if v is not None}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any] | None) -> FileIntent:
+        """The intent a record stores (None: nothing was asked)."""
+        doc = doc or {}
+        role = doc.get("role")
+        lifetime = doc.get("lifetime")
+        return cls(
+            name=_text(doc.get("name")),
+            content_type=_text(doc.get("content_type")),
+            hinted_type=_text(doc.get("hinted_type")),
+            role=FileRole(role) if role else None,
+            description=_text(doc.get("description")),
+            lifetime=int(lifetime) if isinstance(lifetime, int | float) else None,
+        )
+
+
+NO_INTENT = FileIntent()  # nothing asked for: the defaults apply
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UploadRecord:
+    """What every upload's record holds, whatever its kind: who owns it, its life (state, expiry) and the file it
+    makes (its intent; its id once published). A kind's record adds its own
+    fields (the index of its parts, its size, ...) by subclassing; only the upload engine writes it."""
+
+    id: str
+    owner: str | None = None  # the API key that opened it (None: open mode); other keys get 404
+    created_at: float = 0.0
+    expires_at: float = 0.0  # after this, an open upload is expired
+    state: UploadState = UploadState.OPEN  # as recorded; moved by the transition table alone
+    file_id: str | None = None  # the published file, once completed
+    intent: FileIntent = FileIntent()
+
+    def state_at(self, now: float) -> UploadState:
+        """The upload's state at ``now`` (derived from the clock: see the module text)."""
+        return state_at(self.state, self.expires_at, now)
+
+    def after(self, event: UploadEvent, now: float, *, noun: str = "upload", **changes: Any) -> Self:
+        """This record after ``event`` at ``now`` (the table's refusal when it may not happen then), with
+        ``changes``."""
+        detail = {"file_id": self.file_id} if self.file_id else {}
+        state = transition(self.state_at(now), event, upload_id=f"{noun} {self.id}", **detail)
+        return replace(self, state=state, **changes)
+
+    def base_json(self) -> dict[str, Any]:
+        """The shared fields as every kind's record stores them."""
+        doc: dict[str, Any] = {
+            "id": self.id,
+            "owner": self.owner,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            "state": self.state.value,
+            "file_id": self.file_id,
+            "intent": self.intent.to_json(),
+        }
+        return doc
+
+    @staticmethod
+    def base_fields(doc: Mapping[str, Any]) -> dict[str, Any]:
+        """The shared fields of a stored record, as keyword arguments (a record written before states were recorded:
+        its state from its flags, ``file_id`` and ``terminated``; before intents were kept whole: its intent from
+        ``legacy_intent``)."""
+        state = doc.get("state")
+        if not state:
+            finished, ended = doc.get("file_id") is not None, bool(doc.get("terminated"))
+            state = UploadState.COMPLETED if finished else UploadState.ABORTED if ended else UploadState.OPEN
+        return {
+            "id": str(doc["id"]),
+            "owner": doc.get("owner"),
+            "created_at": float(doc.get("created_at") or 0.0),
+            "expires_at": float(doc.get("expires_at") or 0.0),
+            "state": UploadState(state),
+            "file_id": doc.get("file_id"),
+            "intent": FileIntent.from_json(doc["intent"]) if "intent" in doc else legacy_intent(doc),
+        }
+
+
+def legacy_intent(doc: Mapping[str, Any]) -> FileIntent:
+    """The intent of a record written before intents were kept whole: its flat fields (``file_ttl`` or
+    ``lifetime`` for the lifetime)."""
+    lifetime = doc.get("file_ttl", doc.get("lifetime"))
+    return FileIntent.from_json(
+        {
+            "name": doc.get("name"),
+            "content_type": doc.get("content_type"),
+            "role": doc.get("role"),
+            "description": doc.get("description"),
+            "lifetime": lifetime,
+        }
+    )
 
 
 @dataclass(frozen=True, slots=True)

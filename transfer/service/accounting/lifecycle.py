@@ -15,7 +15,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 
-from storage.base import Storage
 from storage.errors import ObjectNotFound
 from transfer.core.auth import parse_keys
 from transfer.core.uploads.lifetimes import (
@@ -27,8 +26,8 @@ from transfer.core.uploads.lifetimes import (
     parse_expiry_key,
 )
 from transfer.errors import TransferError, storage_errors_translated
+from transfer.service.accounting.recordstore import RecordStore
 from transfer.service.accounting.usage import UsageLedger
-from transfer.service.files.records import FileRecord
 from transfer.settings import Settings
 
 log = logging.getLogger("transfer.lifecycle")
@@ -37,12 +36,12 @@ log = logging.getLogger("transfer.lifecycle")
 class Lifecycle:
     """Lifetimes, the expiry index and byte quotas of one service (shared by its upload engines)."""
 
-    def __init__(self, storage: Storage, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
-        self.storage = storage
+    def __init__(self, records: RecordStore, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+        self.storage = records.storage
         self.settings = settings
         self.clock = clock
         self.keys = parse_keys(settings.api_keys or {})
-        self.usage = UsageLedger(storage, self.keys, clock=clock)
+        self.usage = UsageLedger(records, self.keys, clock=clock)
 
     def policy(self, owner: str | None) -> LifetimePolicy:
         """The lifetime rules that apply to the files of ``owner``."""
@@ -152,10 +151,10 @@ class Lifecycle:
         except TransferError as exc:
             log.warning("the removal claim of %s stays until its lease ends: %s", ledger_id, exc)
 
-    async def deleted(self, record: FileRecord) -> None:
-        """``record``'s file was removed (:meth:`remove_charged`, refunded there): its expiry index entry goes."""
-        if record.expires_at is not None:
-            await self.drop_index_entry(expiry_key(record.expires_at, record.id))
+    async def deleted(self, file_id: str, expires_at: datetime | None) -> None:
+        """File ``file_id`` was removed (:meth:`remove_charged`, refunded there): its expiry index entry goes."""
+        if expires_at is not None:
+            await self.drop_index_entry(expiry_key(expires_at, file_id))
 
     async def drop_index_entry(self, key: str) -> None:
         """Remove one expiry index entry (gone already: nothing to do)."""

@@ -1,6 +1,7 @@
-"""Open sessions per API key (chunked sessions and tus uploads together), kept in one record per key that every
-replica changes by compare-and-set; the same counter, in records of their own, bounds a key's open direct upload
-plans (``plans``), upload authorisations (``authorizations``) and chunked uploads (``chunked``).
+"""Open uploads per API key and kind: one record per key and kind (``folder``) that every replica changes by
+compare-and-set. The composition root builds one counter per folder: ``sessions`` (chunked sessions and tus/IETF
+uploads together), ``plans`` (direct upload plans), ``authorizations`` (upload authorisations) and ``chunked``
+(chunked deduplicating uploads); the upload engine registers each kind's uploads with its counter.
 
 The record ``owners/<key hash>/open/<folder>`` holds ``{"ids": [...], "since": {id: acquired at}}``, the ids holding
 a slot, never more than the limit. Acquiring adds an id below the limit; only at the limit are the ids checked
@@ -25,12 +26,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from storage.base import Storage
+from transfer.core.ids import owner_folder
 from transfer.errors import TooManySessions, TransferError, storage_errors_translated
 from transfer.service.accounting.recordstore import RecordStore
-from transfer.service.files.records import owner_folder
 
-IsOpen = Callable[[str], Awaitable[bool]]
+IsOpen = Callable[[str | None, str], Awaitable[bool]]  # (owner, upload id) -> holds its slot
 EMPTY: dict[str, Any] = {"ids": []}
 FRESH = 60.0  # seconds an id counts as open without asking: its record may not be written yet (claim's block)
 
@@ -57,24 +57,22 @@ def _since(doc: Any) -> dict[str, float]:
     return {k: float(v) for k, v in since.items() if isinstance(k, str) and isinstance(v, (int, float))}
 
 
-class SessionQuota:
-    """Shared by the session and tus services: each registers how to tell whether one of its ids is still open.
-    ``folder``, ``noun`` and ``error`` make it the counter of another kind of open resource."""
+class OpenSlots:
+    """One key's open uploads of the kinds registered with it, at most ``limit`` at once (``noun`` and ``error`` say
+    so when refused); each kind registers how to tell whether one of its ids is still open."""
 
     def __init__(
         self,
-        storage: Storage,
+        records: RecordStore,
         limit: int,
         *,
         folder: str = "sessions",
         noun: str = "open sessions",
         error: type[TransferError] = TooManySessions,
-        records: RecordStore | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.clock = clock
-        self.storage = storage
-        self.records = records or RecordStore(storage)
+        self.records = records
         self.limit = limit
         self.folder = folder
         self.noun = noun
@@ -86,19 +84,20 @@ class SessionQuota:
         return f"{owner_folder(owner)}open/{self.folder}"
 
     def register(self, owns: Callable[[str], bool], is_open: IsOpen) -> None:
-        """Count the uploads whose ids ``owns`` recognises, asking ``is_open`` whether each still holds a slot."""
+        """Count the uploads whose ids ``owns`` recognises, asking ``is_open(owner, id)`` whether each still holds a
+        slot."""
         self._checkers.append((owns, is_open))
 
-    async def _is_open(self, session_id: str) -> bool:
+    async def _is_open(self, owner: str, session_id: str) -> bool:
         for owns, is_open in self._checkers:
             if owns(session_id):
-                return await is_open(session_id)
+                return await is_open(owner, session_id)
         return False
 
-    async def _still_open(self, sid: str, since: dict[str, float]) -> bool:
+    async def _still_open(self, owner: str, sid: str, since: dict[str, float]) -> bool:
         """Whether ``sid`` holds its slot: recorded as acquired less than FRESH seconds ago (its upload's record may
         still be on its way: a replica racing the creation must not take it for finished), or open by its service."""
-        return self.clock() - since.get(sid, 0.0) < FRESH or await self._is_open(sid)
+        return self.clock() - since.get(sid, 0.0) < FRESH or await self._is_open(owner, sid)
 
     async def _change(self, owner: str, change: Callable[[list[str]], list[str] | None]) -> list[str]:
         # not durable: a record lost in a power cut only forgets slots (the limit is a guard, not an account)
@@ -149,7 +148,7 @@ class SessionQuota:
             except _Full as full:
                 taken, since = full.ids, full.since
             # at the limit: ask each holder whether it is still open, and drop the others with the same write
-            closed = frozenset([sid for sid in taken if not await self._still_open(sid, since)])
+            closed = frozenset([sid for sid in taken if not await self._still_open(owner, sid, since)])
             try:
                 await self._change(owner, add(closed))
             except _Full as full:

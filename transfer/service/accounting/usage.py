@@ -46,11 +46,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from storage.base import Storage
 from transfer.core.auth import ApiKey
 from transfer.core.uploads.lifetimes import Usage
 from transfer.errors import Conflict, NotFound
-from transfer.service.accounting.recordstore import DEFAULT_POLICY, RecordStore, RetryPolicy
+from transfer.service.accounting.recordstore import RecordStore
 
 USAGE_PREFIX = "usage/"
 REMOVAL_LEASE = 600.0  # seconds a removal claim holds: a claimer that died frees the file for another removal then
@@ -160,18 +159,13 @@ class UsageLedger:
     """Per-key byte counts and quotas over one storage backend, exact across replicas (compare-and-set)."""
 
     def __init__(
-        self,
-        storage: Storage,
-        keys: Mapping[str, ApiKey],
-        *,
-        clock: Callable[[], float] = time.time,
-        policy: RetryPolicy = DEFAULT_POLICY,
+        self, records: RecordStore, keys: Mapping[str, ApiKey], *, clock: Callable[[], float] = time.time
     ) -> None:
-        self.storage = storage
-        self.policy = policy
+        self.records = records
+        self.storage = records.storage
+        self.policy = records.policy
         self.keys = keys
         self.clock = clock
-        self.records = RecordStore(storage, policy)
 
     def quota_of(self, owner: str | None) -> int | None:
         """The byte quota of ``owner``'s key (None: no quota)."""
@@ -294,11 +288,12 @@ class UsageLedger:
         return await self._update(owner, change, durable=durable)
 
     async def withdraw(self, owner: str | None, rid: str, nbytes: int) -> None:
-        """Take back the charge of upload ``rid`` whose publication failed (it may be charged again by a retry)."""
+        """Take back the charge of upload ``rid`` whose publication failed (it may be charged again by a retry).
+        Once: a charge already taken back (by a concurrent failure of the same upload) is not taken back again."""
 
         def change(doc: _Doc) -> None:
-            doc.changes.pop(rid, None)
-            doc.add(-nbytes, -1)
+            if doc.changes.pop(rid, None) is not None:
+                doc.add(-nbytes, -1)
 
         await self._update(owner, change)
 

@@ -24,12 +24,13 @@ from typing import Any
 from transfer.core.agents.a2a_protocol import FilePart, IncomingMessage, InlinePart, TaskView, decode_inline
 from transfer.core.auth import TRUSTED, Grant, Scope
 from transfer.core.model.content import FileContent
+from transfer.core.uploads.state import FileIntent
 from transfer.errors import Conflict, FileExpired, NotFound, TaskNotFound, TooLarge, TransferError
 from transfer.service.files.documents import read_document, write_document
+from transfer.service.files.ingest import UploadRequest
 from transfer.service.files.records import FileRecord
 from transfer.service.files.service import FileService
 from transfer.service.jobs.imports import ImportService
-from transfer.service.uploads.ingest import UploadRequest
 
 log = logging.getLogger("transfer.a2a")
 
@@ -127,8 +128,7 @@ class A2AService:
         data = await asyncio.to_thread(decode_inline, part.data)
         request = UploadRequest(
             owner=caller.owner,
-            name=part.name,
-            content_type=part.media_type,
+            intent=FileIntent(name=part.name, content_type=part.media_type),
             checksum=part.checksum,
             expected_size=part.size,
         )

@@ -51,6 +51,7 @@ from transfer.core.agents.tp import (
 )
 from transfer.core.auth import Grant, Scope
 from transfer.core.model.content import DownloadMethod, FileContent, TransferMode
+from transfer.core.uploads.state import FileIntent
 from transfer.errors import (
     BridgeFailed,
     InvalidEnvelope,
@@ -242,8 +243,7 @@ class TPService:
             if not isinstance(spec, dict):
                 raise InvalidEnvelope("payload.upload must be an object")
             session = await self.sessions.create(
-                name=_opt_str(spec, "name"),
-                content_type=_opt_str(spec, "content_type"),
+                intent=FileIntent(name=_opt_str(spec, "name"), content_type=_opt_str(spec, "content_type")),
                 size=_opt_int(spec, "size"),
                 chunk_size=_opt_int(spec, "chunk_size"),
                 checksum=_opt_str(spec, "checksum"),

@@ -35,11 +35,11 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 
-from storage.base import Storage
-from transfer.core.model.content import ContentEncoding, FileRole
+from transfer.core.model.content import ContentEncoding
 from transfer.core.model.mime import require_media_type
 from transfer.core.model.naming import resolve_content_type, sanitize_filename, sniff_is_cheap
 from transfer.core.uploads.lifetimes import expiry_key
+from transfer.core.uploads.state import FileIntent
 from transfer.errors import (
     InvalidRequest,
     NotFound,
@@ -49,13 +49,15 @@ from transfer.errors import (
     storage_errors_translated,
 )
 from transfer.service.accounting.lifecycle import Lifecycle
-from transfer.service.files.documents import index_file
+from transfer.service.accounting.recordstore import RecordStore
+from transfer.service.files.documents import index_file, unindex_file
 from transfer.service.files.records import FileRecord, object_key
 from transfer.service.files.shared import SharedContent
 from transfer.settings import Settings
 
 log = logging.getLogger("transfer.publisher")
 
+MAX_NAME = 1024  # characters of a file name as asked (the stored name is sanitised and shorter)
 SNIFF_BYTES = 4096  # the first bytes of a file a door keeps for its media type
 # a completion of the same upload may still come this long after the upload's own expiry (one started just before
 # it): the upload stays marked as charged until then
@@ -81,12 +83,7 @@ class Candidate:
     sha256: str  # hex, of the original bytes
     head: bytes  # the first original bytes (up to SNIFF_BYTES): the media type is sniffed from them
     source: str  # the door, for the log
-    name: str | None = None
-    content_type: str | None = None  # the client's own word: it wins
-    hinted_type: str | None = None  # a type that came with the body (perhaps a tool's default)
-    role: FileRole | None = None
-    description: str | None = None
-    lifetime: int | None = None  # seconds the file lives from its publication (already checked against the policy)
+    intent: FileIntent = FileIntent()  # what the file is to be (its lifetime already settled against the policy)
     encoding: ContentEncoding = ContentEncoding.NONE  # of the stored bytes
     encoded_size: int | None = None  # stored bytes (None: the original size)
     encoded_sha256: str | None = None  # hex, of the stored bytes (None: the original's)
@@ -102,37 +99,34 @@ class Publisher:
     """Validates, records, charges, places and indexes every file the service publishes (see the module text)."""
 
     def __init__(
-        self, storage: Storage, settings: Settings, lifecycle: Lifecycle, *, clock: Callable[[], float]
+        self, records: RecordStore, settings: Settings, lifecycle: Lifecycle, *, clock: Callable[[], float]
     ) -> None:
-        self.storage = storage
+        self.storage = records.storage
         self.settings = settings
         self.lifecycle = lifecycle
         self.clock = clock
         self.shared = SharedContent(
-            storage,
+            records,
             min_size=settings.dedup_min_size,
             enabled=settings.dedup,
             clock=clock,
             groups=settings.dedup_groups,
         )
 
-    def check_fields(
-        self,
-        *,
-        content_type: str | None = None,
-        hinted_type: str | None = None,
-        description: str | None = None,
-    ) -> None:
-        """Refuse what no door may publish: a description above ``max_description_length``, a malformed media type.
-        Doors call it as soon as they know a field (before reading a byte); :meth:`publish` calls it again on what
-        it is handed, so a field that arrives with the body (a multipart form field) meets the same rule."""
+    def check_intent(self, intent: FileIntent) -> None:
+        """Refuse what no door may publish: a description above ``max_description_length``, a malformed media type,
+        a name longer than ``MAX_NAME`` characters. The upload engine calls it when an upload opens and a plain
+        upload before it reads a byte; :meth:`publish` calls it again on what it is handed, so a field that arrives
+        with the body (a multipart form field) meets the same rule, whatever the door."""
         limit = self.settings.max_description_length
-        if description is not None and len(description) > limit:
+        if intent.description is not None and len(intent.description) > limit:
             raise InvalidRequest(f"description longer than {limit} characters", field="description", limit=limit)
-        if content_type is not None:
-            require_media_type(content_type)
-        if hinted_type is not None:
-            require_media_type(hinted_type, "Content-Type")
+        if intent.name is not None and len(intent.name) > MAX_NAME:
+            raise InvalidRequest(f"name longer than {MAX_NAME} characters", field="name", limit=MAX_NAME)
+        if intent.content_type is not None:
+            require_media_type(intent.content_type)
+        if intent.hinted_type is not None:
+            require_media_type(intent.hinted_type, "Content-Type")
 
     async def require_room(self, owner: str | None, upload_id: str, size: int, *, what: str, retry: str) -> None:
         """Before a door does costly work (assembling, reading back) for ``size`` bytes of upload ``upload_id``:
@@ -154,19 +148,20 @@ class Publisher:
     async def record(self, candidate: Candidate) -> FileRecord:
         """The FileRecord ``candidate`` becomes: its fields checked, its media type sniffed (off the event loop
         unless declared or cheap), its expiry from its lifetime."""
-        c = candidate
-        self.check_fields(content_type=c.content_type, hinted_type=c.hinted_type, description=c.description)
+        c, intent = candidate, candidate.intent
+        self.check_intent(intent)
         file_id = c.file_id or file_id_for(c.upload_id)
         head = c.head[:SNIFF_BYTES]
-        sniff = partial(resolve_content_type, head, c.name, declared=c.content_type, hinted=c.hinted_type)
+        declared, hinted = intent.content_type, intent.hinted_type
+        sniff = partial(resolve_content_type, head, intent.name, declared=declared, hinted=hinted)
         # puremagic's full scan costs about a millisecond of CPU: not on the event loop; without it sniffing costs
         # less than the thread hop
-        content_type = sniff() if c.content_type or sniff_is_cheap(head) else await asyncio.to_thread(sniff)
+        content_type = sniff() if declared or sniff_is_cheap(head) else await asyncio.to_thread(sniff)
         require_media_type(content_type)
         created = self.now()
         return FileRecord(
             id=file_id,
-            name=sanitize_filename(c.name, default=file_id),
+            name=sanitize_filename(intent.name, default=file_id),
             content_type=content_type,
             size=c.size,
             sha256=c.sha256,
@@ -174,10 +169,10 @@ class Publisher:
             encoded_size=c.size if c.encoded_size is None else c.encoded_size,
             encoded_sha256=c.sha256 if c.encoded_sha256 is None else c.encoded_sha256,
             created_at=created,
-            role=c.role,
-            description=c.description,
+            role=intent.role,
+            description=intent.description,
             owner=c.owner,
-            expires_at=self.lifecycle.expiry(created, c.lifetime),
+            expires_at=self.lifecycle.expiry(created, intent.lifetime),
             content=c.content,
             shared_as=None if c.content is not None else self.shared.key_for(c.owner, c.sha256, c.size, c.encoding),
         )
@@ -206,7 +201,10 @@ class Publisher:
         except BaseException:
             if charged and not await self._placed(record):
                 try:
-                    await self.lifecycle.usage.withdraw(record.owner, candidate.upload_id, record.size)
+                    if until is None:  # a charge not marked by its upload id (a plain upload): its bytes go back
+                        await self.lifecycle.usage.refund(record.owner, record.size)
+                    else:
+                        await self.lifecycle.usage.withdraw(record.owner, candidate.upload_id, record.size)
                 except TransferError as exc:  # the publication's own error is the one to report
                     log.warning(
                         "%s (%s) was not published; its %d bytes stay counted: %s",
@@ -235,7 +233,7 @@ class Publisher:
             c,
             file_id=file_id,
             head=b"",
-            content_type=c.content_type or content.content_type,  # sniffed from these very bytes at first
+            intent=replace(c.intent, content_type=c.intent.content_type or content.content_type),  # sniffed at first
             encoding=content.encoding,
             encoded_size=content.encoded_size,
             encoded_sha256=content.encoded_sha256,
@@ -258,6 +256,31 @@ class Publisher:
             except TransferError:
                 pass  # unknown: the reference stays, and the sweep drops it once the file is known to be missing
             raise
+
+    async def unpublish(self, record: FileRecord) -> bool:
+        """The one way a file goes (delete, expiry sweep, a completion that lost its upload to an abort): True for
+        the one caller that removed it, False for every other (:meth:`Lifecycle.remove_charged`: claimed, removed,
+        refunded once); then it leaves its expiry index and its owner's file index."""
+        shared = self.shared
+        content: str | None = None
+
+        async def move_shared_bytes() -> None:  # bytes other files share leave its object before it goes
+            nonlocal content
+            content = await shared.before_removal(record)
+
+        removed = await self.lifecycle.remove_charged(
+            object_key(record.id), record.owner, record.id, record.size, before_delete=move_shared_bytes
+        )
+        if not removed:
+            return False
+        if content is not None:  # a pointer's reference goes after its file
+            try:
+                await shared.after_removal(content, record)
+            except TransferError as exc:  # the file is gone: a reference left behind is the sweep's to drop
+                log.warning("%s is removed; its reference in %s stays until the sweep: %s", record.id, content, exc)
+        await self.lifecycle.deleted(record.id, record.expires_at)
+        await unindex_file(self.storage, record)  # after: a crash in between leaves an entry the listing skips
+        return True
 
     async def _placed(self, record: FileRecord) -> bool:
         """Whether the file of ``record`` (these bytes) is published, whoever placed it; False when unknown."""

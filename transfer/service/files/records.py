@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
 
-from transfer.core.ids import is_id, new_id
+from transfer.core.ids import is_id, new_id, owner_folder
 from transfer.core.model.content import ContentEncoding, FileRole
 from transfer.errors import StorageUnavailable
 
@@ -24,11 +23,6 @@ def new_file_id() -> str:
 def object_key(file_id: str) -> str:
     """The storage key of a file's bytes."""
     return f"files/{file_id}"
-
-
-def owner_folder(owner: str) -> str:
-    """``owners/<key hash>/``: what is kept per API key (the open-upload records, the file index)."""
-    return f"owners/{hashlib.sha256(owner.encode('utf-8')).hexdigest()[:32]}/"
 
 
 def owner_files_prefix(owner: str) -> str:

@@ -12,13 +12,13 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 import pybase64
 
-from storage.base import Capability, ObjectReader, Storage, SupportsAbandonedUploads, SupportsPresign, capable, rules_of
+from storage.base import Capability, ObjectReader, SupportsAbandonedUploads, SupportsPresign, capable, rules_of
 from storage.errors import StorageError
 from transfer import metrics
 from transfer.core.auth import TRUSTED, Grant
@@ -48,12 +48,10 @@ from transfer.errors import (
     UrlExpired,
     storage_errors_translated,
 )
-from transfer.service.accounting.lifecycle import Lifecycle
 from transfer.service.backends import load_signing_keys
-from transfer.service.files.documents import unindex_file
+from transfer.service.files.ingest import UploadRequest, ingest, request_candidate
 from transfer.service.files.publisher import Publisher
 from transfer.service.files.records import FileRecord, is_file_id, new_file_id, object_key, owner_files_prefix
-from transfer.service.uploads.ingest import UploadRequest, ingest, request_candidate
 from transfer.settings import MAX_URL_TTL, Settings
 
 log = logging.getLogger("transfer.files")
@@ -121,18 +119,18 @@ class FileService:
 
     def __init__(
         self,
-        storage: Storage,
         settings: Settings,
+        publisher: Publisher,
         signer: UrlSigner | None = None,
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.storage = storage
+        self.storage = publisher.storage
         self.settings = settings
         self._signer = signer
         self.clock = clock
-        self.lifecycle = Lifecycle(storage, settings, clock=clock)
-        self.publisher = Publisher(storage, settings, self.lifecycle, clock=clock)
+        self.publisher = publisher
+        self.lifecycle = publisher.lifecycle
         self._fresh: dict[str, bytes] = {}  # original bytes of small files just stored (insertion order)
 
     async def start(self) -> None:
@@ -173,20 +171,22 @@ class FileService:
         source: str = "upload",
         with_body: Callable[[UploadRequest], UploadRequest] | None = None,
         body_pending: bool = False,
+        file_id: str | None = None,
     ) -> FileRecord:
         """Store a streamed body; published only once every declared digest and size has been verified (through
         the one publisher: its fields checked there, whichever door it came by). ``request`` is only read;
         ``with_body``: how the fields that come with the body (a multipart form's) complete it, once it ended.
         ``body_pending``: no byte of the body has been asked for yet (``Expect: 100-continue``): if the request
         declares ``checksum`` and ``size`` of content its key already stores, the file is published sharing those
-        bytes and the body is never read."""
+        bytes and the body is never read. ``file_id``: the id the file gets (an upload authorisation's, derived from
+        its id; a fresh one otherwise)."""
         s = self.settings
         lifecycle = self.lifecycle
-        self.publisher.check_fields(
-            content_type=request.content_type, hinted_type=request.hinted_type, description=request.description
-        )
-        lifetime = lifecycle.lifetime(request.owner, request.expires_in)  # refused before a byte is read
-        file_id = new_file_id()
+        # the intent checked and its lifetime granted before a byte is read
+        self.publisher.check_intent(request.intent)
+        lifetime = lifecycle.lifetime(request.owner, request.intent.lifetime)
+        request = replace(request, intent=replace(request.intent, lifetime=lifetime))
+        file_id = file_id or new_file_id()
         if body_pending and with_body is None and request.checksum and request.expected_size is not None:
             known = await self.publisher.publish_known(
                 request_candidate(
@@ -196,7 +196,6 @@ class FileService:
                     sha256=request.checksum.removeprefix("sha256:"),
                     head=b"",
                     source=source + " (shared)",
-                    lifetime=lifetime,
                 )
             )
             if known is not None:
@@ -219,7 +218,6 @@ class FileService:
                     levels=encoder_levels(s),
                     publisher=self.publisher,
                     room=room,
-                    lifetime=lifetime,
                     source=source,
                     with_body=with_body,
                 )
@@ -273,32 +271,8 @@ class FileService:
         """Delete a file (expired or not); its signed URLs stop working at once; its bytes leave its key's usage.
         Deleting a missing file is NotFound, and so is every delete of a file but the one that removed it when
         several race (on one process or across replicas)."""
-        if not await self._remove(await self._stored_record(file_id, caller)):
+        if not await self.publisher.unpublish(await self._stored_record(file_id, caller)):
             raise NotFound(f"no file {file_id!r}")
-
-    async def _remove(self, record: FileRecord) -> bool:
-        """The one way a file goes (delete, expiry sweep): True for the one caller that removed it, False for
-        every other (:meth:`Lifecycle.remove_charged`: claimed, removed, refunded once); then it is unindexed."""
-        shared = self.publisher.shared
-        content: str | None = None
-
-        async def move_shared_bytes() -> None:  # bytes other files share leave its object before it goes
-            nonlocal content
-            content = await shared.before_removal(record)
-
-        removed = await self.lifecycle.remove_charged(
-            object_key(record.id), record.owner, record.id, record.size, before_delete=move_shared_bytes
-        )
-        if not removed:
-            return False
-        if content is not None:  # a pointer's reference goes after its file
-            try:
-                await shared.after_removal(content, record)
-            except TransferError as exc:  # the file is gone: a reference left behind is the sweep's to drop
-                log.warning("%s is removed; its reference in %s stays until the sweep: %s", record.id, content, exc)
-        await self.lifecycle.deleted(record)
-        await unindex_file(self.storage, record)  # after: a crash in between leaves an entry the listing skips
-        return True
 
     async def sweep_shared_content(self) -> int:
         """Reconcile the records of shared bytes with the files that exist (see :meth:`SharedContent.sweep`)."""
@@ -328,7 +302,7 @@ class FileService:
                 continue
             if not is_expired(record.expires_at, now):
                 continue  # later in the current hour
-            if await self._remove(record):
+            if await self.publisher.unpublish(record):
                 removed += 1  # by this sweep: another replica's sweep (or a delete) may have taken it first
         return removed
 

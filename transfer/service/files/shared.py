@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from storage.base import Capability, ObjectReader, Storage, SupportsCompose, capable
+from storage.base import Capability, ObjectReader, SupportsCompose, capable
 from storage.errors import ObjectNotFound
 from transfer.core.model.content import ContentEncoding
 from transfer.errors import Conflict, NotFound, TransferError, VersionConflict, storage_errors_translated
@@ -117,17 +117,17 @@ class SharedContent:
 
     def __init__(
         self,
-        storage: Storage,
+        records: RecordStore,
         *,
         min_size: int,
         enabled: bool,
         clock: Callable[[], float],
         groups: Mapping[str, Iterable[str]] | None = None,
     ) -> None:
-        self.storage = storage
+        self.storage = storage = records.storage
         # key name -> its sharing group (TRANSFER_DEDUP_GROUPS; settings checked a key is in one group at most)
         self.group_of = {name: group for group, names in (groups or {}).items() for name in names}
-        self.records = RecordStore(storage)
+        self.records = records
         self.min_size = min_size
         self.clock = clock
         self.composer = capable(storage, Capability.COMPOSE, SupportsCompose)

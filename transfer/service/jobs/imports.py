@@ -30,6 +30,7 @@ from transfer.core.model.content import (
     load_descriptor,
 )
 from transfer.core.numerals import decimal
+from transfer.core.uploads.state import FileIntent
 from transfer.errors import (
     InvalidDescriptor,
     RemoteError,
@@ -38,11 +39,11 @@ from transfer.errors import (
     UpstreamTimeout,
     error_from_payload,
 )
+from transfer.service.files.ingest import UploadRequest
 from transfer.service.files.records import FileRecord
 from transfer.service.files.service import FileService
 from transfer.service.jobs.fetch import DestinationPolicy, GuardedTransport
 from transfer.service.jobs.progress import Job, ProgressHub, counted
-from transfer.service.uploads.ingest import UploadRequest
 
 log = logging.getLogger("transfer.imports")
 
@@ -122,10 +123,12 @@ class ImportService:
         verified."""
         request = UploadRequest(
             owner=caller.owner,
-            name=descriptor.name,
-            content_type=descriptor.content_type,
-            role=descriptor.role,
-            description=descriptor.description,
+            intent=FileIntent(
+                name=descriptor.name,
+                content_type=descriptor.content_type,
+                role=descriptor.role,
+                description=descriptor.description,
+            ),
             checksum=descriptor.checksum,
             expected_size=descriptor.size,
         )

@@ -4,10 +4,10 @@ URL, the method and header fields to use and the size limit. The bytes never tra
 
 An upload authorisation is one record in the storage backend::
 
-    authz/<id>/grant.json     owner, name, content type, size limit, start deadline, keep-until, and its state in
-                              the upload engine's transition table (open -> completed with the stored file's id,
-                              moved by compare-and-set by the one PUT or confirm that succeeded)
-    authz/<id>/result.json    (read only) where authorisations made before states were recorded kept the file id
+    authz/<id>/grant.json     owner, the file's intent (name, content type, lifetime), size limit, start deadline,
+                              keep-until (its expiry), and its state in the one upload lifecycle (open ->
+                              completed with the stored file's id, moved by compare-and-set: one PUT or confirm
+                              completes it; a second confirm answers the same file)
     authz/<id>/object         on a backend with presigned PUTs (S3): where the client's PUT lands
 
 Two expiries: the signed PUT URL must be *started* before ``start_by`` (short: a leaked URL is soon worthless); the
@@ -16,45 +16,48 @@ Where the backend presigns PUTs (S3), the URL is the bucket's own: the bytes nev
 ``confirm`` checks the size, hashes the object by reading it back, and publishes it by a server-side copy. Elsewhere
 (local storage) the URL is the service's ``PUT /v1/authorized/{id}``, signed like a download URL, which streams
 through :meth:`FileService.upload` (hashing, size limit, atomic publish). Either way nothing is published before its
-SHA-256 is known, and ``confirm`` answers the descriptor with it.
+SHA-256 is known, and ``confirm`` answers the descriptor with it. A presigned PUT needs the exact ``size``: the bucket
+holds the client to it (the length is signed) and the key's quota reserves it until the authorisation ends, so what
+the bucket holds before ``confirm`` is always counted.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 
 from storage.base import Capability, SupportsPresignPut
 from transfer.core.auth import TRUSTED, Grant
-from transfer.core.ids import is_id, new_id
+from transfer.core.ids import new_id
 from transfer.core.model.content import checksum_hex
-from transfer.core.model.mime import require_media_type
-from transfer.core.model.naming import sanitize_filename
-from transfer.core.uploads.state import UploadEvent, UploadState, state_at, transition
+from transfer.core.uploads.state import NO_INTENT, FileIntent, UploadRecord, UploadState
 from transfer.errors import (
     Conflict,
     Gone,
     InvalidRequest,
     NotFound,
+    SessionCompleted,
     SizeMismatch,
     TooLarge,
-    TooManyAuthorizations,
+    TransferError,
     storage_errors_translated,
 )
-from transfer.service import cpus
-from transfer.service.accounting.slots import SessionQuota
-from transfer.service.files.documents import publish_composed, read_document
-from transfer.service.files.publisher import SNIFF_BYTES, Candidate
+from transfer.service.accounting.slots import OpenSlots
+from transfer.service.files.documents import publish_composed
+from transfer.service.files.ingest import UploadRequest
+from transfer.service.files.publisher import SNIFF_BYTES, Candidate, file_id_for
+from transfer.service.files.records import FileRecord
 from transfer.service.files.service import FileService
-from transfer.service.uploads.engine import UploadEngine
-from transfer.service.uploads.ingest import UploadRequest
+from transfer.service.hashing import read_back
+from transfer.service.uploads.lifecycle import UploadKind, UploadLifecycle
 
 START_TTL = 15 * 60  # seconds to start the PUT (default; at most ``MAX_START_TTL``)
 MAX_START_TTL = 3600
 KEEP_TTL = 24 * 3600  # seconds the authorisation and its result are kept
+PREFIX = "authz/"
 
 
 def new_authorization_id() -> str:
@@ -62,17 +65,17 @@ def new_authorization_id() -> str:
     return new_id("az_")
 
 
-def is_authorization_id(value: str) -> bool:
-    """Whether ``value`` is an upload authorisation id."""
-    return is_id(value, "az_")
-
-
 def _staged(aid: str) -> str:
-    return f"authz/{aid}/object"
+    return f"{PREFIX}{aid}/object"
 
 
-def _grant_key(aid: str) -> str:
-    return f"authz/{aid}/grant.json"
+def _grant_key(aid: str, owner: str | None = None) -> str:
+    return f"{PREFIX}{aid}/grant.json"
+
+
+def _listed(key: str) -> tuple[str, bool] | None:
+    aid, sep, rest = key[len(PREFIX) :].partition("/")
+    return (aid, rest == "grant.json") if sep and rest else None
 
 
 def upload_path(aid: str) -> str:
@@ -80,45 +83,34 @@ def upload_path(aid: str) -> str:
     return f"/v1/authorized/{aid}"
 
 
-@dataclass(frozen=True, slots=True)
-class UploadGrant:
-    """An MCP ``authorize_upload`` grant: who may send what (name, type, at most ``max_size`` bytes) to its upload
-    URL, until when, and how long the file it makes is kept."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UploadGrant(UploadRecord):
+    """An MCP ``authorize_upload`` grant: who may send what (the intent's name and type, at most ``max_size`` bytes)
+    to its upload URL, until when (``start_by``; the grant itself is kept until its ``expires_at``)."""
 
-    id: str
-    owner: str | None
-    name: str | None
-    content_type: str | None
     max_size: int
     start_by: int
-    keep_until: int
-    file_ttl: int | None = None  # seconds the file it receives lives (None: until deleted)
     size: int | None = None  # the exact size asked for: signed into a presigned PUT, reserved against the quota
-    state: str = "open"  # an UploadState value: open, then completed (``file_id`` set)
-    file_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The grant record as stored."""
-        return asdict(self)
+        return {**self.base_json(), "max_size": self.max_size, "start_by": self.start_by, "size": self.size}
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> UploadGrant:
-        """A grant record as stored."""
-        return cls(**doc)
-
-    def completed_with(self, file_id: str, now: float) -> UploadGrant | None:
-        """The grant once it received ``file_id`` (None: it already has; Conflict: it received another file)."""
-        if self.state == UploadState.COMPLETED.value:
-            if self.file_id == file_id:
-                return None
-            raise Conflict(f"authorization {self.id} was already used")
-        # judged as of its keep-until, not its start deadline: a PUT started in time may end after it
-        state = transition(state_at(UploadState(self.state), self.keep_until, now), UploadEvent.COMPLETE)
-        return replace(self, state=state.value, file_id=file_id)
+    def from_json(cls, doc: dict[str, Any]) -> Self:
+        """A grant record as stored (one written before the shared form kept its expiry as ``keep_until``)."""
+        fields = cls.base_fields(doc)
+        if "keep_until" in doc and "expires_at" not in doc:
+            fields["expires_at"] = float(doc["keep_until"])
+        return cls(**fields, max_size=int(doc["max_size"]), start_by=int(doc["start_by"]), size=doc.get("size"))
 
 
 def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _gone(grant: UploadGrant, state: UploadState) -> TransferError:
+    return Gone(f"authorization {grant.id} " + ("was aborted" if state is UploadState.ABORTED else "has expired"))
 
 
 async def _bounded(body: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
@@ -131,53 +123,49 @@ async def _bounded(body: AsyncIterator[bytes], limit: int) -> AsyncIterator[byte
 
 
 class Authorizations:
-    """Upload/download authorisations over the one FileService (state in its storage backend: any replica)."""
+    """Upload/download authorisations over the one FileService (state in its storage backend: any replica): the
+    authorisation door of the one upload lifecycle."""
 
-    def __init__(self, files: FileService, engine: UploadEngine) -> None:
+    def __init__(self, files: FileService, lifecycle: UploadLifecycle, slots: OpenSlots) -> None:
         self.files = files
         self.storage = files.storage
-        self.engine = engine  # the process's one engine (Services.build): grant records changed by compare-and-set
-        # open upload authorisations per key: a marker each, checked against its grant only at the key's limit
-        self.open_grants = SessionQuota(
-            files.storage,
-            files.settings.max_open_authorizations_per_key,
-            folder="authorizations",
-            noun="open upload authorisations",
-            error=TooManyAuthorizations,
-            clock=files.clock,
+        self.lifecycle = lifecycle
+        self.kind = lifecycle.register(
+            UploadKind(
+                name="authorization",
+                noun="authorization",
+                prefix="az",
+                decode=UploadGrant.from_json,
+                encode=UploadGrant.to_json,
+                key=_grant_key,
+                listing=PREFIX,
+                listed=_listed,
+                slots=slots,
+                discard=self._discard,
+                gone=_gone,
+            )
         )
-        self.open_grants.register(is_authorization_id, self._is_open)
-
-    async def _is_open(self, aid: str) -> bool:
-        """Whether authorisation ``aid`` still holds a slot of its key: kept, and no file received yet."""
-        try:
-            grant = await self._grant(aid)
-        except (NotFound, Gone):
-            return False
-        return await self._received(grant) is None
 
     async def authorize_upload(
         self,
         caller: Grant,
         base_url: str,
         *,
-        name: str | None = None,
-        content_type: str | None = None,
+        intent: FileIntent = NO_INTENT,
         max_size: int | None = None,
         size: int | None = None,
         start_ttl: int | None = None,
-        expires_in: int | None = None,
         checksum: str | None = None,
     ) -> dict[str, Any]:
-        """A new upload authorisation for the caller's key: where to PUT, until when, how much; ``expires_in``:
-        the lifetime of the file it receives (refused now when above the key's or the service's maximum).
+        """A new upload authorisation for the caller's key: where to PUT, until when, how much; ``intent``: the file
+        it receives (its lifetime refused now when above the key's or the service's maximum).
 
         ``size``: the exact length of the file to come. Then the PUT must carry exactly that ``Content-Length``:
         a presigned PUT signs it, so the bucket itself refuses any other body (and nothing oversize is ever
         stored), and the service's own PUT URL refuses it before reading; the size is reserved against the key's
-        quota now (413 ``quota_exceeded`` before a URL is issued) while the PUT goes to the bucket. Without it,
-        ``max_size`` bounds the body: checked as it streams through the service, or at ``confirm`` for a presigned
-        PUT (which removes an oversize object then).
+        quota now (413 ``quota_exceeded`` before a URL is issued) while the PUT goes to the bucket. A presigned PUT
+        needs it (400 without): what the bucket holds is counted from the start. Through the service, ``max_size``
+        may bound the body instead, checked as it streams.
 
         ``checksum`` and ``size``: content the key already stores is published at once, sharing its bytes
         (``complete``: no PUT is needed, ``confirm_upload`` answers its descriptor); other content, or another
@@ -197,52 +185,31 @@ class Authorizations:
             raise InvalidRequest(f"max_size must be between 1 and {limit}", limit=limit)
         if size is not None and not 0 <= size <= (max_size or limit):
             raise InvalidRequest(f"size must be between 0 and {max_size or limit}", limit=max_size or limit)
-        if content_type is not None:
-            require_media_type(content_type, "content_type")
+        if size is None and self.direct:
+            raise InvalidRequest(
+                "size is required: the upload goes straight to the bucket, which is held to the exact length and "
+                "counted against the key's quota from the start",
+                field="size",
+            )
         if start_ttl is not None and not 0 < start_ttl <= MAX_START_TTL:
             raise InvalidRequest(f"start_ttl must be between 1 and {MAX_START_TTL} seconds")
-        file_ttl = self.files.lifecycle.lifetime(caller.owner, expires_in)
         now = int(self.files.clock())
         grant = UploadGrant(
             id=new_authorization_id(),
             owner=caller.owner,
-            name=sanitize_filename(name, default="upload") if name else None,
-            content_type=content_type,
+            created_at=now,
+            expires_at=now + KEEP_TTL,
+            intent=intent,
             max_size=size if size is not None else max_size or limit,
             start_by=now + (start_ttl or START_TTL),
-            keep_until=now + KEEP_TTL,
-            file_ttl=file_ttl,
             size=size,
         )
-        if size is not None and self.direct:  # through the service, the PUT reserves as any upload does
-            await self.files.lifecycle.admit(caller.owner, grant.id, size, grant.keep_until)
-        try:
-            await self.open_grants.acquire(caller.owner, grant.id)  # TooManyAuthorizations at the key's limit
-            await self.engine.create(_grant_key(grant.id), grant.to_json())
-        except BaseException:
-            await self.files.lifecycle.release_after_failure(caller.owner, grant.id)
-            raise
-        complete = False
-        if declared is not None and size is not None:
-            shared = await self.files.publisher.publish_known(
-                Candidate(
-                    owner=grant.owner,
-                    upload_id=grant.id,
-                    size=size,
-                    sha256=declared,
-                    head=b"",
-                    source="authorization (shared)",
-                    name=grant.name,
-                    content_type=content_type,
-                    lifetime=file_ttl,
-                )
-            )
-            if shared is not None:
-                await self._completed(grant.id, shared.id)
-                complete = True
+        # through the service, the PUT reserves as any upload does; straight to the bucket, the grant does
+        known = None if declared is None or size is None else (declared, size)
+        grant = await self.lifecycle.open(self.kind, grant, reserve=size, reserving=self.direct, known=known)
         # Content-Length is signed but not among the fields to set: every HTTP client sends the length of what it
         # sends (browsers may not set it), and a body of any other length does not match the signature
-        headers = {"content-type": content_type or "application/octet-stream"}
+        headers = {"content-type": grant.intent.content_type or "application/octet-stream"}
         if self.direct:
             # straight to the bucket: the service never sees the bytes; confirm_upload verifies and publishes
             assert isinstance(self.storage, SupportsPresignPut)
@@ -259,9 +226,9 @@ class Authorizations:
             "authorization_id": grant.id,
             "upload": {"url": url, "method": "PUT", "headers": headers, "expires_at": _iso(grant.start_by)},
             "max_size": grant.max_size,
-            "expires_at": _iso(grant.keep_until),
+            "expires_at": _iso(grant.expires_at),
             "direct": self.direct,
-            "complete": complete,
+            "complete": grant.state is UploadState.COMPLETED,
         }
         if size is not None:
             out["size"] = size
@@ -272,22 +239,18 @@ class Authorizations:
         """Whether uploads go straight to the backend (presigned PUT) rather than through the service."""
         return isinstance(self.storage, SupportsPresignPut) and Capability.PRESIGN in self.storage.capabilities
 
-    async def _grant(self, aid: str) -> UploadGrant:
-        if not is_authorization_id(aid):
-            raise NotFound(f"no authorization {aid!r}")
-        try:
-            doc, _ = await self.engine.read(_grant_key(aid))
-        except NotFound:
-            raise NotFound(f"no authorization {aid!r}") from None
-        grant = UploadGrant.from_json(doc)
-        if self.files.clock() >= grant.keep_until:
+    async def _grant(self, aid: str, caller: Grant = TRUSTED) -> UploadGrant:
+        """The grant ``aid`` (the caller's; NotFound for another key's); Gone once it is past its keep-until."""
+        grant = await self.lifecycle.load(self.kind, aid, caller)
+        if self.files.clock() >= grant.expires_at:
             raise Gone(f"authorization {aid} has expired")
         return grant
 
     async def receive(self, aid: str, query: str, body: AsyncIterator[bytes], *, content_length: int | None) -> str:
         """The PUT of a signed upload URL (the URL is the capability: no key): verify the signature and the start
-        deadline (``url_expired`` after it), stream the body into a new file, record it. One PUT succeeds per
-        authorisation; a second is refused and its file removed. Returns the new file's id."""
+        deadline (``url_expired`` after it), stream the body into the authorisation's file, record it. One PUT
+        succeeds per authorisation: one after it is refused (409 ``conflict``), and of two PUTs received at once
+        one publishes the file and the other is refused. Returns the new file's id."""
         self.files.signer.verify("PUT", upload_path(aid), query, self.files.clock())
         grant = await self._grant(aid)
         if content_length is not None and content_length > grant.max_size:
@@ -298,39 +261,20 @@ class Authorizations:
                 expected=grant.size,
                 received=content_length,
             )
-        # through FileService.upload: the key's quota and the file's lifetime apply as to any upload
-        request = UploadRequest(
-            name=grant.name,
-            content_type=grant.content_type,
-            owner=grant.owner,
-            declared_length=content_length,
-            expires_in=grant.file_ttl,
-        )
-        record = await self.files.upload(_bounded(body, grant.max_size), request, source="authorization")
+
+        async def publish(grant: UploadGrant) -> FileRecord:
+            # through FileService.upload: the key's quota and the file's lifetime apply as to any upload
+            request = UploadRequest(intent=grant.intent, owner=grant.owner, declared_length=content_length)
+            bounded = _bounded(body, grant.max_size)
+            return await self.files.upload(bounded, request, source="authorization", file_id=file_id_for(grant.id))
+
+        if grant.state is UploadState.COMPLETED:
+            raise Conflict(f"authorization {aid} was already used")
         try:
-            await self._completed(aid, record.id)
-        except Conflict:  # another PUT won
-            await self.files.delete(record.id, TRUSTED)
-            raise
+            _, record = await self.lifecycle.finish(self.kind, aid, TRUSTED, publish=publish, again=False, loaded=grant)
+        except SessionCompleted:  # another PUT completed it meanwhile
+            raise Conflict(f"authorization {aid} was already used") from None
         return record.id
-
-    async def _completed(self, aid: str, file_id: str) -> None:
-        """Record that authorisation ``aid`` received ``file_id`` (compare-and-set: one file per authorisation)."""
-        now = self.files.clock()
-        grant = await self.engine.update(
-            _grant_key(aid), UploadGrant.from_json, lambda g: g.completed_with(file_id, now), UploadGrant.to_json
-        )
-        # it holds no slot of its key any more: its marker goes now, not when the key next reaches its limit
-        await self.open_grants.release(grant.owner, aid)
-
-    async def _received(self, grant: UploadGrant) -> str | None:
-        """The id of the file ``grant`` received, if any."""
-        if grant.file_id is not None:
-            return grant.file_id
-        try:  # an authorisation made before states were recorded
-            return str((await read_document(self.storage, f"authz/{grant.id}/result.json"))["file_id"])
-        except NotFound:
-            return None
 
     async def descriptor(self, file_id: str, base_url: str) -> dict[str, Any]:
         """The url-mode descriptor of a file an authorisation received (its owner was checked by the caller)."""
@@ -338,79 +282,60 @@ class Authorizations:
         return await self.files.describe_json(record, base_url, inline=False)
 
     async def confirm(self, aid: str, caller: Grant, base_url: str) -> dict[str, Any]:
-        """The descriptor (with its SHA-256) of the file an authorisation received; Conflict while nothing is."""
-        grant = await self._grant(aid)
-        if not caller.sees(grant.owner):
-            raise NotFound(f"no authorization {aid!r}")
-        file_id = await self._received(grant)
-        if file_id is None:
-            if not self.direct:
-                raise Conflict(f"nothing was uploaded to authorization {aid} yet", start_by=_iso(grant.start_by))
-            file_id = await self._publish_staged(grant)
-        return await self.descriptor(file_id, base_url)
+        """The descriptor (with its SHA-256) of the file an authorisation received; Conflict while nothing is. Two
+        confirms racing (on one replica or two) answer the same file."""
+        grant = await self._grant(aid, caller)
+        if grant.state is UploadState.COMPLETED and grant.file_id is not None:
+            return await self.descriptor(grant.file_id, base_url)
+        if not self.direct:
+            raise Conflict(f"nothing was uploaded to authorization {aid} yet", start_by=_iso(grant.start_by))
+        _, record = await self.lifecycle.finish(self.kind, aid, caller, self._gather_staged, loaded=grant)
+        await self._drop_staged(aid)
+        return await self.descriptor(record.id, base_url)
 
-    async def _publish_staged(self, grant: UploadGrant) -> str:
-        """Verify and publish what a presigned PUT left in the bucket: its size against the limit, its SHA-256 by
-        streaming it back inside the service's network (S3 keeps no whole-object SHA-256 of a plain PUT that we
-        could trust without the client's declaration), then a server-side copy under the file's name. The file id
-        follows from the authorisation id, so two confirms publish the same file once."""
+    async def _gather_staged(self, grant: UploadGrant) -> tuple[Candidate, Any]:
+        """Verify what a presigned PUT left in the bucket: its size against the grant, its SHA-256 by streaming it
+        back inside the service's network (S3 keeps no whole-object SHA-256 of a plain PUT that we could trust
+        without the client's declaration); published by a server-side copy under the file's name."""
         staged = _staged(grant.id)
         try:
             with storage_errors_translated():
                 info = await self.storage.stat(staged)
         except NotFound:
-            # a concurrent confirm published it and removed the staged object meanwhile
-            done = await self._received(await self._grant(grant.id))
-            if done is not None:
-                return done
             raise Conflict(
                 f"nothing was uploaded to authorization {grant.id} yet", start_by=_iso(grant.start_by)
             ) from None
-        if info.size > grant.max_size:
-            with storage_errors_translated():
-                await self.storage.delete(staged)
+        if info.size > grant.max_size or (grant.size is not None and info.size != grant.size):
+            await self._drop_staged(grant.id)  # a bucket that ignored the signed length: what it took goes
+            if grant.size is not None:
+                raise SizeMismatch(
+                    f"the upload is {info.size} bytes, not the authorised {grant.size}",
+                    expected=grant.size,
+                    received=info.size,
+                )
             raise TooLarge(f"the upload is {info.size} bytes, more than the authorised {grant.max_size}")
-        if grant.size is not None and info.size != grant.size:  # a bucket that ignored the signed length
-            with storage_errors_translated():
-                await self.storage.delete(staged)
-            raise SizeMismatch(
-                f"the upload is {info.size} bytes, not the authorised {grant.size}",
-                expected=grant.size,
-                received=info.size,
-            )
         # before the read-back: over quota, nothing is published and the staged bytes stay until the authorisation
         # expires (the key may make room and confirm again)
-        await self.files.publisher.require_room(
-            grant.owner, grant.id, info.size, what="the upload", retry="delete files and confirm again"
-        )
+        await self.lifecycle.require_room(grant, info.size, retry="delete files and confirm again")
         sha = hashlib.sha256()
-        head = bytearray()
         with storage_errors_translated():
             async with await self.storage.open(staged) as reader:
-                async for piece in reader.read():
-                    await cpus.hashed(sha.update, len(piece), piece)
-                    if len(head) < SNIFF_BYTES:
-                        head += piece[: SNIFF_BYTES - len(head)]
-        candidate = Candidate(
-            owner=grant.owner,
-            upload_id=grant.id,
-            size=info.size,
-            sha256=sha.hexdigest(),
-            head=bytes(head),
-            source="authorization",
-            name=grant.name,
-            content_type=grant.content_type,
-            lifetime=grant.file_ttl,
-            republishable_until=grant.keep_until,
+                got = await read_back(reader.read(), sha, head=SNIFF_BYTES)
+        candidate = self.lifecycle.candidate(
+            grant, size=got.size, sha256=sha.hexdigest(), head=got.head, source="authorization"
         )
-        record = await self.files.publisher.publish(
-            candidate, lambda record: publish_composed(self.storage, record, [staged])
-        )
-        file_id = record.id
-        await self._completed(grant.id, file_id)  # a concurrent confirm recorded the same file id: nothing to do
+        return candidate, lambda record: publish_composed(self.storage, record, [staged])
+
+    async def _drop_staged(self, aid: str) -> None:
         with storage_errors_translated():
-            await self.storage.delete(staged)
-        return file_id
+            try:
+                await self.storage.delete(_staged(aid))
+            except NotFound:
+                pass
+
+    async def _discard(self, grant: UploadGrant) -> None:
+        """What an ended authorisation holds beside its record: the object a presigned PUT left, never confirmed."""
+        await self._drop_staged(grant.id)
 
     async def authorize_download(
         self, file_id: str, caller: Grant, base_url: str, *, ttl: int | None = None
@@ -430,28 +355,3 @@ class Authorizations:
             "content_type": record.content_type,
             "name": record.name,
         }
-
-    async def sweep_authorizations(self) -> int:
-        """Delete what expired authorisations left (their record, result and any staged object that was never
-        confirmed); published files stay. Returns how many authorisations were removed."""
-        now = self.files.clock()
-        keys: dict[str, list[str]] = {}
-        with storage_errors_translated():
-            async for info in self.storage.list("authz/"):
-                keys.setdefault(info.key.split("/")[1], []).append(info.key)
-        removed = 0
-        for aid, owned in keys.items():
-            try:
-                doc = await read_document(self.storage, _grant_key(aid))
-                expired = now >= float(doc["keep_until"])
-            except NotFound:
-                doc, expired = {}, True  # a staged object or result without its record
-            if not expired:
-                continue
-            with storage_errors_translated():
-                for key in owned:
-                    await self.storage.delete(key)
-            if "owner" in doc:  # its slot marker, if a completion did not drop it
-                await self.open_grants.release(doc["owner"], aid)
-            removed += 1
-        return removed

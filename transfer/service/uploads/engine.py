@@ -1,15 +1,12 @@
-"""The upload engine: what tus uploads and chunked sessions share, written once.
+"""Parts of resumable uploads, written once for every door: how a part is stored and hashed, and the running
+SHA-256 of an upload whose parts arrive in order (or are read back when they did not). The record of an upload,
+and its whole life, are the upload lifecycle's (:mod:`transfer.service.uploads.lifecycle`).
 
-- **Records.** Each upload has one small JSON record (its owner, expiry, declared length, state and the index of
-  its parts); :meth:`UploadEngine.update` changes it with the backend's compare-and-set through the one record
-  store (:mod:`transfer.service.accounting.recordstore`: bounded retries), so replicas and restarted processes agree
-  without listing storage.
-- **Parts.** :meth:`UploadEngine.store_part` writes one part if-absent while hashing it (:class:`PieceHasher`).
-- **Hashing.** Every digest of uploaded bytes goes through :class:`PieceHasher`, which hands pieces above a small
-  threshold to a thread (hashlib and xxhash release the GIL): CPU work never holds the event loop.
-  :class:`PrefixHasher` is the running SHA-256 of the whole upload, following its parts in order.
-- **Locks.** One table of per-upload locks (:class:`storage.keyed.KeyedLocks`): an entry lives while someone holds
-  or waits for it, so nothing is left behind when an upload ends.
+- **Parts.** :meth:`UploadEngine.store_part` writes one part if-absent while hashing it; :meth:`write_part_at`
+  writes one at its offset in a staged object.
+- **Hashing.** Every digest of uploaded bytes goes through :class:`~transfer.service.hashing.PieceHasher`, which
+  hands pieces above a small threshold to a thread (hashlib and xxhash release the GIL): CPU work never holds the
+  event loop. :class:`PrefixHasher` is the running SHA-256 of the whole upload, following its parts in order.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import xxhash
 
@@ -26,8 +23,7 @@ from storage.base import RegionWriter, Storage
 from storage.errors import ObjectExists, StorageError
 from transfer.core.uploads.state import Part
 from transfer.errors import NotFound, from_storage_error, storage_errors_translated
-from transfer.service import cpus
-from transfer.service.accounting.recordstore import RecordStore
+from transfer.service.hashing import Digest, PieceHasher
 
 T = TypeVar("T")
 HEAD_BYTES = 4096  # the start of an upload kept by its hasher (media type sniffing)
@@ -35,28 +31,6 @@ HEAD_BYTES = 4096  # the start of an upload kept by its hasher (media type sniff
 # on a loaded core each wake-up waits for a time slice (a CPU hog beside a server that hopped per 64 KiB piece made
 # chunked uploads 0.37x of one stream; see benchmarks/network.py)
 REGION_BATCH = 4 << 20
-OFFLOAD_BYTES = 64 << 10  # pieces at least this long are hashed in a thread (below, the hop costs more than it saves)
-
-
-class _Digest(Protocol):
-    def update(self, data: bytes, /) -> None: ...
-
-
-class PieceHasher:
-    """Several digests of one stream of pieces, updated together: in a thread for pieces of ``OFFLOAD_BYTES`` or
-    more (the digests release the GIL), inline for smaller ones and, on a single CPU, for pieces up to
-    :data:`~transfer.service.cpus.LOOP_HASH_MAX`. Pieces must be fed in order, one at a time."""
-
-    def __init__(self, *digests: _Digest | None) -> None:
-        self._digests = [d for d in digests if d is not None]
-
-    def _update(self, piece: bytes) -> None:
-        for digest in self._digests:
-            digest.update(piece)
-
-    async def update(self, piece: bytes) -> None:
-        """Feed one piece to every digest (in a thread when it is large)."""
-        await cpus.hashed(self._update, len(piece), piece, at_most=OFFLOAD_BYTES - 1)
 
 
 class PrefixHasher:
@@ -119,18 +93,11 @@ class PartExists(Exception):
 
 
 class UploadEngine:
-    """Records, parts, hashers and locks for every upload of one process over one storage backend."""
+    """Parts and running hashers of every upload of one process over one storage backend."""
 
-    def __init__(self, storage: Storage, records: RecordStore | None = None) -> None:
+    def __init__(self, storage: Storage) -> None:
         self.storage = storage
-        self.records = records or RecordStore(storage)
-        self.locks = self.records.locks  # per-upload locks (keyed by upload id; records by their key)
         self.hashers: dict[str, PrefixHasher] = {}
-        self.read = self.records.read
-        self.create = self.records.create
-        self.update = self.records.update
-
-    # -- records: the record store's (read, create, compare-and-set update within its retry policy) -------------
 
     # -- parts ---------------------------------------------------------------------------------------------------
 
@@ -143,7 +110,7 @@ class UploadEngine:
         too_long: Callable[[int], Exception],
         size_hint: int | None,
         sha256: bool = False,
-        extra: _Digest | None = None,
+        extra: Digest | None = None,
         live: _Staged | None = None,
         durable: bool = True,
         verify: Callable[[StoredPart], None] | None = None,

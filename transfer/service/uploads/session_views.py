@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from transfer.core.model.content import DownloadMethod, FileContent, FileRole, TransferMode, format_timestamp
+from transfer.core.model.content import DownloadMethod, FileContent, TransferMode, format_timestamp
 from transfer.core.uploads.sessions import Session
 from transfer.service.files.records import FileRecord
 from transfer.service.files.service import FileService
@@ -31,8 +31,8 @@ def streaming_descriptor(
         size=session.size,
         checksum=("sha256:" + record.sha256) if record else session.checksum,
         name=session.name,
-        role=FileRole(session.role) if session.role else None,
-        description=session.description,
+        role=session.intent.role,
+        description=session.intent.description,
         url=url,
         url_expires_at=expires_at,
         download_method=DownloadMethod.GET,

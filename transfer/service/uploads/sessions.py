@@ -1,11 +1,12 @@
 """Chunked upload sessions: create, put chunk (any order, in parallel, verified), status, complete, abort, expiry,
 and reading chunks — while the upload is still going on (live) or after it completed.
 
-The index-addressed view of the upload engine (:mod:`transfer.service.uploads.engine`). Everything lives in the storage
-backend, so a restarted process or another replica carries on:
+The index-addressed door of the one upload lifecycle (:mod:`transfer.service.uploads.lifecycle`). Everything lives in
+the storage backend, so a restarted process or another replica carries on:
 
-    sessions/<id>/session.json        the Session record: state, expiry, owner and the index of stored chunks
-                                      (index -> size, xxh3-128, SHA-256), updated by compare-and-set
+    sessions/<id>/session.json        the Session record: state, expiry, owner, the file's intent and the index of
+                                      stored chunks (index -> size, xxh3-128, SHA-256), updated by compare-and-set
+                                      through the lifecycle
     sessions/<id>/chunks/<index:08d>  one chunk, created if-absent (a second writer gets ObjectExists), with its
                                       digests in the object's metadata too (a chunk stored by a process that died
                                       before its record said so is adopted when the client sends it again)
@@ -18,7 +19,8 @@ Chunk PUT, status, completion and abort read the record; none lists storage. The
 by the engine's prefix hasher that follows the contiguous prefix of stored chunks (re-reading each chunk once, in
 the background, as the prefix grows, and checking it against its recorded xxh3-128); after a restart it starts
 again from chunk 0. Completion publishes the staged file by a rename (no byte copied), or, with chunk objects,
-composes them server-side (COMPOSE; S3: UploadPartCopy) into an ordinary stored file and deletes them.
+composes them server-side (COMPOSE; S3: UploadPartCopy) into an ordinary stored file and deletes them. Reading
+chunks (live, or after completion) is :mod:`transfer.service.uploads.session_reads`.
 """
 
 from __future__ import annotations
@@ -27,27 +29,23 @@ import asyncio
 import hashlib
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, Self
+from typing import Any
 
 import xxhash
 
-from storage.base import Capability, ObjectInfo, ObjectReader, Storage, SupportsWriteAtOffset, capable, rules_of
+from storage.base import Capability, ObjectInfo, Storage, SupportsWriteAtOffset, capable, rules_of
 from transfer.core.auth import TRUSTED, Grant
-from transfer.core.ids import is_id, new_id
-from transfer.core.model.content import FileRole, checksum_hex, format_timestamp
-from transfer.core.model.naming import sanitize_filename
-from transfer.core.uploads.lifetimes import is_expired
+from transfer.core.ids import new_id
+from transfer.core.model.content import checksum_hex
 from transfer.core.uploads.sessions import Session, SessionState, compact_ranges, plan_chunk_size
-from transfer.core.uploads.state import Part, UploadEvent, transition, with_part
+from transfer.core.uploads.state import FileIntent, Part, UploadEvent, with_part
 from transfer.errors import (
     ChecksumMismatch,
     ChunkChecksumMismatch,
     ChunkConflict,
     ChunkLengthMismatch,
-    ChunkNotReady,
-    FileExpired,
     InvalidRequest,
     NotFound,
     SessionIncomplete,
@@ -56,16 +54,18 @@ from transfer.errors import (
     VersionConflict,
     storage_errors_translated,
 )
-from transfer.service.accounting.slots import SessionQuota
+from transfer.service.accounting.slots import OpenSlots
 from transfer.service.files.documents import publish_composed
-from transfer.service.files.publisher import Candidate, Publisher
+from transfer.service.files.publisher import Candidate
 from transfer.service.files.records import FileRecord, object_key
-from transfer.service.uploads.engine import PartExists, PieceHasher, StoredPart, UploadEngine
-from transfer.service.uploads.session_views import chunks_path
+from transfer.service.hashing import PieceHasher
+from transfer.service.uploads.engine import PartExists, StoredPart, UploadEngine
+from transfer.service.uploads.lifecycle import UploadKind, UploadLifecycle
+from transfer.service.uploads.session_reads import ChunkReading, SignatureCheck, chunk_key, staged_key
 from transfer.settings import Settings
 
 MiB = 1 << 20
-POLL_SECONDS = 0.1
+PREFIX = "sessions/"
 
 
 def new_session_id() -> str:
@@ -75,22 +75,17 @@ def new_session_id() -> str:
 
 def is_session_id(value: str) -> bool:
     """Whether ``value`` is a session id."""
-    return is_id(value, "s_")
+    return value.startswith("s_") and len(value) == 34 and all(c in "0123456789abcdef" for c in value[2:])
 
 
-def session_key(sid: str) -> str:
+def session_key(sid: str, owner: str | None = None) -> str:
     """The storage key of session ``sid``'s record."""
-    return f"sessions/{sid}/session.json"
+    return f"{PREFIX}{sid}/session.json"
 
 
-def chunk_key(sid: str, index: int) -> str:
-    """The storage key of chunk ``index`` of session ``sid`` (sessions with chunk objects)."""
-    return f"sessions/{sid}/chunks/{index:08d}"
-
-
-def staged_key(sid: str) -> str:
-    """The staged object a session's chunks are written into at their offsets (backends with WRITE_AT_OFFSET)."""
-    return f"sessions/{sid}/file"
+def _listed(key: str) -> tuple[str, bool] | None:
+    sid, sep, rest = key[len(PREFIX) :].partition("/")
+    return (sid, rest == "session.json") if sep and rest else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,30 +129,9 @@ class _Duplicate(Exception):
         self.result = result
 
 
-# FileService.check_signed: (method, signed path, query, raw path, the paths it may be) -> None or an error, counted
-SignatureCheck = Callable[[str, str, str, bytes | str | None, tuple[str, ...]], None]
-
-
-def _candidate(session: Session, size: int, sha256: str, head: bytes, source: str) -> Candidate:
-    """What a session hands the publisher: its bytes' size, SHA-256 and first bytes, and the file it asked for."""
-    return Candidate(
-        owner=session.owner,
-        upload_id=session.id,
-        size=size,
-        sha256=sha256,
-        head=head,
-        source=source,
-        name=session.name,
-        content_type=session.content_type,
-        role=FileRole(session.role) if session.role else None,
-        description=session.description,
-        lifetime=session.file_ttl,
-        republishable_until=session.expires_at,
-    )
-
-
-class SessionService:
-    """Chunked sessions over one storage backend; completion hands the file to the file layer's records."""
+class SessionService(ChunkReading):
+    """Chunked sessions over one storage backend: the index-addressed door of the one upload lifecycle (its wire:
+    chunks by index, in any order, verified; live reads)."""
 
     def __init__(
         self,
@@ -165,20 +139,35 @@ class SessionService:
         settings: Settings,
         *,
         clock: Callable[[], float] = time.time,
-        quota: SessionQuota,
+        lifecycle: UploadLifecycle,
+        slots: OpenSlots,
         engine: UploadEngine,
-        publisher: Publisher,
         check_signed: SignatureCheck | None = None,
     ) -> None:
         # collaborators come from the composition root (Services.build), shared with every other door
         self.storage = storage
         self.settings = settings
         self.clock = clock
-        self.publisher = publisher
-        self.lifecycle = publisher.lifecycle
-        self.quota = quota
-        self.quota.register(is_session_id, self.is_open)
+        self.lifecycle = lifecycle
+        self.publisher = lifecycle.publisher
+        self.terms = lifecycle.terms
         self.engine = engine
+        self.kind = lifecycle.register(
+            UploadKind(
+                name="session",
+                noun="session",
+                prefix="s",
+                decode=Session.from_json,
+                encode=Session.to_json,
+                key=session_key,
+                listing=PREFIX,
+                listed=_listed,
+                slots=slots,
+                discard=self._discard,
+                retention=float(settings.session_retention),
+                forgets=lambda session: replace(session, parts={}),  # its chunks go with it
+            )
+        )
         # chunks written at their offsets into one staged file, published by a rename: completion copies nothing
         self.staging = capable(storage, Capability.WRITE_AT_OFFSET, SupportsWriteAtOffset)
         self._check_signed = check_signed
@@ -190,20 +179,7 @@ class SessionService:
     async def load(self, sid: str, caller: Grant) -> Session:
         """The session, if the caller may see it (its own; any for admin); NotFound otherwise, whether or not it
         exists. Readers holding a signed chunk URL act as TRUSTED: the signature is their authority."""
-        if not is_session_id(sid):
-            raise NotFound(f"no session {sid!r}")
-        try:
-            doc, _ = await self.engine.read(session_key(sid))
-        except NotFound:
-            raise NotFound(f"no session {sid!r}") from None
-        session = Session.from_json(doc)
-        if not caller.sees(session.owner):
-            raise NotFound(f"no session {sid!r}")
-        return session
-
-    async def _update(self, sid: str, change: Callable[[Session], Session | None]) -> Session:
-        """Change the session's record by compare-and-set (``change`` sees the latest record; None: no change)."""
-        return await self.engine.update(session_key(sid), Session.from_json, change, Session.to_json)
+        return await self.lifecycle.load(self.kind, sid, caller)
 
     def _min_chunk(self) -> int:
         # chunks are composed into the file: each must be a source the backend composes (S3: 5 MiB)
@@ -214,22 +190,18 @@ class SessionService:
     async def create(
         self,
         *,
-        name: str | None,
-        content_type: str | None,
+        intent: FileIntent,
         size: int | None,
         chunk_size: int | None,
         checksum: str | None,
         ttl: int | None,
-        role: FileRole | None = None,
-        description: str | None = None,
         owner: str | None = None,
-        expires_in: int | None = None,
     ) -> Session:
         """Open a session; ``owner`` (an API key name) counts it against that key's open-session limit and, for
-        a declared ``size``, its byte quota; ``expires_in``: the lifetime of the file it makes."""
+        a declared ``size``, its byte quota; ``intent``: the file it makes (its lifetime granted now). Content the
+        key stores already (a declared ``checksum`` and ``size``) is published at once: the session is born
+        completed, holding no slot, reservation or staged file."""
         s = self.settings
-        file_ttl = self.lifecycle.lifetime(owner, expires_in)
-        self.publisher.check_fields(content_type=content_type, description=description)  # REST, TP, MCP alike
         try:
             declared = None if checksum is None else "sha256:" + checksum_hex(checksum)
         except ValueError as exc:  # TP passes the envelope's string as it came
@@ -245,69 +217,38 @@ class SessionService:
         now = self.clock()
         session = Session(
             id=new_session_id(),
-            name=sanitize_filename(name, default="upload"),
-            content_type=content_type,
-            size=size,
-            chunk_size=cs,
+            owner=owner,
             created_at=now,
             expires_at=now + min(ttl or s.session_ttl, s.session_max_ttl),
+            intent=intent,
+            size=size,
+            chunk_size=cs,
             checksum=declared,
-            role=role.value if role else None,
-            description=description,
-            owner=owner,
             max_size=s.max_upload_size,
-            file_ttl=file_ttl,
             staged=self.staging is not None,
         )
-        if declared is not None and size is not None:
-            shared = await self._publish_known(session, declared)
-            if shared is not None:
-                return shared
-        await self.lifecycle.admit(owner, session.id, size, session.expires_at)
-        try:
-            async with self.quota.claim(owner, session.id):
-                # the record first: a crash before the staged file exists leaves a session the client never heard
-                # of, which expires (and is swept) like any other; a staged file is never without its record
-                await self.engine.create(session_key(session.id), session.to_json())
-                if self.staging is not None:
-                    try:
-                        with storage_errors_translated():
-                            await self.staging.create_staged(staged_key(session.id), size)
-                    except BaseException:
-                        await self.engine.delete([session_key(session.id)])
-                        raise
-        except BaseException:
-            await self._discard_staged(session)
-            await self.lifecycle.release_after_failure(owner, session.id)
-            raise
-        return session
 
-    async def _publish_known(self, session: Session, declared: str) -> Session | None:
-        """Content the owner's scope already stores (the declared SHA-256 and size): published now as a file of
-        its own sharing those bytes (:meth:`Publisher.publish_known`), and the session is born completed: no
-        chunk to send, no slot, reservation or staged file held. None: the scope stores no such content."""
-        assert session.size is not None
-        candidate = _candidate(session, session.size, checksum_hex(declared), b"", "session (shared)")
-        record = await self.publisher.publish_known(candidate)
-        if record is None:
-            return None
-        # the chunks' digests are unknown (no byte was read): "" until a reader asks for a chunk (open_chunk)
-        done = session.with_changes(
-            state=SessionState.COMPLETED,
-            file_id=record.id,
-            staged=False,
-            chunk_digests=[""] * (session.total_chunks or 0),
-        )
-        await self.engine.create(session_key(session.id), done.to_json())
-        return done
+        def born(done: Session) -> Session:
+            # the chunks' digests are unknown (no byte was read): "" until a reader asks for a chunk (open_chunk)
+            return replace(done, staged=False, chunk_digests=[""] * (done.total_chunks or 0))
+
+        async def stage(session: Session) -> None:
+            # the record first: a crash before the staged file exists leaves a session the client never heard of,
+            # which expires (and is swept) like any other; a staged file is never without its record
+            if self.staging is not None:
+                try:
+                    with storage_errors_translated():
+                        await self.staging.create_staged(staged_key(session.id), size)
+                except BaseException:
+                    await self._discard_staged(session)
+                    raise
+
+        known = None if declared is None or size is None else (checksum_hex(declared), size)
+        return await self.lifecycle.open(self.kind, session, reserve=size, known=known, born=born, then=stage)
 
     async def is_open(self, sid: str) -> bool:
-        """Whether session ``sid`` exists and is open now (the open-session quota asks)."""
-        try:
-            session = await self.load(sid, TRUSTED)
-        except NotFound:
-            return False
-        return session.state_at(self.clock()) is SessionState.OPEN
+        """Whether session ``sid`` exists and is open now."""
+        return await self.lifecycle.is_open(self.kind, sid, None)
 
     async def put_chunk(
         self,
@@ -329,9 +270,10 @@ class SessionService:
         # a completed session still answers a repeated chunk with the same bytes as a no-op
         repeat = session.state is SessionState.COMPLETED and index < len(session.chunk_digests)
         if not repeat:
-            session.after(UploadEvent.PUT_PART, now)
+            session.require_open(now)
             if session.size is None:  # no reservation to hold it: the quota bounds where its chunks may reach
-                await self._require_room(session, index * session.chunk_size + (declared_length or limit))
+                end = index * session.chunk_size + (declared_length or limit)
+                await self.terms.grow(session.owner, session.id, end, session.expires_at)
 
         def verify(result: StoredPart) -> None:
             session.check_length(index, result.size)
@@ -370,7 +312,7 @@ class SessionService:
             known = Part(info.size, info.metadata.get("xxh3", ""), info.metadata.get("sha256", ""))
             return await self._repeated(session, index, exists.result, known)
         try:
-            updated = await self._record_part(sid, index, result.part())
+            updated = await self._record_part(session, index, result.part())
         except TransferError:  # ended meanwhile (aborted, expired): the chunk it will never use goes now
             await self.engine.delete([key])
             raise
@@ -415,13 +357,13 @@ class SessionService:
             fresh = await self.load(sid, caller)
             if index in fresh.parts or fresh.state is SessionState.COMPLETED:
                 return await self._compare_repeat(fresh, index, body, digest, limit, verify)
-            fresh.after(UploadEvent.PUT_PART, self.clock())  # ended: its refusal
+            fresh.require_open(self.clock())  # ended: its refusal
             raise
         try:
             fresh = await self.load(sid, caller)  # holding the region: was the chunk recorded while we waited?
             if index in fresh.parts or fresh.state is SessionState.COMPLETED:
                 return await self._compare_repeat(fresh, index, body, digest, limit, verify)
-            fresh.after(UploadEvent.PUT_PART, self.clock())
+            fresh.require_open(self.clock())
             result = await self.engine.write_part_at(
                 region,
                 body,
@@ -430,7 +372,7 @@ class SessionService:
                 sha256=digest.algorithm == "sha256",
                 verify=verify,
             )
-            updated = await self._record_part(sid, index, result.part())
+            updated = await self._record_part(fresh, index, result.part())
         finally:
             await region.__aexit__(None, None, None)
         return self._accepted(sid, index, updated, result.size, result.xxh3)
@@ -459,7 +401,7 @@ class SessionService:
         if index not in session.parts and not (
             session.state is SessionState.COMPLETED and index < len(session.chunk_digests)
         ):
-            session.after(UploadEvent.PUT_PART, self.clock())  # a chunk past a completed session's end: refused
+            session.require_open(self.clock())  # a chunk past a completed session's end: refused
         try:
             verify(mine)
         except _Duplicate:
@@ -478,26 +420,22 @@ class SessionService:
         if stored.xxh3 != mine.xxh3:
             raise ChunkConflict(f"chunk {index} is already stored with other bytes", stored_xxh3=stored.xxh3)
         if session.state is SessionState.OPEN and index not in session.parts:
-            updated = await self._record_part(session.id, index, stored)
+            updated = await self._record_part(session, index, stored)
             self._arrived(session.id)
             self._spawn(self._advance(updated))
         return ChunkReceipt(index, mine.size, stored.xxh3, duplicate=True)
 
-    async def _require_room(self, session: Session, end: int) -> None:
-        """A session without a size reserves up to the end of the chunk about to be stored, before it is stored:
-        its reservation grows with its chunks, and is capped by what the key has left beside its other uploads."""
-        await self.lifecycle.grow(session.owner, session.id, end, session.expires_at)
-
-    async def _record_part(self, sid: str, index: int, part: Part) -> Session:
+    async def _record_part(self, session: Session, index: int, part: Part) -> Session:
         """Enter a stored chunk in the session's index (compare-and-set; a no-op if it is there already)."""
+        now = self.clock()
 
         def change(current: Session) -> Session | None:
             if current.parts.get(index) == part:
                 return None
-            current.after(UploadEvent.PUT_PART, self.clock())  # aborted or expired meanwhile: refused
-            return current.with_changes(parts=with_part(current.parts, index, part))
+            # aborted or expired meanwhile: refused
+            return current.after(UploadEvent.PUT_PART, now, noun="session", parts=with_part(current.parts, index, part))
 
-        return await self._update(sid, change)
+        return await self.lifecycle.change(self.kind, session, change)
 
     def _accepted(self, sid: str, index: int, updated: Session, size: int, xxh3: str) -> ChunkReceipt:
         """A new chunk is recorded: wake its readers, let the hasher follow, answer the receipt."""
@@ -575,12 +513,12 @@ class SessionService:
             hasher = await self.engine.catch_up(sid, ordered, read=read)
             bad = hasher.next_part
             if bad in read_whole:  # read, and not the bytes acknowledged (a crash lost them): to be sent again
-                await self._update(sid, lambda current: _without_part(current, bad, only_open=True))
+                await self.lifecycle.change(self.kind, session, lambda current: _without_part(current, bad, True))
             return hasher.next_part
         hasher = await self.engine.catch_up(sid, ordered)
         bad = hasher.next_part
         if bad in session.parts and not await self._exists(chunk_key(sid, bad)):
-            await self._update(sid, lambda current: _without_part(current, bad))
+            await self.lifecycle.change(self.kind, session, lambda current: _without_part(current, bad))
         return hasher.next_part
 
     async def _exists(self, key: str) -> bool:
@@ -593,15 +531,11 @@ class SessionService:
 
     async def complete(self, sid: str, caller: Grant, declared_size: int | None = None) -> tuple[Session, FileRecord]:
         """Verify and publish the whole file; the session becomes COMPLETED with the new file's id, which belongs
-        to the session's owner."""
-        async with self.engine.locks.hold(sid):
-            session = await self.load(sid, caller)
-            if session.state is SessionState.COMPLETED and session.file_id and session.size and not session.parts:
-                # born completed, sharing stored bytes (_publish_known): completing it answers its file
-                with storage_errors_translated():
-                    info = await self.storage.stat(object_key(session.file_id))
-                return session, FileRecord.from_metadata(info.metadata)
-            session.require_open(self.clock())  # completing twice is refused (SessionCompleted), as before
+        to the session's owner. Completing it again is refused (409 ``session_completed``), except a session born
+        completed (content its key stored already), which answers its file."""
+        done_fields: dict[str, Any] = {}
+
+        async def gather(session: Session) -> tuple[Candidate, Any]:
             size, total = session.completion_plan(session.stored, declared_size)
             hashed = await self._advance(session)
             if hashed < total:  # dropped by its xxh3 check, or deleted under us
@@ -618,11 +552,13 @@ class SessionService:
                     expected=session.checksum,
                     actual="sha256:" + sha_hex,
                 )
-            digests = [session.parts[i].xxh3 for i in range(total)]
+            done_fields.update(size=size, chunk_digests=[session.parts[i].xxh3 for i in range(total)])
             # the file id follows from the session id: two replicas completing at once compose the same object
-            # and write the same record, so there is one outcome, one charge and no orphan
-            # the first bytes: the hasher kept them as it went (no read)
-            candidate = _candidate(session, size, sha_hex, bytes(hasher.head), "session")
+            # and write the same record, so there is one outcome, one charge and no orphan; the first bytes: the
+            # hasher kept them as it went (no read)
+            candidate = self.lifecycle.candidate(
+                session, size=size, sha256=sha_hex, head=bytes(hasher.head), source="session"
+            )
 
             async def place(record: FileRecord) -> None:
                 if session.staged:
@@ -630,24 +566,21 @@ class SessionService:
                 else:
                     await publish_composed(self.storage, record, [chunk_key(sid, i) for i in range(total)])
 
-            record = await self.publisher.publish(candidate, place)
-            file_id = record.id
+            return candidate, place
 
-            def completed(current: Session) -> Session | None:
-                if current.state is SessionState.COMPLETED and current.file_id == file_id:
-                    return None  # another replica completed it the same way
-                current.after(UploadEvent.COMPLETE, self.clock())
-                return current.with_changes(
-                    state=SessionState.COMPLETED, file_id=file_id, size=size, chunk_digests=digests
-                )
-
-            done = await self._update(sid, completed)
-            await self.quota.release(session.owner, sid)
-            self.engine.forget(sid)
-            self._arrived(sid)
-            if not session.staged:
-                self._spawn(self._delete_chunks(sid, list(session.parts)))
-            return done, record
+        done, record = await self.lifecycle.finish(
+            self.kind,
+            sid,
+            caller,
+            gather,
+            done=lambda current, file: dict(done_fields),
+            again=lambda session: session.file_id is not None and not session.parts,  # born completed
+        )
+        self.engine.forget(sid)
+        self._arrived(sid)
+        if not done.staged and done.parts:
+            self._spawn(self._delete_chunks(sid, list(done.parts)))
+        return done, record
 
     async def _publish_staged(self, session: Session, record: FileRecord) -> ObjectInfo:
         """The staged file becomes the file's object by a rename (no byte copied). If it is gone, a completion
@@ -671,227 +604,26 @@ class SessionService:
     async def _delete_chunks(self, sid: str, indices: list[int]) -> None:
         await self.engine.delete([chunk_key(sid, index) for index in indices])
 
-    async def abort(self, sid: str, caller: Grant, *, state: SessionState = SessionState.ABORTED) -> None:
-        """Abort (or expire) a session: its chunks are deleted; completed sessions cannot be aborted."""
-        event = UploadEvent.EXPIRE if state is SessionState.EXPIRED else UploadEvent.ABORT
-        async with self.engine.locks.hold(sid):
-            session = await self.load(sid, caller)
-            if session.state is SessionState.COMPLETED:
-                session.require_open(self.clock())  # SessionCompleted
-            doomed = set(session.parts)
-            if session.state is SessionState.OPEN:  # an ended one again: nothing to record, chunks deleted again
-                # the staged file goes first: on a full disk, writing the record needs the space it frees (a
-                # failure after this leaves an open record whose chunks are gone: completing it is refused as
-                # incomplete, and the expiry sweep ends it)
-                await self._discard_staged(session)
+    async def abort(self, sid: str, caller: Grant) -> None:
+        """Abort a session: its chunks are deleted; a completed session cannot be aborted (409)."""
+        await self.lifecycle.abort(self.kind, sid, caller)
 
-                def ended(current: Session) -> Session | None:
-                    doomed.update(current.parts)  # the latest index: a chunk recorded meanwhile goes too
-                    return _ended(current, event)
-
-                session = await self._update(sid, ended)
-            if session.staged:
-                await self._discard_staged(session)
-            await self._delete_chunks(sid, sorted(doomed))
-            await self.quota.release(session.owner, sid)
-            await self.lifecycle.release(session.owner, sid)
-            self.engine.forget(sid)
-            self._arrived(sid)
-
-    async def sweep_expired(self) -> int:
-        """Expire open sessions past their time (deleting their chunks) and forget ended sessions a retention
-        period after they ended; returns how many sessions it expired or forgot. Driven by the service clock.
-        A sweep may list storage: it is the one place that looks at everything."""
-        now = self.clock()
-        removed = 0
-        sids = set()
-        with storage_errors_translated():
-            async for info in self.storage.list("sessions/"):
-                sids.add(info.key.split("/")[1])
-        for sid in sids:
-            try:
-                session = await self.load(sid, TRUSTED)
-            except NotFound:  # chunks without a record: left by a crash between deletes
-                await self._delete_listed_chunks(sid)
-                continue
-            if session.state is SessionState.OPEN and session.state_at(now) is SessionState.EXPIRED:
-                await self.abort(sid, TRUSTED, state=SessionState.EXPIRED)
-                removed += 1
-            elif session.state is not SessionState.OPEN and now >= session.expires_at + self.settings.session_retention:
-                await self._discard_staged(session)
-                await self._delete_listed_chunks(sid)
-                with storage_errors_translated():
-                    await self.storage.delete(session_key(sid))
-                removed += 1
-        return removed
-
-    async def _delete_listed_chunks(self, sid: str) -> None:
-        """The sweep's clean-up: every chunk object under the session's prefix, listed or not in a record."""
-        prefix = f"sessions/{sid}/chunks/"
-        with storage_errors_translated():
-            keys = [info.key async for info in self.storage.list(prefix)]
-        await self.engine.delete(keys)
-
-    async def collect_garbage(self) -> int:
-        """Kept for callers of the former name: :meth:`sweep_expired`."""
-        return await self.sweep_expired()
-
-    # -- readers holding a signed streaming descriptor ---------------------------------------------------------
-
-    def _verify_signed(self, sid: str, method: str, raw_path: bytes | str | None, path: str, query: str) -> None:
-        """The URL's path is exactly ``path`` as sent (the chunks path, or it plus a chunk's index) and its
-        signature over the chunks path is valid and unexpired: the signature is the reader's authority."""
-        if self._check_signed is None:
-            raise NotFound("signed session URLs are not served here")
-        self._check_signed(method, chunks_path(sid), query, raw_path, (path,))
-
-    async def signed_status(self, sid: str, raw_path: bytes | str | None, query: str) -> dict[str, Any]:
-        """The status, for the holder of a streaming descriptor's signed chunks URL."""
-        self._verify_signed(sid, "GET", raw_path, chunks_path(sid), query)
-        return await self.status(sid, TRUSTED)
-
-    async def open_signed_chunk(
-        self, sid: str, index: int, method: str, raw_path: bytes | str | None, query: str, wait: float
-    ) -> tuple[Session, ReaderStream, int, str]:
-        """:meth:`open_chunk` for the holder of a signed chunks URL (its path plus the index, written canonically)."""
-        self._verify_signed(sid, method, raw_path, f"{chunks_path(sid)}/{index}", query)
-        return await self.open_chunk(sid, index, wait)
-
-    async def open_chunk(self, sid: str, index: int, wait: float) -> tuple[Session, ReaderStream, int, str]:
-        """The bytes of chunk ``index`` with its length and xxh3-128; for a session still uploading, waits up to
-        ``wait`` seconds for the chunk to arrive (a live read). The caller owns the stream: ``aclose()`` it (or
-        use ``async with``) whether or not it iterates it."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
-        while True:
-            session = await self.load(sid, TRUSTED)  # the caller holds a signed URL for this session's chunks
-            session.require_readable(self.clock())
-            session.check_index(index)  # after completion the size is known, so this bounds the index too
-            if session.state is SessionState.COMPLETED:
-                assert session.file_id is not None and session.size is not None
-                start = index * session.chunk_size
-                end = min(start + session.chunk_size, session.size)
-                with storage_errors_translated():
-                    reader = await self.storage.open(object_key(session.file_id))
-                digest = session.chunk_digests[index]
-                try:  # its file's expiry ends its chunk URLs too, as it ends the file's own, swept or not
-                    record = FileRecord.from_metadata(reader.info.metadata)
-                    _require_live(record, self.clock())
-                    if not digest:  # born sharing stored bytes, none read: the chunk is hashed, then read again
-                        x3 = xxhash.xxh3_128()
-                        async with await self.publisher.shared.open(record) as hashed:
-                            async for piece in hashed.read(start, end):
-                                x3.update(piece)
-                        digest = x3.hexdigest()
-                    if record.content is not None:  # its object holds no bytes: they are where its record says
-                        shared = await self.publisher.shared.open(record)
-                        await reader.close()
-                        reader = shared
-                except BaseException:
-                    await reader.close()
-                    raise
-                return session, ReaderStream(reader, start, end), end - start, digest
-            if session.staged and self.staging is not None:
-                part = session.parts.get(index)
-                if part is not None:  # recorded: its bytes are in place and never written again
-                    start = index * session.chunk_size
-                    staged = _StagedChunk(self.staging, staged_key(sid), start, part.size)
-                    return session, ReaderStream(staged, 0, part.size), part.size, part.xxh3
-            else:
-                try:
-                    with storage_errors_translated():
-                        reader = await self.storage.open(chunk_key(sid, index))
-                    size, xxh3 = reader.info.size, reader.info.metadata.get("xxh3", "")
-                    return session, ReaderStream(reader, 0, None), size, xxh3
-                except NotFound:
-                    pass
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise ChunkNotReady(f"chunk {index} has not arrived yet", headers={"retry-after": "1"})
-            event = self._arrivals.setdefault(sid, asyncio.Event())
-            try:  # woken by an arrival in this process, or polling for one at another replica
-                await asyncio.wait_for(event.wait(), timeout=min(POLL_SECONDS * 5, remaining))
-            except TimeoutError:
-                pass
+    async def _discard(self, session: Session) -> None:
+        """What an ended session holds beside its record: its staged file or its recorded chunks, this process's
+        running hash; its readers are woken."""
+        self.engine.forget(session.id)
+        self._arrived(session.id)
+        if session.state is SessionState.COMPLETED and not session.parts:
+            return
+        await self._discard_staged(session)
+        # the chunks its record indexes (no listing on a request's path: the sweep removes any it never recorded)
+        await self.engine.delete([chunk_key(session.id, i) for i in sorted(session.parts)])
 
 
-def _require_live(record: FileRecord, now: float) -> None:
-    """FileExpired (410) from the file's expiry on (service clock), whether or not the sweep has removed it."""
-    if is_expired(record.expires_at, now):
-        assert record.expires_at is not None
-        expired_at = format_timestamp(record.expires_at)
-        raise FileExpired(f"file {record.id} expired at {expired_at}", expired_at=expired_at)
-
-
-class _StagedChunk:
-    """One recorded chunk of a staged session's file, read as an :class:`ObjectReader` of its own."""
-
-    def __init__(self, staging: SupportsWriteAtOffset, staged: str, start: int, size: int) -> None:
-        self._staging = staging
-        self._staged = staged
-        self._start = start
-        self._info = ObjectInfo(key=staged, size=size, modified=datetime.now(UTC))
-
-    @property
-    def info(self) -> ObjectInfo:
-        return self._info
-
-    async def read(self, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
-        stop = self._info.size if end is None else min(end, self._info.size)
-        with storage_errors_translated():
-            async for piece in self._staging.read_staged(self._staged, self._start + start, self._start + stop):
-                yield piece
-
-    async def close(self) -> None:
-        return None
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
-
-
-class ReaderStream:
-    """Bytes ``[start, end)`` of an open storage reader, owning it: ``aclose()`` closes the reader whether or not
-    iteration ever started. (An async generator wrapping the reader would not: closing a generator that never
-    ran does not run its ``finally``, so a HEAD, or a client gone before the first byte, leaked the descriptor.)"""
-
-    def __init__(self, reader: ObjectReader, start: int, end: int | None) -> None:
-        self._reader: ObjectReader | None = reader
-        self._start = start
-        self._end = end
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        if self._reader is None:
-            raise RuntimeError("the stream is closed")
-        return self._reader.read(self._start, self._end)
-
-    async def aclose(self) -> None:
-        """Close the underlying reader."""
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            await reader.close()
-
-    async def __aenter__(self) -> ReaderStream:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-
-def _ended(current: Session, event: UploadEvent) -> Session | None:
-    """The record after ABORT or EXPIRE (judged on the recorded state: the sweep records what the clock decided)."""
-    if current.state is not SessionState.OPEN:
-        return None  # ended meanwhile
-    after = transition(current.state, event, upload_id=f"session {current.id}")
-    return current.with_changes(state=after, parts={})  # its chunks are deleted next
-
-
-def _without_part(current: Session, index: int, *, only_open: bool = False) -> Session | None:
+def _without_part(current: Session, index: int, only_open: bool = False) -> Session | None:
     if index not in current.parts or (only_open and current.state is not SessionState.OPEN):
         return None
-    return current.with_changes(parts={i: p for i, p in current.parts.items() if i != index})
+    return replace(current, parts={i: p for i, p in current.parts.items() if i != index})
 
 
 def _timestamp(seconds: float) -> str:

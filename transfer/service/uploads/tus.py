@@ -1,10 +1,11 @@
 """tus 1.0.0 uploads (https://tus.io/protocols/resumable-upload): the operations behind the tus front door, the
-offset-addressed view of the upload engine (:mod:`transfer.service.uploads.engine`).
+offset-addressed door of the one upload lifecycle (:mod:`transfer.service.uploads.lifecycle`).
 
 An upload is one record plus the segments its PATCH requests delivered, all in the storage backend:
 
-    tus/<id>/info.json               length (or deferred), metadata, concat role, expiry, state, and the index of
-                                     its segments (offset -> size, xxh3-128), updated by compare-and-set
+    tus/<id>/info.json               length (or deferred), metadata and the file's intent drawn from it, concat
+                                     role, expiry, state, and the index of its segments (offset -> size, xxh3-128),
+                                     updated by compare-and-set through the lifecycle
     tus/<id>/seg/<offset:016d>       the bytes of one PATCH, created if-absent: two PATCHes at one offset -> 409
 
 The offset is where the recorded segments end, so any replica, or a restarted process, knows it from one record
@@ -25,22 +26,23 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 
 from storage.base import Storage
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.ids import is_id, new_id
-from transfer.core.model.mime import is_media_type, require_media_type
+from transfer.core.model.content import FileRole
+from transfer.core.model.mime import is_media_type
 from transfer.core.uploads.lifetimes import parse_expires_in
 from transfer.core.uploads.state import (
+    FileIntent,
     Part,
     UploadEvent,
+    UploadRecord,
     UploadState,
     next_offset,
     parts_from_json,
     parts_to_json,
-    state_at,
-    transition,
     with_part,
 )
 from transfer.errors import (
@@ -57,15 +59,18 @@ from transfer.errors import (
     UploadForbidden,
     storage_errors_translated,
 )
-from transfer.service.accounting.slots import SessionQuota
+from transfer.service.accounting.slots import OpenSlots
 from transfer.service.files.documents import publish_composed
-from transfer.service.files.publisher import Candidate, Publisher
+from transfer.service.files.publisher import Candidate
+from transfer.service.files.records import FileRecord
 from transfer.service.uploads.engine import PartExists, StoredPart, UploadEngine
+from transfer.service.uploads.lifecycle import UploadKind, UploadLifecycle
 from transfer.settings import Settings
 
 log = logging.getLogger("transfer.tus")
 
 CHECKSUM_ALGORITHMS = {"sha1": hashlib.sha1, "sha256": hashlib.sha256, "md5": hashlib.md5}
+PREFIX = "tus/"
 
 
 def new_upload_id() -> str:
@@ -105,34 +110,61 @@ def parse_metadata(value: str | None) -> dict[str, str]:
     return out
 
 
-def _declared_type(metadata: dict[str, str]) -> str | None:
-    """The media type an upload's metadata declares (``filetype``, as tus-js-client sends it), if any."""
-    return metadata.get("filetype") or metadata.get("content_type") or None
-
-
 def encode_metadata(metadata: dict[str, str]) -> str:
     """``Upload-Metadata`` from a mapping (values base64, a key without value alone)."""
     return ",".join(f"{k} {base64.b64encode(v.encode()).decode()}" if v else k for k, v in metadata.items())
 
 
-@dataclass(frozen=True, slots=True)
-class Upload:
-    """A tus upload's record: its declared length (None while deferred), metadata, lifetime, concatenation role, and
-    the segments stored so far."""
+def intent_of(metadata: dict[str, str], *, strict: bool = True) -> FileIntent:
+    """The file an upload's ``Upload-Metadata`` asks for: its name (``filename``, as tus-js-client and Uppy send
+    it, or ``name``), media type (``content_type`` is the client's word; ``filetype`` is the browser's guess from
+    the extension, a hint like a Content-Type header), ``role``, ``description`` and lifetime (``expires_in``).
+    ``strict`` False (a record stored before intents were kept): what does not parse is dropped, not refused."""
+    role = metadata.get("role") or None
+    if role is not None and role not in {r.value for r in FileRole}:
+        if strict:
+            raise InvalidRequest(f"Upload-Metadata role must be one of {', '.join(r.value for r in FileRole)}")
+        role = None
+    declared, hinted = metadata.get("content_type") or None, metadata.get("filetype") or None
+    lifetime: int | None = None
+    try:
+        lifetime = parse_expires_in(metadata.get("expires_in"), "Upload-Metadata expires_in")
+    except TransferError:
+        if strict:
+            raise
+    return FileIntent(
+        name=metadata.get("filename") or metadata.get("name") or None,
+        content_type=declared if strict or declared is None or is_media_type(declared) else None,
+        hinted_type=hinted if strict or hinted is None or is_media_type(hinted) else None,
+        role=FileRole(role) if role else None,
+        description=metadata.get("description"),
+        lifetime=lifetime,
+    )
 
-    id: str
-    length: int | None  # None: deferred
-    metadata: dict[str, str]
-    created_at: float
-    expires_at: float
+
+def _info_key(uid: str, owner: str | None = None) -> str:
+    return f"{PREFIX}{uid}/info.json"
+
+
+def _segment_key(uid: str, offset: int) -> str:
+    return f"{PREFIX}{uid}/seg/{offset:016d}"
+
+
+def _listed(key: str) -> tuple[str, bool] | None:
+    uid, sep, rest = key[len(PREFIX) :].partition("/")
+    return (uid, rest == "info.json") if sep and rest else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Upload(UploadRecord):
+    """A tus upload's record: the shared fields of every upload, and its declared length (None while deferred),
+    metadata, concatenation role and the segments stored so far."""
+
+    length: int | None = None  # None: deferred
+    metadata: dict[str, str] = field(default_factory=dict)
     concat: str = ""  # "", "partial" or "final"
     parts: list[str] = field(default_factory=list)  # final: the partial upload ids, in order
-    terminated: bool = False
-    file_id: str | None = None
-    owner: str | None = None  # the API key that created it (open-session quota)
     segments: dict[int, Part] = field(default_factory=dict)  # offset -> size and xxh3 of each stored PATCH
-    file_ttl: int | None = None  # seconds the finished file lives (Upload-Metadata expires_in, or the defaults)
-    state: UploadState = UploadState.OPEN  # as recorded, moved only by the engine's transition table
 
     @property
     def received(self) -> int:
@@ -147,15 +179,6 @@ class Upload:
             return self.length
         return self.received
 
-    def state_at(self, now: float) -> UploadState:
-        """The upload's state at ``now``: the recorded one (an open one past its expiry is expired)."""
-        return state_at(self.state, self.expires_at, now)
-
-    def after(self, event: UploadEvent, now: float, **changes: Any) -> Upload:
-        """This record after ``event`` (the table's refusal when it may not happen now), with ``changes``."""
-        state = transition(self.state_at(now), event, upload_id=f"upload {self.id}")
-        return replace(self, state=state, **changes)
-
     def ordered_segments(self) -> list[tuple[int, str, Part]]:
         """The stored segments as (offset, key, part), in offset order."""
         return [(off, _segment_key(self.id, off), self.segments[off]) for off in sorted(self.segments)]
@@ -163,63 +186,47 @@ class Upload:
     def to_json(self) -> dict[str, Any]:
         """The upload record as stored."""
         return {
-            "id": self.id,
+            **self.base_json(),
             "length": self.length,
             "metadata": self.metadata,
-            "created_at": self.created_at,
-            "expires_at": self.expires_at,
             "concat": self.concat,
             "parts": self.parts,
-            "terminated": self.terminated,
-            "file_id": self.file_id,
-            "owner": self.owner,
             "segments": parts_to_json(self.segments),
-            "file_ttl": self.file_ttl,
-            "state": self.state.value,
         }
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> Upload:
-        """The record as stored (one written before states were recorded: its state from its flags)."""
-        state = doc.get("state")
-        if state is None:
-            finished, ended = doc.get("file_id") is not None, bool(doc.get("terminated"))
-            state = UploadState.COMPLETED if finished else UploadState.ABORTED if ended else UploadState.OPEN
-        return cls(**{**doc, "segments": parts_from_json(doc.get("segments")), "state": UploadState(state)})
+    def from_json(cls, doc: dict[str, Any]) -> Self:
+        """The record as stored (one written before states were recorded: its state from its flags; before intents
+        were kept whole: its intent from its metadata)."""
+        fields = cls.base_fields(doc)
+        metadata = dict(doc.get("metadata") or {})
+        if "intent" not in doc:
+            fields["intent"] = replace(intent_of(metadata, strict=False), lifetime=doc.get("file_ttl"))
+        return cls(
+            **fields,
+            length=doc.get("length"),
+            metadata=metadata,
+            concat=str(doc.get("concat") or ""),
+            parts=list(doc.get("parts") or []),
+            segments=parts_from_json(doc.get("segments")),
+        )
 
 
-def _info_key(uid: str) -> str:
-    return f"tus/{uid}/info.json"
+def _gone(upload: Upload, state: UploadState) -> TransferError:
+    return Gone(f"upload {upload.id} was terminated or has expired")
 
 
-def _segment_key(uid: str, offset: int) -> str:
-    return f"tus/{uid}/seg/{offset:016d}"
+class _Mismatch(Exception):
+    """The upload's bytes are not the declared SHA-256: it ends once its completion has let it go."""
 
-
-def _candidate(upload: Upload, sha256: str, head: bytes, source: str) -> Candidate:
-    """What upload ``upload`` (complete, or declaring content its key stores) hands the publisher."""
-    # ``filetype`` is the browser's guess from the extension (Uppy sends application/octet-stream when it has none):
-    # a hint, like a Content-Type header; ``content_type`` is the client's word. Either one from an upload created
-    # before create() checked it is dropped: sniff instead
-    declared, hinted = upload.metadata.get("content_type"), upload.metadata.get("filetype")
-    return Candidate(
-        owner=upload.owner,
-        upload_id=upload.id,
-        size=upload.length or 0,
-        sha256=sha256,
-        head=head,
-        source=source,
-        name=upload.metadata.get("filename") or upload.metadata.get("name"),
-        content_type=declared if declared and is_media_type(declared) else None,
-        hinted_type=hinted if hinted and is_media_type(hinted) else None,
-        lifetime=upload.file_ttl,
-        republishable_until=upload.expires_at,
-    )
+    def __init__(self, error: TransferError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 class TusService:
     """tus 1.0 (creation, creation-with-upload, creation-defer-length, termination, checksum, concatenation,
-    expiration) and the IETF resumable upload draft, on the one upload engine."""
+    expiration) and the IETF resumable upload draft: the offset-addressed door of the one upload lifecycle."""
 
     def __init__(
         self,
@@ -227,39 +234,41 @@ class TusService:
         settings: Settings,
         *,
         clock: Callable[[], float] = time.time,
-        quota: SessionQuota,
+        lifecycle: UploadLifecycle,
+        slots: OpenSlots,
         engine: UploadEngine,
-        publisher: Publisher,
     ) -> None:
         # collaborators come from the composition root (Services.build), shared with every other door
         self.storage = storage
         self.settings = settings
         self.clock = clock
-        self.publisher = publisher
-        self.lifecycle = publisher.lifecycle
-        self.quota = quota
-        self.quota.register(is_upload_id, self.is_open)
+        self.lifecycle = lifecycle
+        self.terms = lifecycle.terms
         self.engine = engine
+        self.kind = lifecycle.register(
+            UploadKind(
+                name="tus",
+                noun="upload",
+                prefix="t",
+                decode=Upload.from_json,
+                encode=Upload.to_json,
+                key=_info_key,
+                listing=PREFIX,
+                listed=_listed,
+                slots=slots,
+                discard=self._discard,
+                retention=float(settings.session_retention),
+                gone=_gone,
+            )
+        )
 
-    async def _update(self, uid: str, change: Callable[[Upload], Upload | None]) -> Upload:
-        """Change the upload's record by compare-and-set (``change`` sees the latest record; None: no change)."""
-        return await self.engine.update(_info_key(uid), Upload.from_json, change, Upload.to_json)
+    async def _change(self, upload: Upload, change: Callable[[Upload], Upload | None]) -> Upload:
+        return await self.lifecycle.change(self.kind, upload, change)
 
     async def load(self, uid: str, caller: Grant, *, allow_ended: bool = False) -> Upload:
         """The upload, if the caller may see it (its own; any for admin); NotFound otherwise, whether or not it
-        exists (tus §3.2.4 allows 404 for an unknown upload)."""
-        if not is_upload_id(uid):
-            raise NotFound(f"no upload {uid!r}")
-        try:
-            doc, _ = await self.engine.read(_info_key(uid))
-        except NotFound:
-            raise NotFound(f"no upload {uid!r}") from None
-        upload = Upload.from_json(doc)
-        if not caller.sees(upload.owner):
-            raise NotFound(f"no upload {uid!r}")
-        if not allow_ended and upload.state_at(self.clock()) in (UploadState.ABORTED, UploadState.EXPIRED):
-            raise Gone(f"upload {uid} was terminated or has expired")
-        return upload
+        exists (tus §3.2.4 allows 404 for an unknown upload); Gone once terminated or expired."""
+        return await self.lifecycle.load(self.kind, uid, caller, allow_ended=allow_ended)
 
     async def segments(self, uid: str) -> list[tuple[int, int]]:
         """(offset, size) of the recorded segments, in order."""
@@ -267,12 +276,8 @@ class TusService:
         return [(off, upload.segments[off].size) for off in sorted(upload.segments)]
 
     async def offset(self, uid: str) -> int:
-        """Bytes received so far (a finished upload's segments are gone: ask :meth:`offset_of`)."""
+        """Bytes received so far (a finished upload's segments are gone: see :attr:`Upload.offset`)."""
         return (await self.load(uid, TRUSTED, allow_ended=True)).received
-
-    async def offset_of(self, upload: Upload) -> int:
-        """The tus ``Upload-Offset`` of ``upload`` (see :attr:`Upload.offset`)."""
-        return upload.offset
 
     async def create(
         self,
@@ -288,27 +293,19 @@ class TusService:
         partial uploads. ``body_pending``: no byte has come yet; if the metadata declares the SHA-256 (and the
         length is known) of content the key already stores, the upload is finished at once, sharing those bytes
         (its offset is its length: nothing is to be sent)."""
-        owner = caller.owner
         if length is not None and length > self.settings.max_upload_size:
             raise TooLarge(f"Upload-Length exceeds Tus-Max-Size {self.settings.max_upload_size}")
-        content_type = _declared_type(metadata)
-        if content_type is not None:  # refused now, not when the finished upload is published
-            require_media_type(content_type, "Upload-Metadata filetype")
-        # Upload-Metadata expires_in: the finished file's lifetime, refused now if too long
-        file_ttl = self.lifecycle.lifetime(
-            owner, parse_expires_in(metadata.get("expires_in"), "Upload-Metadata expires_in")
-        )
         now = self.clock()
         upload = Upload(
             id=new_upload_id(),
-            length=length,
-            metadata=metadata,
+            owner=caller.owner,
             created_at=now,
             expires_at=now + self.settings.session_ttl,
+            intent=intent_of(metadata),
+            length=length,
+            metadata=metadata,
             concat=concat,
             parts=parts or [],
-            owner=owner,
-            file_ttl=file_ttl,
         )
         if concat == "final":
             total = 0
@@ -322,32 +319,14 @@ class TusService:
             if total > self.settings.max_upload_size:
                 raise TooLarge("the concatenated upload exceeds Tus-Max-Size")
             upload = replace(upload, length=total)
-        if concat != "final":  # a final upload's bytes are its parts': charged when it is published
-            await self.lifecycle.admit(owner, upload.id, length, upload.expires_at)
-        # a final upload is finished at once: nothing stays open, nothing counts against the key
-        try:
-            async with self.quota.claim(owner if concat != "final" else None, upload.id):
-                await self.engine.create(_info_key(upload.id), upload.to_json())
-        except BaseException:
-            await self.lifecycle.release_after_failure(owner, upload.id)
-            raise
-        if concat == "final":
-            upload = await self._finish(upload)
-        elif body_pending and not concat and length is not None and metadata.get(DECLARED_SHA256):
-            upload = await self._finish_known(upload)
-        return upload
-
-    async def _finish_known(self, upload: Upload) -> Upload:
-        """Publish a just-created upload whose declared content its key already stores, without its bytes; the
-        upload as it was when the key stores no such content."""
-        declared = upload.metadata[DECLARED_SHA256].lower().removeprefix("sha256:")
-        if len(declared) != 64 or any(c not in "0123456789abcdef" for c in declared):
-            return upload  # not a SHA-256: the upload goes on, and its end reports the mismatch
-        async with self.engine.locks.hold(upload.id):
-            record = await self.publisher.publish_known(_candidate(upload, declared, b"", "tus (shared)"))
-            if record is None:
-                return upload
-            return await self._completed(upload, record.id)
+            # its bytes are its parts': nothing to reserve, no slot (it is finished at once), charged when published
+            upload = await self.lifecycle.open(self.kind, upload, reserving=False, slot=False)
+            return await self._finish(upload)
+        declared = (metadata.get(DECLARED_SHA256) or "").lower().removeprefix("sha256:")
+        known = None
+        if body_pending and not concat and length is not None and _is_sha256(declared):
+            known = (declared, length)
+        return await self.lifecycle.open(self.kind, upload, reserve=length, known=known)
 
     async def create_from_request(
         self,
@@ -421,27 +400,20 @@ class TusService:
                 return upload
             if info.size == 0:
                 return upload
-            upload = await self._record_segment(upload.id, offset, Part(info.size, info.metadata.get("xxh3", "")))
+            upload = await self._record_segment(upload, offset, Part(info.size, info.metadata.get("xxh3", "")))
         return upload
 
-    async def _record_segment(self, uid: str, offset: int, part: Part) -> Upload:
+    async def _record_segment(self, upload: Upload, offset: int, part: Part) -> Upload:
+        now = self.clock()
+
         def change(current: Upload) -> Upload | None:
             if offset in current.segments:
                 return None  # recorded already (adopted by a HEAD, or by this very PATCH's retry)
             if current.received != offset:
-                raise Conflict(f"upload {uid} has no byte {offset - 1} yet", offset=current.received)
-            transition(current.state_at(self.clock()), UploadEvent.PUT_PART, upload_id=f"upload {uid}")
-            return replace(current, segments=with_part(current.segments, offset, part))
+                raise Conflict(f"upload {current.id} has no byte {offset - 1} yet", offset=current.received)
+            return current.after(UploadEvent.PUT_PART, now, segments=with_part(current.segments, offset, part))
 
-        return await self._update(uid, change)
-
-    async def is_open(self, uid: str) -> bool:
-        """Whether upload ``uid`` exists and is open now (the open-session quota asks)."""
-        try:
-            upload = await self.load(uid, TRUSTED)
-        except (NotFound, Gone):
-            return False
-        return upload.file_id is None
+        return await self._change(upload, change)
 
     async def append(
         self,
@@ -461,26 +433,14 @@ class TusService:
             raise UploadForbidden("a final upload cannot be patched")
         current = upload.offset
         if declare_length is not None:
-            if upload.length is not None and upload.length != declare_length:
-                raise InvalidRequest("Upload-Length cannot change once set")
-            if declare_length > self.settings.max_upload_size:
-                raise TooLarge(f"Upload-Length exceeds Tus-Max-Size {self.settings.max_upload_size}")
-            if declare_length < current:  # it could never be reached: every later PATCH would be refused as too long
-                raise InvalidRequest(
-                    f"Upload-Length {declare_length} is smaller than the {current} bytes already received",
-                    offset=current,
-                )
-            if upload.length is None:
-                # the declared length is reserved against the key's quota before a byte of it is stored
-                await self.lifecycle.admit(upload.owner, uid, declare_length, upload.expires_at)
-                upload = await self._update(uid, lambda u: _declared(u, declare_length, self.clock()))
+            upload = await self._declare_length(upload, declare_length, current)
         if offset != current:
             raise Conflict(f"Upload-Offset {offset} does not match the upload's offset {current}", offset=current)
-        transition(upload.state_at(self.clock()), UploadEvent.PUT_PART, upload_id=f"upload {uid}")
+        upload.after(UploadEvent.PUT_PART, self.clock())  # refused unless parts may be stored now
         # a deferred length is still bounded by Tus-Max-Size (tus 1.0.0 §creation-defer-length) and by the quota
         length = upload.length
         limit = (self.settings.max_upload_size if length is None else length) - current
-        room = await self.lifecycle.room_for(upload.owner, uid) if length is None else None
+        room = await self.terms.room_for(upload.owner, uid) if length is None else None
         if room is not None and room - current < limit:
             limit = room - current
             if limit <= 0:
@@ -495,7 +455,7 @@ class TusService:
                         f"this PATCH's {body_length} bytes go beyond the {room} bytes of this key's quota", room=room
                     )
                 limit = min(limit, body_length)
-            await self.lifecycle.grow(upload.owner, uid, current + limit, upload.expires_at)
+            await self.terms.grow(upload.owner, uid, current + limit, upload.expires_at)
             grown = body_length is None
         # the running SHA-256 follows the bytes of this process's PATCHes when they arrive in order
         hasher = self.engine.hashers.get(uid)
@@ -537,15 +497,40 @@ class TusService:
         if result.stored:
             if feed is not None and staged is not None:
                 feed.advance(staged, result.size, current + result.size)
-            upload = await self._record_segment(uid, current, Part(result.size, result.xxh3))
+            upload = await self._record_segment(upload, current, Part(result.size, result.xxh3))
         new_offset = current + (result.size if result.stored else 0)
         if grown:
-            await self.lifecycle.reserve(upload.owner, uid, new_offset, upload.expires_at)
+            await self.terms.reserve(upload.owner, uid, new_offset, upload.expires_at)
         if result.cut is not None:
             raise ClientDisconnected("PATCH was cut short; the bytes received were kept")
         if upload.length is not None and new_offset == upload.length and upload.concat != "partial":
             upload = await self._finish(upload)
         return upload, new_offset
+
+    async def _declare_length(self, upload: Upload, length: int, received: int) -> Upload:
+        """tus creation-defer-length: the length, declared once, reserved against the key's quota before a byte of
+        it is stored."""
+        if upload.length is not None and upload.length != length:
+            raise InvalidRequest("Upload-Length cannot change once set")
+        if length > self.settings.max_upload_size:
+            raise TooLarge(f"Upload-Length exceeds Tus-Max-Size {self.settings.max_upload_size}")
+        if length < received:  # it could never be reached: every later PATCH would be refused as too long
+            raise InvalidRequest(
+                f"Upload-Length {length} is smaller than the {received} bytes already received", offset=received
+            )
+        if upload.length is not None:
+            return upload
+        await self.terms.admit(upload.owner, upload.id, length, upload.expires_at)
+        now = self.clock()
+
+        def declared(current: Upload) -> Upload | None:
+            if current.length == length:
+                return None
+            if current.length is not None:
+                raise InvalidRequest("Upload-Length cannot change once set")
+            return current.after(UploadEvent.DECLARE_LENGTH, now, length=length)
+
+        return await self._change(upload, declared)
 
     async def _store_patch(self, grown: bool, upload: Upload, current: int, *args: Any, **kwargs: Any) -> Any:
         """``engine.store_part``; when the PATCH reserved all the room there was (``grown``) and fails, its
@@ -555,17 +540,15 @@ class TusService:
         except BaseException:
             if grown:
                 try:
-                    await self.lifecycle.reserve(upload.owner, upload.id, current, upload.expires_at)
+                    await self.terms.reserve(upload.owner, upload.id, current, upload.expires_at)
                 except TransferError as exc:
                     log.warning("upload %s keeps its reservation until it ends: %s", upload.id, exc)
             raise
 
     async def _finish(self, upload: Upload) -> Upload:
-        """Publish a complete upload as a stored file."""
-        async with self.engine.locks.hold(upload.id):
-            latest = await self.load(upload.id, TRUSTED, allow_ended=True)
-            if latest.file_id is not None:  # finished meanwhile (a HEAD and the last PATCH, or another replica)
-                return latest
+        """Publish a complete upload as a stored file (through the lifecycle: one completion, one file)."""
+
+        async def gather(latest: Upload) -> tuple[Candidate, Any]:
             ordered: list[tuple[int, str, Part]] = []
             if latest.concat == "final":
                 start = 0
@@ -576,14 +559,14 @@ class TusService:
                         start += part.size
             else:
                 if latest.received != latest.length:
-                    raise Conflict(f"upload {upload.id} changed while it was being finished; HEAD and retry")
+                    raise Conflict(f"upload {latest.id} changed while it was being finished; HEAD and retry")
                 ordered = latest.ordered_segments()
             sources = [key for _, key, _ in ordered]
-            hasher = await self.engine.catch_up(upload.id, ordered, by_offset=True)
+            hasher = await self.engine.catch_up(latest.id, ordered, by_offset=True)
             if hasher.position != latest.length:
                 await self._truncate(latest, hasher.next_part)
                 raise Conflict(
-                    f"upload {upload.id} lost bytes from offset {hasher.next_part}; HEAD and send them again",
+                    f"upload {latest.id} lost bytes from offset {hasher.next_part}; HEAD and send them again",
                     offset=hasher.next_part,
                 )
             sha_hex = hasher.sha.hexdigest()
@@ -591,63 +574,59 @@ class TusService:
             if declared and declared.lower().removeprefix("sha256:") != sha_hex:
                 # Repr-Digest at creation (IETF front door) or a tus client's ``sha256`` metadata: nothing is published
                 # and the upload ends, its bytes freed (draft-ietf-httpbis-resumable-upload §10.1: consider it failed)
-                await self.terminate(upload.id, TRUSTED)
-                raise ChecksumMismatch(
-                    f"the upload's SHA-256 {sha_hex} is not the declared {declared}", actual="sha256:" + sha_hex
+                raise _Mismatch(
+                    ChecksumMismatch(
+                        f"the upload's SHA-256 {sha_hex} is not the declared {declared}", actual="sha256:" + sha_hex
+                    )
                 )
-            candidate = _candidate(latest, sha_hex, bytes(hasher.head), "tus")
             if latest.concat == "final":
                 # its bytes are its parts': their reservations give way to this file's charge (else they would
                 # count twice against the quota while it is checked)
                 for pid in latest.parts:
-                    await self.lifecycle.release(latest.owner, pid)
-            record = await self.publisher.publish(
-                candidate, lambda record: publish_composed(self.storage, record, sources)
+                    await self.terms.release(latest.owner, pid)
+            size = latest.length or 0
+            candidate = self.lifecycle.candidate(
+                latest, size=size, sha256=sha_hex, head=bytes(hasher.head), source="tus"
             )
-            done = await self._completed(latest, record.id)
-            # the file is published and the record says so: its segments are copies now (or were composed into it
-            # server-side) and go at once, not at expiry. A crash before this line leaves them to the sweep.
-            # Partial uploads stay: tus lets several final uploads reuse them, and they expire like any upload.
-            if latest.concat != "final":
-                await self._free_segments(done)
-            return done
 
-    async def _completed(self, upload: Upload, file_id: str) -> Upload:
-        """Upload ``upload``'s file ``file_id`` is published: its record says so (once, whoever comes second), its
-        reservation goes, and the engine forgets it."""
+            async def place(record: FileRecord) -> None:
+                await publish_composed(self.storage, record, sources)
 
-        def finished(current: Upload) -> Upload | None:
-            if current.file_id == file_id:
-                return None
-            return current.after(UploadEvent.COMPLETE, self.clock(), file_id=file_id)
+            return candidate, place
 
-        done = await self._update(upload.id, finished)
-        await self.quota.release(upload.owner, upload.id)
+        try:
+            done, _ = await self.lifecycle.finish(self.kind, upload.id, TRUSTED, gather, loaded=upload)
+        except _Mismatch as mismatch:
+            await self.lifecycle.abort(self.kind, upload.id, TRUSTED)
+            raise mismatch.error from None
         self.engine.forget(upload.id)
+        # the file is published and the record says so: its segments are copies now (or were composed into it
+        # server-side) and go at once, not at expiry. A crash before this line leaves them to the sweep.
+        # Partial uploads stay: tus lets several final uploads reuse them, and they expire like any upload.
+        if done.concat != "final":
+            await self._free_segments(done)
         return done
 
     async def _truncate(self, upload: Upload, at: int) -> None:
         """Drop the segments from offset ``at`` on (their bytes are not what was acknowledged, or follow such):
         the client sends them again from there."""
         doomed = [off for off in upload.segments if off >= at]
-        await self._update(
-            upload.id,
-            lambda u: replace(u, segments={o: p for o, p in u.segments.items() if o < at}) if doomed else None,
-        )
+        if doomed:
+            await self._change(upload, lambda u: replace(u, segments={o: p for o, p in u.segments.items() if o < at}))
         await self.engine.delete([_segment_key(upload.id, off) for off in doomed])
 
     async def terminate(self, uid: str, caller: Grant) -> None:
         """tus termination: the upload ends (ABORT) and its segments go; a PATCH in flight finds it ended."""
-        upload = await self.load(uid, caller)
+        await self.load(uid, caller)  # Gone once ended
+        await self.lifecycle.abort(self.kind, uid, caller)
 
-        def terminated(current: Upload) -> Upload | None:
-            return current.after(UploadEvent.ABORT, self.clock(), terminated=True)
-
-        upload = await self._update(uid, terminated)
-        await self.engine.delete([key for _, key, _ in upload.ordered_segments()])
-        await self.quota.release(upload.owner, uid)
-        await self.lifecycle.release(upload.owner, uid)
-        self.engine.forget(uid)
+    async def _discard(self, upload: Upload) -> None:
+        """What an ended upload holds beside its record: its segments (and this process's running hash)."""
+        self.engine.forget(upload.id)
+        keys = [key for _, key, _ in upload.ordered_segments()]
+        if upload.state is UploadState.COMPLETED or upload.concat == "final":
+            return  # freed when it was published; a final upload's segments are its partial uploads'
+        await self.engine.delete(keys)
 
     async def _free_segments(self, upload: Upload) -> None:
         """Delete a published upload's segments; a failure is logged, never reported: the file is safe and the
@@ -657,45 +636,9 @@ class TusService:
         except TransferError as exc:
             log.warning("segments of the finished upload %s stay until it expires: %s", upload.id, exc)
 
-    async def sweep_expired(self) -> int:
-        """Delete expired or terminated uploads' segments, and their records a retention period after they
-        expired (their stored files stay); returns how many uploads it cleaned. A sweep may list storage: it is
-        the one place that looks at everything (segments left by a crash included)."""
-        now = self.clock()
-        removed = 0
-        keys: dict[str, list[str]] = {}
-        with storage_errors_translated():
-            async for info in self.storage.list("tus/"):
-                keys.setdefault(info.key.split("/")[1], []).append(info.key)
-        for uid, stored in keys.items():
-            segments = [key for key in stored if "/seg/" in key]
-            try:
-                upload = await self.load(uid, TRUSTED, allow_ended=True)
-            except NotFound:
-                await self.engine.delete(segments)
-                continue
-            if upload.state_at(now) is UploadState.ABORTED or now >= upload.expires_at:
-                if segments and upload.file_id is None:  # ended without a file: its reservation goes (once)
-                    await self.lifecycle.release(upload.owner, uid)
-                await self.engine.delete(segments)
-                if now >= upload.expires_at + self.settings.session_retention:
-                    await self.engine.delete([_info_key(uid)])
-                removed += 1
-        return removed
 
-    async def collect_garbage(self) -> int:
-        """Kept for callers of the former name: :meth:`sweep_expired`."""
-        return await self.sweep_expired()
-
-
-def _declared(upload: Upload, length: int, now: float) -> Upload | None:
-    """The record with its deferred length declared (tus creation-defer-length)."""
-    if upload.length == length:
-        return None
-    transition(upload.state_at(now), UploadEvent.DECLARE_LENGTH, upload_id=f"upload {upload.id}")
-    if upload.length is not None:
-        raise InvalidRequest("Upload-Length cannot change once set")
-    return replace(upload, length=length)
+def _is_sha256(value: str) -> bool:
+    return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
 def http_date(seconds: float) -> str:

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from storage.base import ObjectWriter, Storage, flushes_earlier_writes
-from transfer.core.model.content import ContentEncoding, FileRole, checksum_hex
+from transfer.core.model.content import ContentEncoding, checksum_hex
 from transfer.core.model.encodings import DecodeLimits, make_decoder, make_encoder
+from transfer.core.uploads.state import FileIntent
 from transfer.errors import (
     ChecksumMismatch,
     ContentLengthMismatch,
@@ -54,11 +55,7 @@ INLINE_STEP = 64 << 10
 class UploadRequest:
     """Everything a front door learned about an upload besides the body itself."""
 
-    name: str | None = None
-    content_type: str | None = None  # the client's own word (a query parameter or form field): it wins
-    hinted_type: str | None = None  # a Content-Type that came with the body, perhaps a tool's default
-    role: FileRole | None = None
-    description: str | None = None
+    intent: FileIntent = FileIntent()  # what the file is to be (name, types, role, description, lifetime asked for)
     declared_length: int | None = None  # length of the body as sent (Content-Length; an import's encoded_size)
     body_encoding: ContentEncoding = ContentEncoding.NONE  # Content-Encoding of the body as sent
     body_sha256: bytes | None = None  # RFC 9530 Content-Digest / Repr-Digest: sha-256 of the body as sent
@@ -66,7 +63,6 @@ class UploadRequest:
     expected_size: int | None = None  # original size the client declares
     store_encoding: ContentEncoding = ContentEncoding.NONE
     owner: str | None = None  # the API key storing it: the file belongs to that key
-    expires_in: int | None = None  # the lifetime the client asks for, seconds (checked by the file service)
 
 
 class _Digests:
@@ -207,19 +203,16 @@ async def ingest(
     levels: Mapping[str, int],
     publisher: Publisher,
     room: int | None = None,
-    lifetime: int | None = None,
     source: str = "upload",
     with_body: Callable[[UploadRequest], UploadRequest] | None = None,
 ) -> tuple[FileRecord, bytes | None]:
     """Stream ``body`` into storage as file ``file_id`` and hand it, verified, to ``publisher`` (which publishes
     it by committing the writer). ``room``: the most original bytes the owner's quota allows (QuotaExceeded
-    beyond, before reading when a size is declared); ``lifetime``: seconds the file lives. Returns the record,
+    beyond, before reading when a size is declared); the request's intent is settled already. Returns the record,
     and the original bytes when the whole file fits in the sniffed head (``SNIFF_BYTES``), which the pipeline
     holds anyway: an inline descriptor of a small file needs no read back. ``request`` is only read;
     ``with_body(request)``: the request completed by what came with the body (a form's fields), once it ended."""
-    publisher.check_fields(
-        content_type=request.content_type, hinted_type=request.hinted_type, description=request.description
-    )
+    publisher.check_intent(request.intent)
     # reject before reading a byte (RFC 9110 §15.5.14); the body as sent is held to the limit in any coding
     if request.declared_length is not None and request.declared_length > max_size:
         raise TooLarge(
@@ -310,7 +303,6 @@ async def ingest(
             sha256=original_hex,
             head=head,
             source=source,
-            lifetime=lifetime,
             file_id=file_id,
             encoded_size=writer.bytes_written,
             encoded_sha256=digests.stored.hexdigest() if digests.stored is not None else original_hex,
@@ -329,11 +321,10 @@ def request_candidate(
     sha256: str,
     head: bytes,
     source: str,
-    lifetime: int | None,
     **extra: Any,
 ) -> Candidate:
     """What an upload of ``request`` hands the publisher: its bytes' ``size``, ``sha256`` and first bytes, and the
-    request's own fields (name, types, role, description, stored encoding); ``extra``: other candidate fields."""
+    request's own intent and stored encoding; ``extra``: other candidate fields."""
     return Candidate(
         owner=request.owner,
         upload_id=upload_id,
@@ -341,12 +332,7 @@ def request_candidate(
         sha256=sha256,
         head=head,
         source=source,
-        name=request.name,
-        content_type=request.content_type,
-        hinted_type=request.hinted_type,
-        role=request.role,
-        description=request.description,
-        lifetime=lifetime,
+        intent=request.intent,
         encoding=request.store_encoding,
         **extra,
     )

@@ -61,10 +61,12 @@ def response_status(exc: BaseException) -> int | None:
 
 
 def quoted(etag: str) -> str:
+    """``etag`` with its quotes, as S3 returns it."""
     return etag if etag.startswith('"') else f'"{etag}"'
 
 
 def unquoted(etag: str) -> str:
+    """``etag`` without its quotes, as Ceph 16 stores (and compares) it."""
     return etag[1:-1] if len(etag) >= 2 and etag.startswith('"') and etag.endswith('"') else etag
 
 
@@ -176,12 +178,15 @@ class EngineProbe:
             return status, None
 
     async def etag(self, key: str) -> str:
+        """The current ETag of probe object ``key``, as returned (HEAD)."""
         head = (await self.raw(self.c.head_object, Key=key))[1]
         if head is None:
             raise BackendUnavailable(f"S3 lost a probe object in {self.s.config.bucket!r}")
         return str(head["ETag"])
 
     async def run(self) -> EngineProfile:
+        """Every probe, in order (some change the probe object: each reads its version first); whatever happens,
+        the probe objects are deleted and no multipart upload is left open."""
         c, a = self.c, self.base + "a"
         made = [a, self.base + "missing", self.base + "put"]
         try:
@@ -231,6 +236,7 @@ class EngineProbe:
         return "broken"
 
     async def get_if_match(self, key: str) -> IfMatchForm:
+        """GetObject If-Match with the current ETag, quoted then unquoted: the first form answered with the bytes."""
         etag = await self.etag(key)
         for form in ("quoted", "unquoted"):
             status, answer = await self.raw(self.c.get_object, Key=key, IfMatch=in_form(etag, form))
@@ -343,6 +349,7 @@ class EngineProbe:
                 )
 
     async def presign(self, key: str) -> str:
+        """A presigned GetObject URL fetched without credentials: ``sigv4`` if the engine serves it."""
         url = await self.s.call(
             "probing", self.c.generate_presigned_url, "get_object", Params={"Bucket": self.s.config.bucket, "Key": key}
         )

@@ -1,8 +1,10 @@
 # The two commands of README.md (serve, test). All targets create ./.venv and install the project into it first.
 # install     the venv, the MCP Inspector CLI (pinned, into .cache/node), the web page's and /docs' browser libraries (npm ci in transfer/web, pinned by its
 #             package-lock.json; never copied into the repository) and, for the browser test, Debian's chromium; for the
-#             S3 tests on Ceph (devtools/ceph.py) Debian's Ceph monitor, OSD and RADOS Gateway, and HAProxy for the
-#             replica tests (tests/ops/test_replicas_ceph.py): each only if missing, without recommends
+#             S3 tests on Ceph 16.2 (devtools/ceph.py) Debian's Ceph monitor, OSD and RADOS Gateway, HAProxy for the
+#             replica tests (tests/ops/test_replicas_ceph.py), and debootstrap, which makes the Debian sid root that Ceph
+#             20.2 runs from (devtools/sidroot.py; the tests make it on first use, once per machine, in
+#             /var/cache/transfer-tests): each only if missing, without recommends
 # test        lint + every test (the README's command), the test files spread over 3 worker processes (most tests
 #             wait on servers and sockets, so 3 beat 2 on two cores; a file stays on one worker, for its fixtures)
 # test-quick  lint + the tests not marked slow or s3: the inner loop while editing; run `make test` before pushing
@@ -38,6 +40,7 @@ install: $(STAMP) $(WEB_STAMP) $(INSPECTOR)
 	command -v radosgw >/dev/null && command -v ceph-osd >/dev/null || (apt-get update && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ceph-mon ceph-osd radosgw ceph-common)
 	command -v haproxy >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends haproxy)
+	command -v debootstrap >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends debootstrap)
 
 serve: $(STAMP) $(WEB_STAMP)
 	$(BIN)/transfer serve

@@ -16,12 +16,14 @@ two versions.
 Compare-and-set: ``ObjectInfo.etag`` is the data object's ETag; ``create(key, if_match=etag)`` publishes the bytes
 with ``If-Match`` on PutObject / CompleteMultipartUpload (AWS S3 since 2024, MinIO, Ceph RGW), then the metadata, so
 a lost race changes nothing. Engines differ, so :meth:`S3Storage.start` probes the one it talks to
-(:class:`EngineProfile`) and uses what works: the ETag quoted as returned (AWS) or unquoted (Ceph RGW compares
-byte for byte with the ETag it stores without quotes); where CompleteMultipartUpload ignores conditions (Ceph 16)
-a large create-if-absent claims its key with a conditional PutObject of its metadata. Where the engine has no
-conditional PUT (Swift's s3api answers 501) the ETag is compared by a HEAD just before the put, under a per-key
-lock of this process, so the compare-and-set holds within one process but not between replicas (no
-ATOMIC_IF_MATCH then: the service refuses to run as one of several replicas on it).
+(:class:`~storage.s3_engine.EngineProfile`, whose module tabulates what each engine was seen to do) and uses what
+works: the ETag quoted as returned (AWS, Ceph 20.2) or unquoted (Ceph 16 compares byte for byte with the ETag it
+stores without quotes); where CompleteMultipartUpload ignores conditions (Ceph 16) a large create-if-absent claims
+its key with a conditional PutObject of its metadata first, where it honours them (Ceph 20.2, AWS) the completion
+alone decides; where UploadPartCopy ignores its source's condition (Ceph 16) the sources are checked by HEAD after
+the copies. Where the engine has no conditional PUT (Swift's s3api answers 501) the ETag is compared by a HEAD just
+before the put, under a per-key lock of this process, so the compare-and-set holds within one process but not
+between replicas (no ATOMIC_IF_MATCH then: the service refuses to run as one of several replicas on it).
 
 boto3 calls run in a thread pool of ``max_concurrency`` threads (the event loop never blocks); transient errors
 (503 SlowDown, resets, timeouts) are retried by botocore's ``standard`` retry mode; every other error is translated
@@ -39,13 +41,10 @@ retries nothing but lost compare-and-set races, so it does not multiply this.
 from __future__ import annotations
 
 import asyncio
-import base64
 import builtins
 import contextlib
-import hashlib
 import json
 import os
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -56,7 +55,6 @@ from typing import Any, Literal, TypeVar
 
 import boto3
 import botocore.exceptions
-import httpx
 from botocore.config import Config
 
 from storage.base import (
@@ -83,6 +81,8 @@ from storage.errors import (
 )
 from storage.keyed import KeyedLocks
 from storage.parts import MIN_PART_SIZE, S3Rules, plan_part_size
+from storage.s3_engine import IF_MATCH_FORMS, EngineProbe, EngineProfile, in_form, quoted, unquoted
+from storage.s3_engine import response_status as _status
 
 T = TypeVar("T")
 MAX_PRESIGN_SECONDS = 7 * 24 * 3600  # SigV4 presigned URLs live at most 7 days
@@ -107,17 +107,10 @@ _ERROR_TABLE: dict[str, type[StorageError]] = {
     "NotImplemented": Unsupported,  # Swift's s3api on If-Match: a refusal, not an outage
     "501": Unsupported,
     "ConditionalRequestConflict": ObjectChanged,  # 409: a concurrent conditional write of the same key
+    # 409 from Ceph 20.2: the object was replaced while a request on it ran (a GetObject pinned by If-Match among them)
+    "ConcurrentModification": ObjectChanged,
 }
 _ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "Forbidden"}
-
-
-def _status(exc: BaseException) -> int | None:
-    """The HTTP status of the S3 answer behind a translated error, when there was one."""
-    cause = exc.__cause__
-    if isinstance(cause, botocore.exceptions.ClientError):
-        status = cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return int(status) if status is not None else None
-    return None
 
 
 def translate_error(exc: Exception, what: str) -> StorageError:
@@ -179,72 +172,6 @@ class S3Config:
     abandoned_upload_age: float = 24 * 3600  # seconds after which an unfinished multipart upload is aborted
 
 
-IfMatchForm = Literal["quoted", "unquoted", "ignored", "refused", "broken"]
-
-
-@dataclass(frozen=True, slots=True)
-class EngineProfile:
-    """What an S3 engine was seen to do at start-up, by probes on a reserved key (``<prefix>probe/<random>/…``,
-    outside the data and metadata namespaces, deleted afterwards). Each field is the outcome of one request pair,
-    never a guess from the server's name.
-
-    ``if_match`` — PutObject ``If-Match`` with the current ETag: ``quoted`` (as S3 returns it: AWS, MinIO),
-    ``unquoted`` (only without the quotes: Ceph RGW compares byte for byte with its stored ETag), ``refused``
-    (501/400: Swift's s3api), ``ignored`` (a stale ETag is accepted too: no compare at all), ``broken`` (neither
-    form of the current ETag is accepted)."""
-
-    conditional_create: bool  # PutObject If-None-Match: * refuses an existing key
-    if_match: IfMatchForm
-    if_match_missing: int | None  # the status of If-Match on a key with no object (AWS 404, Ceph 412)
-    get_if_match: IfMatchForm  # GetObject If-Match with the ETag (quoted / unquoted), what pinned readers send
-    conditional_complete: bool  # CompleteMultipartUpload honours If-None-Match (Ceph 16: ignored, it overwrites)
-    part_checksums_verified: bool  # UploadPart refuses a wrong x-amz-checksum-sha256 (Ceph 16: stored unchecked)
-    presign: str  # the presigned-URL signature the engine accepts: "sigv4", or "none"
-
-    @property
-    def compare_and_set(self) -> bool:
-        """Replace-if-version is atomic on the engine (the server compares, not us)."""
-        return self.if_match in ("quoted", "unquoted")
-
-    def rows(self) -> list[tuple[str, str, str]]:
-        """(probe, outcome, what the backend does with it), for ``transfer storage check``."""
-        yes = {True: "yes", False: "no"}
-        return [
-            (
-                "conditional create (If-None-Match: *)",
-                yes[self.conditional_create],
-                "used: new ids, parts, records" if self.conditional_create else "not atomic: one replica only",
-            ),
-            (
-                "conditional replace (If-Match)",
-                self.if_match,
-                {
-                    "quoted": "used: the ETag as returned",
-                    "unquoted": "used: the ETag without its quotes",
-                }.get(self.if_match, "no compare-and-set: one replica only"),
-            ),
-            ("If-Match on a missing key", str(self.if_match_missing or "-"), "either means: changed"),
-            ("GetObject If-Match (pinned reads)", self.get_if_match, "readers never mix two versions"),
-            (
-                "conditional CompleteMultipartUpload",
-                yes[self.conditional_complete],
-                "used" if self.conditional_complete else "large create-if-absent claims its key by its metadata",
-            ),
-            (
-                "part checksums verified",
-                yes[self.part_checksums_verified],
-                "direct parts checked by the engine and read back"
-                if self.part_checksums_verified
-                else "direct parts read back before publication (the engine stores wrong ones)",
-            ),
-            (
-                "presigned URL signature",
-                self.presign,
-                "signed_url and direct uploads" if self.presign != "none" else "no signed_url, no direct uploads",
-            ),
-        ]
-
-
 # what each engine (endpoint, region, credentials) was seen to do, once per process: an engine does not change its
 # conditional requests while a process runs, and a process that opens many buckets (the tests) probes once
 _PROBED: dict[tuple[str | None, str | None, str | None], EngineProfile] = {}
@@ -259,14 +186,6 @@ def copy_ranges(size: int, limit: int | None) -> list[tuple[int, int] | None]:
     count = -(-size // limit)
     bounds = [size * i // count for i in range(count + 1)]
     return [(bounds[i], bounds[i + 1]) for i in range(count)]
-
-
-def quoted(etag: str) -> str:
-    return etag if etag.startswith('"') else f'"{etag}"'
-
-
-def unquoted(etag: str) -> str:
-    return etag[1:-1] if len(etag) >= 2 and etag.startswith('"') and etag.endswith('"') else etag
 
 
 class S3Writer(WriterContext):
@@ -429,8 +348,9 @@ class S3Writer(WriterContext):
         """The part being filled is uploaded as it is, then ``[start, end)`` of ``source`` becomes the next part(s)
         by UploadPartCopy (one per 5 GiB), conditional on the version ``source`` has open, in the background like
         every part: a failure (the source deleted or replaced meanwhile: ObjectChanged) fails the commit. An engine
-        may ignore the copy's condition (Ceph 16 does: it copies whatever is there), so the commit also asks each
-        source's version once the copies are done (a HEAD) and publishes only if it is still the one copied."""
+        may ignore the copy's condition (Ceph 16 does: it copies whatever is there), so there (as the probes saw) the
+        commit also asks each source's version once the copies are done (a HEAD) and publishes only if it is still
+        the one copied."""
         if self._done:
             raise BackendUnavailable("write after commit or abort")
         if self._failure is not None:
@@ -565,12 +485,14 @@ class S3Writer(WriterContext):
             conditional: dict[str, str] = {}
             # an engine that ignores conditions on CompleteMultipartUpload (Ceph 16) gets none there: a large
             # create-if-absent claims its key by a conditional PutObject of its metadata instead (an object whose
-            # bytes are not there yet is not published), and a large if-match compares by HEAD under our lock
-            claim = self._if_absent and multipart and not s.conditional_complete
+            # bytes are not there yet is not published), and a large if-match compares by HEAD under our lock.
+            # Where the completion honours them (Ceph 20.2, AWS) it is the compare-and-set itself: one request.
+            claim = self._if_absent and multipart and not s.complete_if_none_match
+            if_match = s.if_match_value(self._if_match, complete=multipart) if self._if_match is not None else None
             if self._if_absent and not claim:
                 conditional = {"IfNoneMatch": "*"}
-            elif self._if_match is not None and s.atomic_if_match and not (multipart and not s.conditional_complete):
-                conditional = {"IfMatch": s.if_match_value(self._if_match)}
+            elif if_match is not None and s.atomic_if_match:
+                conditional = {"IfMatch": if_match}
             compare_first = self._if_match is not None and "IfMatch" not in conditional
             guard = s.compare_locks.hold(self._key) if compare_first else contextlib.nullcontext()
             async with guard:
@@ -597,8 +519,11 @@ class S3Writer(WriterContext):
     async def _sources_unchanged(self) -> None:
         """Each source of copy_range still at the version that was copied, asked after the copies ended: a version
         there before and after a copy is the one it copied, whether or not the engine kept the copy's condition
-        (keys are not re-published with other bytes under the same ETag in between: an S3 ETag follows the bytes)."""
+        (keys are not re-published with other bytes under the same ETag in between: an S3 ETag follows the bytes).
+        Nothing to ask where the engine keeps the copy's condition: a copy of another version was refused."""
         s = self._s
+        if s.copy_if_match:
+            return
         for key, etag in self._copied.items():
             try:
                 head = await s.call(f"stat {key}", s.client.head_object, Bucket=s.config.bucket, Key=s.data_key(key))
@@ -838,12 +763,24 @@ class S3Storage:
         return self.config.atomic_if_match and (self.engine is None or self.engine.compare_and_set)
 
     @property
-    def conditional_complete(self) -> bool:
-        return self.engine is None or self.engine.conditional_complete
+    def complete_if_none_match(self) -> bool:
+        """CompleteMultipartUpload honours ``If-None-Match: *`` (Ceph 20.2, AWS; not Ceph 16): a large
+        create-if-absent is decided by its completion alone, with no claim object first."""
+        return self.engine is None or self.engine.complete_if_none_match
 
-    def if_match_value(self, etag: str) -> str:
-        """``etag`` in the form the engine compares If-Match with (Ceph: without the quotes)."""
-        return unquoted(etag) if self.engine is not None and self.engine.if_match == "unquoted" else quoted(etag)
+    @property
+    def copy_if_match(self) -> bool:
+        """UploadPartCopy honours ``x-amz-copy-source-if-match`` (Ceph 20.2, AWS; not Ceph 16): a copied range is of
+        the version named, with no HEAD of the source after the copies."""
+        return self.engine is None or self.engine.copy_if_match
+
+    def if_match_value(self, etag: str, *, complete: bool = False) -> str | None:
+        """``etag`` in the form the engine compares ``If-Match`` with on PutObject (with ``complete``: on
+        CompleteMultipartUpload), or None where it does not compare there (Swift's PUTs, Ceph 16's completion)."""
+        if self.engine is None:
+            return quoted(etag)
+        form = self.engine.complete_if_match if complete else self.engine.if_match
+        return in_form(etag, form) if form in IF_MATCH_FORMS else None
 
     def get_if_match(self, etag: str) -> dict[str, str]:
         """The If-Match of a pinned GetObject: the form the engine accepts, none when it has no working one."""
@@ -882,147 +819,9 @@ class S3Storage:
             self.engine = _PROBED.get(seen) or await self.probe()
             _PROBED[seen] = self.engine
 
-    async def _raw(self, what: str, fn: Callable[..., Any], **kwargs: Any) -> tuple[int, Any]:
-        """One probe request: (HTTP status, response or None); a refusal is an outcome, not an error."""
-        try:
-            return 200, await self.call(what, fn, Bucket=self.config.bucket, **kwargs)
-        except StorageError as exc:
-            status = _status(exc)
-            if status is None:
-                raise
-            return status, None
-
     async def probe(self) -> EngineProfile:
-        """The probes of :class:`EngineProfile`, about twenty requests on ``<prefix>probe/<random>/``."""
-        c = self.client
-        base = f"{self.config.prefix}probe/{secrets.token_hex(8)}/"
-        a, cks = base + "a", base + "c"
-        try:
-            status, first = await self._raw("probing", c.put_object, Key=a, Body=b"1", IfNoneMatch="*")
-            if status != 200:
-                raise BackendUnavailable(f"S3 refused a probe PutObject ({status}) in {self.config.bucket!r}")
-            status, _ = await self._raw("probing", c.put_object, Key=a, Body=b"2", IfNoneMatch="*")
-            conditional_create = status in (409, 412) and await self._probe_create_race(base + "race")
-            current = (
-                str(first["ETag"])
-                if status != 200
-                else str((await self._raw("probing", c.head_object, Key=a))[1]["ETag"])
-            )
-            if_match: IfMatchForm = "broken"
-            for form, value in (("quoted", quoted(current)), ("unquoted", unquoted(current))):
-                status, answer = await self._raw("probing", c.put_object, Key=a, Body=b"3", IfMatch=value)
-                if status == 200:
-                    if_match = "quoted" if form == "quoted" else "unquoted"
-                    stale = value  # the version just replaced
-                    status, _ = await self._raw("probing", c.put_object, Key=a, Body=b"4", IfMatch=stale)
-                    if status == 200:
-                        if_match = "ignored"
-                    break
-                if status in (400, 501):
-                    if_match = "refused"
-                    break
-            status, _ = await self._raw("probing", c.put_object, Key=base + "missing", Body=b"", IfMatch='"0"')
-            if_match_missing = status if status != 200 and if_match != "refused" else None
-            head = (await self._raw("probing", c.head_object, Key=a))[1]
-            etag = str(head["ETag"]) if head else current
-            get_if_match: IfMatchForm = "broken"
-            for form, value in (("quoted", quoted(etag)), ("unquoted", unquoted(etag))):
-                status, answer = await self._raw("probing", c.get_object, Key=a, IfMatch=value)
-                if answer is not None:
-                    answer["Body"].close()
-                if status in (200, 206):
-                    get_if_match = "quoted" if form == "quoted" else "unquoted"
-                    break
-            conditional_complete = await self._probe_complete(a)
-            part_checksums_verified = await self._probe_part_checksum(cks)
-            presign = "none"
-            url = await self.call(
-                "probing", c.generate_presigned_url, "get_object", Params={"Bucket": self.config.bucket, "Key": a}
-            )
-            async with httpx.AsyncClient(timeout=self.config.read_timeout) as http:
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await http.get(url)).status_code == 200:
-                        presign = "sigv4"
-            return EngineProfile(
-                conditional_create=conditional_create,
-                if_match=if_match,
-                if_match_missing=if_match_missing,
-                get_if_match=get_if_match,
-                conditional_complete=conditional_complete,
-                part_checksums_verified=part_checksums_verified,
-                presign=presign,
-            )
-        finally:
-            for key in (a, base + "missing"):
-                with contextlib.suppress(StorageError):
-                    await self.call("cleaning up probes", c.delete_object, Bucket=self.config.bucket, Key=key)
-
-    async def _probe_create_race(self, key: str, writers: int = 8) -> bool:
-        """``writers`` concurrent If-None-Match: * creators of one new key: exactly one may win. (A check made
-        before the write, as Swift's s3api makes it, lets several win; one race cannot prove atomicity, but it
-        catches that.)"""
-        c = self.client
-        try:
-            outcomes = await asyncio.gather(
-                *(self._raw("probing", c.put_object, Key=key, Body=b"%d" % i, IfNoneMatch="*") for i in range(writers))
-            )
-            return sum(status == 200 for status, _ in outcomes) == 1
-        finally:
-            with contextlib.suppress(StorageError):
-                await self.call("cleaning up probes", c.delete_object, Bucket=self.config.bucket, Key=key)
-
-    async def _probe_complete(self, existing: str) -> bool:
-        """CompleteMultipartUpload with If-None-Match: * onto an existing key: refused (412/409) or not."""
-        c = self.client
-        status, started = await self._raw("probing", c.create_multipart_upload, Key=existing)
-        if started is None:
-            return False
-        upload_id = str(started["UploadId"])
-        try:
-            _, part = await self._raw(
-                "probing", c.upload_part, Key=existing, UploadId=upload_id, PartNumber=1, Body=b"5"
-            )
-            if part is None:
-                return False
-            status, _ = await self._raw(
-                "probing",
-                c.complete_multipart_upload,
-                Key=existing,
-                UploadId=upload_id,
-                MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]},
-                IfNoneMatch="*",
-            )
-            return status in (409, 412)
-        finally:
-            with contextlib.suppress(StorageError):
-                await self.call(
-                    "probing", c.abort_multipart_upload, Bucket=self.config.bucket, Key=existing, UploadId=upload_id
-                )
-
-    async def _probe_part_checksum(self, key: str) -> bool:
-        """UploadPart with a wrong x-amz-checksum-sha256: refused (the engine verifies part checksums) or stored."""
-        c = self.client
-        status, started = await self._raw("probing", c.create_multipart_upload, Key=key, ChecksumAlgorithm="SHA256")
-        if started is None:
-            return False
-        upload_id = str(started["UploadId"])
-        wrong = base64.b64encode(hashlib.sha256(b"not these bytes").digest()).decode()
-        try:
-            status, _ = await self._raw(
-                "probing",
-                c.upload_part,
-                Key=key,
-                UploadId=upload_id,
-                PartNumber=1,
-                Body=b"6",
-                ChecksumSHA256=wrong,
-            )
-            return status != 200
-        finally:
-            with contextlib.suppress(StorageError):
-                await self.call(
-                    "probing", c.abort_multipart_upload, Bucket=self.config.bucket, Key=key, UploadId=upload_id
-                )
+        """What the engine does (:class:`EngineProfile`), by the probes of :mod:`storage.s3_engine` on this bucket."""
+        return await EngineProbe(self).run()
 
     async def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -1275,6 +1074,19 @@ class S3Storage:
     # object without its metadata is not published here (``open``/``stat`` raise ObjectNotFound, ``list`` skips it),
     # the same window a conditional writer's commit has. Multipart uploads live under ``data/``, where
     # abort_abandoned_uploads looks.
+    #
+    # What a direct door can lean on, by engine (``self.engine``, probed):
+    # - ``part_checksums_verified`` (Ceph 20.2, AWS, Swift): a part is stored only with the bytes whose SHA-256 its
+    #   URL signs. A wrong part is refused as it is sent (400 BadDigest to the client, which sends it again), not
+    #   found at completion, and every part ListParts lists has the SHA-256 the client declared for it (Ceph 20.2 and
+    #   AWS list it too, ``StoredPart.sha256_b64``: comparable with the plan's without trusting which URL was used).
+    #   The whole file's SHA-256 is still no engine's to give (a multipart checksum is COMPOSITE, a hash of the part
+    #   hashes), so the read-back stays for the descriptor's checksum; on such an engine a mismatch there means the
+    #   declared whole-file checksum disagrees with the declared parts, never a part stored wrong.
+    # - Not ``part_checksums_verified`` (Ceph 16): parts are stored unchecked; the read-back is the only check.
+    # - ``put_checksum_verified`` is false on Ceph 16 and 20.2: a single presigned PUT is not checked by the engine,
+    #   whatever checksum it signs, so what it stored must be read back. Neither Ceph compares the part checksums a
+    #   CompleteMultipartUpload lists with the stored parts (20.2 assembles whatever it is given).
 
     async def begin_direct_upload(self, key: str) -> str:
         """CreateMultipartUpload for ``key`` asking for SHA-256 part checksums (S3 additional checksums; backends

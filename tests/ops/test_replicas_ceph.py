@@ -1,12 +1,12 @@
 """Three ``transfer serve`` replicas on one Ceph bucket behind HAProxy (round robin, no stickiness), the two RADOS
 Gateways of the test cluster shared between them: what one replica starts, the next continues, on an engine whose
-compare-and-set is real (no replica runs with TRANSFER_SINGLE_REPLICA here).
+compare-and-set is real (no replica runs with TRANSFER_SINGLE_REPLICA here). Every test runs on Ceph 16.2 and 20.2.
 
 Every upload protocol with consecutive requests on different replicas (HAProxy names the replica that answered in
 ``x-served-by``), concurrent writers to one upload (exactly one wins), a replica SIGKILLed in the middle of a request
 and the upload resumed on another, a quota held exactly under concurrent uploads on all replicas, a job followed
-from another replica, sweeps on every replica at once, and a direct plan whose corrupt part Ceph stores unchecked
-(it does not verify part checksums) refused by the read-back.
+from another replica, sweeps on every replica at once, and a direct plan's corrupt part: refused by Ceph 20.2 as it
+is sent, stored unchecked by Ceph 16.2 and refused there by the read-back.
 """
 
 from __future__ import annotations
@@ -350,18 +350,28 @@ def test_direct_plan_across_replicas(fleet: Fleet) -> None:
         read_back(http, done.json(), data)
 
 
-def test_direct_plan_never_publishes_wrong_bytes_on_an_engine_that_keeps_them(fleet: Fleet) -> None:
-    """Ceph 16 stores a part whose bytes do not match its signed x-amz-checksum-sha256 (AWS refuses it): the
-    service's read-back at completion is what refuses the plan, and nothing is published."""
+def test_direct_plan_never_publishes_wrong_bytes(fleet: Fleet) -> None:
+    """A part whose bytes do not match its signed x-amz-checksum-sha256. Ceph 20.2 refuses it as it is sent (400
+    BadDigest, as AWS does): the part stays missing, and the right bytes sent again complete the plan. Ceph 16.2
+    stores it: the service's read-back at completion is what refuses the plan, and nothing is published."""
     data = os.urandom(CHUNK + 7)
     corrupt = data[:CHUNK][:100] + bytes([data[100] ^ 1]) + data[101:CHUNK]
     with fleet.http() as http:
         plan = http.post("/v1/direct", json={"size": len(data), "checksum": sha(data).removeprefix("sha256:")})
         pid = plan.json()["id"]
         _, put = put_direct_part(http, pid, 1, corrupt, declared=data[:CHUNK])
+        _, second = put_direct_part(http, pid, 2, data[CHUNK:])
+        assert second.status_code == 200
+        if fleet.cluster.release == "20.2":
+            assert put.status_code == 400 and "<Code>BadDigest</Code>" in put.text, put.text
+            assert http.get(f"/v1/direct/{pid}").json()["missing"] == [1]
+            _, put = put_direct_part(http, pid, 1, data[:CHUNK])
+            assert put.status_code == 200, put.text
+            done = http.post(f"/v1/direct/{pid}/complete", json={})
+            assert done.status_code == 200 and done.json()["checksum"] == sha(data), done.text
+            read_back(http, done.json(), data)
+            return
         assert put.status_code == 200, put.text  # the engine took it: it does not check the part's checksum
-        _, put = put_direct_part(http, pid, 2, data[CHUNK:])
-        assert put.status_code == 200
         done = http.post(f"/v1/direct/{pid}/complete", json={})
         assert done.status_code == 422 and done.json()["error"]["code"] == "checksum_mismatch", done.text
         assert http.get("/v1/files").json()["files"] == [] or all(

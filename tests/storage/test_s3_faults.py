@@ -1,7 +1,7 @@
 """The S3 backend behind a fault proxy (in front of the S3 test server): resets, 503 SlowDown and stalls are retried
 where safe; a CompleteMultipartUpload that keeps failing is a clear error. Never a partial or corrupted object, never
 an orphaned multipart upload. The tests that touch what engines do differently (completion, listing and aborting
-abandoned multipart uploads) run on Swift's s3api and on Ceph's RADOS Gateway."""
+abandoned multipart uploads) run on Swift's s3api and on Ceph's RADOS Gateway, 16.2 and 20.2."""
 
 from __future__ import annotations
 

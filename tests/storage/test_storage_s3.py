@@ -1,7 +1,7 @@
 """The S3 backend against real S3 engines — Swift's s3api (or the endpoint in ``TRANSFER_TEST_S3_ENDPOINT``) and
-Ceph's RADOS Gateway, both started by the test session — every test on each: the conformance suite unchanged,
-multipart boundaries, aborts that leave no multipart upload behind, presigned URLs the server itself checks, and
-clear start-up errors."""
+Ceph's RADOS Gateway 16.2 and 20.2, all started by the test session — every test on each: the conformance suite
+unchanged, multipart boundaries, aborts that leave no multipart upload behind, presigned URLs the server itself
+checks, and clear start-up errors."""
 
 from __future__ import annotations
 

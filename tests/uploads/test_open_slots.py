@@ -1,6 +1,6 @@
 """A key's open-upload limit is one record per key and kind, changed by compare-and-set
 (transfer/service/accounting/slots.py): replicas racing for the last slot give exactly one winner, on local storage and
-on S3 (Swift and Ceph); acquiring and releasing are idempotent; at the limit finished ids are dropped; the per-id
+on S3 (Ceph 16.2 and 20.2); acquiring and releasing are idempotent; at the limit finished ids are dropped; the per-id
 markers of the old layout are ignored; and taking a slot lists nothing."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from storage.base import ObjectInfo, Storage
 from storage.local import LocalStorage
 from storage.s3 import S3Storage
-from tests.conftest import s3_config
+from tests.conftest import CEPH, s3_config
 from transfer.core.ids import owner_folder
 from transfer.errors import TooManySessions, VersionConflict
 from transfer.service.accounting.recordstore import RecordStore
@@ -81,11 +81,11 @@ async def test_replicas_racing_for_the_last_slot_give_exactly_one_winner(tmp_pat
 
 
 @pytest.mark.s3
-@pytest.mark.parametrize("s3_endpoint", [pytest.param("ceph", marks=pytest.mark.ceph)], indirect=True)
+@pytest.mark.parametrize("s3_endpoint", CEPH, indirect=True)
 async def test_replicas_on_s3_racing_for_the_last_slot_give_exactly_one_winner(
     s3_endpoint: Any, s3_bucket: str
 ) -> None:
-    """On Ceph: Swift's s3api has no atomic compare-and-set, so the service refuses replicas on it
+    """On Ceph, each release: Swift's s3api has no atomic compare-and-set, so the service refuses replicas on it
     (``single_replica``) and there is no race between replicas to test there."""
     stores = [S3Storage(s3_config(s3_endpoint, s3_bucket)) for _ in range(RACERS + 1)]
     try:

@@ -19,7 +19,7 @@ import pytest
 from devtools import sidroot
 from devtools.ceph import _sweep_leftovers, ceph_missing
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # a stand-in for the build: what a made root needs to be found made, one line in a log per build, a second's work
 FAKE_BUILD = """
 import sys, time

@@ -163,7 +163,9 @@ def refuse_content_coding(request: Request) -> None:
     request_body(request)  # raises UnsupportedEncoding; builds (does not start) the body iterator otherwise
 
 
-async def bounded(body: AsyncIterator[bytes], limits: UploadLimits, *, completes: bool) -> AsyncIterator[bytes]:
+async def bounded(
+    body: AsyncIterator[bytes], limits: UploadLimits, *, completes: bool, creation: bool
+) -> AsyncIterator[bytes]:
     """``body`` with the append limits enforced as it arrives: past ``max-append-size`` it stops there, and a body
     that ends below ``min-append-size`` without completing the upload is refused at its end; either way the engine
     keeps nothing of this request (a cut body is still kept: the client resumes it)."""
@@ -172,7 +174,7 @@ async def bounded(body: AsyncIterator[bytes], limits: UploadLimits, *, completes
         received += len(piece)
         check_append_size(limits, received, completes=True)  # only the upper bound while bytes still come
         yield piece
-    check_append_size(limits, received, completes=completes)
+    check_append_size(limits, received, completes=completes, creation=creation)
 
 
 def has_body(request: Request) -> bool:
@@ -252,11 +254,11 @@ def resumable_router(
             ) from exc
 
     async def receive(
-        upload: Upload, offset: int, complete: bool, request: Request, caller: Grant
+        upload: Upload, offset: int, complete: bool, request: Request, caller: Grant, *, creation: bool = False
     ) -> tuple[Upload, int]:
         """Append the request body at ``offset`` within the append limits; when the request completes the upload,
         publish it (its length must then be the offset reached: §"Length", PR #3463)."""
-        body = bounded(request_body(request), limits(upload), completes=complete)
+        body = bounded(request_body(request), limits(upload), completes=complete, creation=creation)
         try:
             upload, offset = await append(upload.id, offset, body, caller)
         except TooLarge as exc:
@@ -364,7 +366,6 @@ def resumable_router(
         length = length_of(request, 0, complete)
         with limits_told(None, None):
             within_max_size(length)
-            check_append_size(limits(None), content_length(request), completes=complete, creation=True)
             if settings.resumable_min_size and (length is None or length < settings.resumable_min_size):
                 if not complete:
                     raise UploadBelowMinSize(
@@ -372,6 +373,7 @@ def resumable_router(
                         "resumable here: send the representation whole, with Upload-Complete: ?1"
                     )
                 return await whole(request, length)
+            check_append_size(limits(None), content_length(request), completes=complete, creation=True)
         metadata: dict[str, str] = {}
         disposition = request.headers.get("content-disposition")
         name = filename_from_content_disposition(disposition) if disposition else None
@@ -400,7 +402,7 @@ def resumable_router(
         if upload.file_id is not None:
             return await answer(request, upload, upload.offset, status=201, location=location)
         with limits_told(upload, 0):
-            upload, offset = await receive(upload, 0, complete, request, caller)
+            upload, offset = await receive(upload, 0, complete, request, caller, creation=True)
         return await answer(request, upload, offset, status=201, location=location)
 
     @router.head(PREFIX + "/{uid}", dependencies=may_upload, tags=["resumable uploads"], summary="Upload offset")

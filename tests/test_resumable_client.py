@@ -142,6 +142,7 @@ class CountingProxy:
         self.sent = 0
         self.hold_after: int | None = None
         self.holding = threading.Event()
+        self.writers: list[asyncio.StreamWriter] = []
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 
@@ -153,12 +154,20 @@ class CountingProxy:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.loop.call_soon_threadsafe(self.server.close)
+        async def stop() -> None:
+            self.server.close()
+            for writer in self.writers:
+                writer.close()
+            await self.server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+        self.loop.close()
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         server_r, server_w = await asyncio.open_connection(*self.upstream)
+        self.writers += [client_w, server_w]
 
         async def upstream() -> None:
             while data := await client_r.read(1 << 16):

@@ -172,8 +172,23 @@ def test_104_cut_and_resume_with_curl(
     assert hashlib.sha256((tmp_path / "back.bin").read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()
 
 
-def test_curl_over_h2_gets_no_104_for_version_8_free_clients(listener: str, tmp_path: Path) -> None:
-    """Interop 8 over HTTP/2: 104 with 8 echoed; without the field, no 104 at all (draft appendix)."""
+def test_curl_over_h2_every_route_and_each_version(listener: str, tmp_path: Path) -> None:
+    """Over HTTP/2 (h2c) too: OPTIONS announces the limits, DELETE cancels; interop 8 gets its 104 with 8 echoed,
+    a client without the field none at all (draft appendix "Draft Version Identification")."""
+    h2c = "--http2-prior-knowledge"
+    (line, options), *_ = heads(curl(h2c, "-si", "-X", "OPTIONS", f"{listener}/v1/uploads", *V9).stdout.decode())
+    assert line.startswith("HTTP/2 204") and "max-size=" in options["upload-limit"]
+    created = heads(
+        curl(
+            h2c, "-si", "-X", "POST", f"{listener}/v1/uploads", *V9, "-H", "Upload-Complete: ?0", "-d", "abc"
+        ).stdout.decode()
+    )
+    assert [line.split()[1] for line, _ in created] == ["104", "201"]
+    location = created[-1][1]["location"]
+    (line, _), *_ = heads(curl(h2c, "-si", "-X", "DELETE", location, *V9).stdout.decode())
+    assert line.startswith("HTTP/2 204")
+    (line, _), *_ = heads(curl(h2c, "-sI", location, *V9).stdout.decode())
+    assert line.startswith("HTTP/2 410")
     src = tmp_path / "small.bin"
     src.write_bytes(os.urandom(100_000))
     for announced, expect in ((["-H", "Upload-Draft-Interop-Version: 8"], "8"), ([], None)):

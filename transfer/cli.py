@@ -326,6 +326,8 @@ async def cmd_upload(args: argparse.Namespace) -> int:
 
             async def send_whole(path: Path = path, about: dict[str, Any] = about) -> FileContent:
                 """The file whole, the way the options ask: direct to the bucket, a chunked session, or one body."""
+                if args.resumable:
+                    return await _upload_resumable(client, path, about, remember)
                 direct = args.direct
                 if direct is None:  # automatic: large files, unless another way was asked for
                     direct = not args.chunked and path.stat().st_size >= AUTO_DIRECT_THRESHOLD
@@ -359,7 +361,7 @@ async def cmd_upload(args: argparse.Namespace) -> int:
                 descriptor = None
                 dedup = args.dedup
                 if dedup is None:
-                    dedup = not args.chunked and not args.direct and args.encoding == "none"
+                    dedup = not args.chunked and not args.direct and not args.resumable and args.encoding == "none"
                 elif dedup and args.encoding != "none":
                     raise CliError("invalid_request", "--dedup sends the file's own bytes: it takes no --encoding")
                 if dedup and path.stat().st_size >= AUTO_DEDUP_THRESHOLD:
@@ -404,6 +406,33 @@ async def cmd_upload(args: argparse.Namespace) -> int:
     out = results[0] if len(results) == 1 else results
     print(json.dumps(out, ensure_ascii=False, indent=2))
     return 0
+
+
+async def _upload_resumable(
+    client: AsyncTransferClient, path: Path, about: dict[str, Any], remember: Path
+) -> FileContent:
+    """``--resumable``: the IETF resumable upload protocol; a rerun resumes the upload remembered for the file and
+    says how many bytes it sent (only what the service lacked)."""
+    if about.get("role") or about.get("description"):
+        raise CliError(
+            "invalid_request", "--resumable carries the file's name, type and lifetime, not --role or --description"
+        )
+    descriptor = await client.upload_resumable(
+        path,
+        name=about.get("name"),
+        content_type=about.get("content_type"),
+        progress=about.get("progress"),
+        remember=remember,
+        expires_in=about.get("expires_in"),
+    )
+    done = client.last_resumable
+    if done is not None and done.resumed_from is not None:
+        print(
+            f"{path.name}: resumed {done.location} at byte {done.resumed_from}; sent {done.sent} of "
+            f"{path.stat().st_size} bytes",
+            file=sys.stderr,
+        )
+    return descriptor
 
 
 def _announce_session(session: dict[str, Any], server: str) -> None:
@@ -869,7 +898,14 @@ def build_parser() -> argparse.ArgumentParser:
         "or --encoding is given",
     )
     p.add_argument(
-        "--state-dir", help="where --chunked/--direct remember uploads to resume (default ~/.cache/transfer)"
+        "--resumable",
+        action="store_true",
+        help="the IETF resumable upload protocol (draft-ietf-httpbis-resumable-upload, interop version 9) at "
+        "/v1/uploads: created with the first bytes, resumed after a cut; rerun the same command after a kill",
+    )
+    p.add_argument(
+        "--state-dir",
+        help="where --chunked/--direct/--resumable remember uploads to resume (default ~/.cache/transfer)",
     )
     p.add_argument("--expires-in", type=int, metavar="SECONDS", help="seconds the stored file lives")
     p.set_defaults(func=cmd_upload)

@@ -22,6 +22,8 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── UnsupportedEncoding        415 unsupported_encoding
     │   ├── HostNotAllowed             400 host_not_allowed      (Host not in the allow-list: URLs are built from it)
     │   ├── InconsistentUploadLength   400 inconsistent_upload_length (IETF resumable upload: lengths disagree)
+    │   ├── AppendTooSmall             400 append_too_small      (IETF resumable upload: below min-append-size)
+    │   ├── UploadBelowMinSize         400 upload_below_min_size (IETF resumable upload: incomplete, below min-size)
     │   ├── ChunkOutOfRange            400 chunk_out_of_range
     │   ├── LifetimeTooLong            400 expires_in_too_long   (a file lifetime above the key's or service's max)
     │   ├── ChunkLengthMismatch        400 chunk_length_mismatch
@@ -35,6 +37,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   └── SizeMismatch               422 size_mismatch
     ├── TooLarge                       413 payload_too_large
     │   ├── HeadersTooLarge            431 headers_too_large
+    │   ├── AppendTooLarge             413 append_too_large      (IETF resumable upload: above max-append-size)
     │   ├── DecodedSizeLimit           413 decoded_size_limit    (decompression bomb guard)
     │   ├── QuotaExceeded              413 quota_exceeded        (the key's max_bytes; detail: quota, used, reserved)
     │   └── ManifestTooLarge           413 manifest_too_large    (more chunks or bytes than a manifest may name)
@@ -74,6 +77,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── ChunksMissing              409 chunks_missing        (chunked dedup: detail: the chunk indexes to send)
     │   └── DirectUploadUnsupported    409 direct_upload_unsupported (the backend cannot take parts: fall back)
     ├── Gone                           410 gone
+    │   ├── UploadCompleted            410 upload_completed      (IETF resumable upload, interop 8: append when done)
     │   ├── FileExpired                410 file_expired          (past the file's expires_at, service clock)
     │   ├── BundleExpired              410 bundle_expired        (past the bundle's expires_at, service clock)
     │   ├── SessionAborted             410 session_aborted
@@ -158,6 +162,20 @@ class InconsistentUploadLength(InvalidRequest):
     """draft-ietf-httpbis-resumable-upload §4.1.3: two indications of an upload's length disagree."""
 
     code = "inconsistent_upload_length"
+
+
+class AppendTooSmall(InvalidRequest):
+    """draft-ietf-httpbis-resumable-upload §4.1.4: a creation or append request that does not complete the upload
+    carries less than ``min-append-size``."""
+
+    code = "append_too_small"
+
+
+class UploadBelowMinSize(InvalidRequest):
+    """draft-ietf-httpbis-resumable-upload §4.1.4: an upload smaller than ``min-size`` (or of unknown length) is not
+    offered resumability; one that is not sent whole in one request cannot be taken."""
+
+    code = "upload_below_min_size"
 
 
 class MalformedBody(InvalidRequest):
@@ -284,6 +302,13 @@ class SizeMismatch(IntegrityError):
 class TooLarge(TransferError):
     code = "payload_too_large"
     status = 413
+
+
+class AppendTooLarge(TooLarge):
+    """draft-ietf-httpbis-resumable-upload §4.1.4: one creation or append request carries more than
+    ``max-append-size``."""
+
+    code = "append_too_large"
 
 
 class HeadersTooLarge(TooLarge):
@@ -489,6 +514,13 @@ class DirectUploadUnsupported(Conflict):
 class Gone(TransferError):
     code = "gone"
     status = 410
+
+
+class UploadCompleted(Gone):
+    """An append to an upload that is already complete (draft-ietf-httpbis-resumable-upload interop 8, -11 §4.4.2:
+    410 with the ``completed-upload`` problem type)."""
+
+    code = "upload_completed"
 
 
 class FileExpired(Gone):

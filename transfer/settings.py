@@ -173,6 +173,25 @@ class Settings(BaseSettings):
     session_max_ttl: int = Field(default=7 * 24 * 3600, gt=0)
     session_retention: int = Field(default=24 * 3600, ge=0, description="seconds ended sessions stay visible")
     session_gc_interval: float = Field(default=60.0, gt=0, description="seconds between expiry sweeps")
+    # IETF resumable uploads (/v1/uploads): the Upload-Limit members beside max-size (max_upload_size) and max-age
+    resumable_min_size: int = Field(
+        default=0,
+        ge=0,
+        description="smallest upload offered resumability at /v1/uploads (Upload-Limit min-size): a smaller one is "
+        "taken whole in one request without an upload resource, or refused when it is not complete",
+    )
+    resumable_max_append_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="largest content of one creation or append request at /v1/uploads (Upload-Limit "
+        "max-append-size; more: 413 append_too_large); none: bounded by max_upload_size only",
+    )
+    resumable_min_append_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="smallest content of a creation or append request at /v1/uploads that does not complete the "
+        "upload (Upload-Limit min-append-size; less: 400 append_too_small)",
+    )
     # file lifetimes (expires_in) and per-key byte quotas (a key's max_bytes, default_file_ttl, max_file_ttl)
     default_file_ttl: int | None = Field(
         default=None, gt=0, description="seconds a file lives when neither the upload nor its key says (none: kept)"
@@ -268,6 +287,13 @@ class Settings(BaseSettings):
     def _tls_pair(self) -> Settings:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("TRANSFER_TLS_CERT and TRANSFER_TLS_KEY go together: set both or neither")
+        return self
+
+    @model_validator(mode="after")
+    def _append_limits_meet(self) -> Settings:
+        low, high = self.resumable_min_append_size, self.resumable_max_append_size
+        if low is not None and high is not None and low > high:
+            raise ValueError("TRANSFER_RESUMABLE_MIN_APPEND_SIZE is above TRANSFER_RESUMABLE_MAX_APPEND_SIZE")
         return self
 
     @field_validator("storage")

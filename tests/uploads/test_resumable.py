@@ -1,6 +1,7 @@
-"""IETF Resumable Uploads for HTTP (draft-ietf-httpbis-resumable-upload, interop version 8) at /v1/uploads, on a
-real uvicorn server, driven by a raw HTTP/1.1 client over a socket so that the 104 interim response is seen as
-sent; an upload created by one protocol (IETF or tus) is finished by the other."""
+"""IETF Resumable Uploads for HTTP (draft-ietf-httpbis-resumable-upload, interop version 9, and 8 still) at
+/v1/uploads, on a real uvicorn server, driven by a raw HTTP/1.1 client over a socket so that the 104 interim response
+is seen as sent; an upload created by one protocol (IETF or tus) is finished by the other; one begun on one replica
+is resumed on another."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import pytest
 from tests.conftest import LiveServer, running
 from transfer.api.protocol.informational import interim_head
 from transfer.core.auth import new_token, token_hash
-from transfer.core.http.resumable import boolean_item, integer_item, wants_sha256
+from transfer.core.http.resumable import UploadLimits, boolean_item, integer_item, parse_upload_limit, wants_sha256
 from transfer.settings import Settings
 
 # One-shot requests with a timeout that an S3 completion fits in on a loaded machine (httpx's default is 5 s).
@@ -34,7 +35,9 @@ web = types.SimpleNamespace(
 
 TOKENS = {name: new_token() for name in ("alice", "bob")}
 V8 = {"upload-draft-interop-version": "8"}
+V9 = {"upload-draft-interop-version": "9"}
 TUS = {"tus-resumable": "1.0.0"}
+PARTIAL = {"content-type": "application/partial-upload"}
 
 
 def key(name: str) -> dict[str, str]:
@@ -134,7 +137,8 @@ def offset_after_cut(live: LiveServer, location: str, who: str = "alice") -> int
         time.sleep(0.05)
 
 
-def test_creation_sends_104_then_resume_after_a_cut_keeps_what_arrived(live: LiveServer) -> None:
+@pytest.mark.parametrize("version", ["9", "8"])
+def test_creation_sends_104_then_resume_after_a_cut_keeps_what_arrived(live: LiveServer, version: str) -> None:
     data = os.urandom(3 << 20)
     client = RawClient(live.url)
     client.send_head(
@@ -142,7 +146,7 @@ def test_creation_sends_104_then_resume_after_a_cut_keeps_what_arrived(live: Liv
         "/v1/uploads",
         {
             **key("alice"),
-            **V8,
+            "upload-draft-interop-version": version,
             "upload-complete": "?1",
             "content-length": str(len(data)),
             "content-type": "application/octet-stream",
@@ -152,7 +156,7 @@ def test_creation_sends_104_then_resume_after_a_cut_keeps_what_arrived(live: Liv
     )
     interim = client.read_message()  # sent before any body byte: the client learns where to resume at once
     assert interim.status == 104
-    assert interim.headers["upload-draft-interop-version"] == "8"
+    assert interim.headers["upload-draft-interop-version"] == version  # the client's own version, echoed
     location = interim.headers["location"]
     assert location.startswith(live.url + "/v1/uploads/t_")
     assert "max-size=" in interim.headers["upload-limit"]
@@ -174,6 +178,7 @@ def test_creation_sends_104_then_resume_after_a_cut_keeps_what_arrived(live: Liv
         {
             **key("alice"),
             "upload-complete": "?1",
+            "upload-draft-interop-version": version,
             "upload-offset": str(offset),
             "content-type": "application/partial-upload",
             "content-length": str(len(data) - offset),
@@ -192,15 +197,75 @@ def test_creation_sends_104_then_resume_after_a_cut_keeps_what_arrived(live: Liv
     assert hashlib.sha256(fetched.content).digest() == hashlib.sha256(data).digest()
 
 
-def test_no_104_without_the_interop_version(live: LiveServer) -> None:
+@pytest.mark.parametrize("version", [None, "7", "10", "9.0", "?1", "9, 8"])
+def test_no_104_to_a_version_not_spoken_here(live: LiveServer, version: str | None) -> None:
+    """Appendix "Draft Version Identification": no 104 when the version is missing or mismatching; the upload
+    works all the same, its Location in the final response (the "careful" strategy)."""
     client = RawClient(live.url)
-    client.send_head("POST", "/v1/uploads", {**key("alice"), "upload-complete": "?0", "content-length": "3"})
+    announced = {} if version is None else {"upload-draft-interop-version": version}
+    client.send_head(
+        "POST", "/v1/uploads", {**key("alice"), **announced, "upload-complete": "?0", "content-length": "3"}
+    )
     client.send(b"abc")
     first = client.read_message()
     client.close()
     assert first.status == 201  # the final response came first: no interim response for an unknown version
     assert boolean_item(first.headers["upload-complete"]) is False
     assert first.headers["upload-offset"] == "3"
+    done = web.patch(
+        first.headers["location"],
+        headers={**key("alice"), **V9, **PARTIAL, "upload-offset": "3", "upload-complete": "?1"},
+        content=b"def",
+    )
+    assert done.status_code == 201 and done.json()["checksum"] == "sha256:" + hashlib.sha256(b"abcdef").hexdigest()
+
+
+def test_a_lost_final_response_is_replayed_at_9_and_gone_at_8(live: LiveServer) -> None:
+    """After completion the client may append again (its final response was lost): interop 9 replays the final
+    response for a valid append (the offset, no content), refuses content; interop 8 (-11) answers 410 with the
+    completed-upload problem type, and content as an inconsistent length."""
+    data = os.urandom(5000)
+    done = web.post(live.url + "/v1/uploads", headers={**key("alice"), **V9, "upload-complete": "?1"}, content=data)
+    assert done.status_code == 201
+    location, descriptor = done.headers["location"], done.json()
+    head = web.head(location, headers={**key("alice"), **V9})
+    assert boolean_item(head.headers["upload-complete"]) is True and head.headers["upload-offset"] == "5000"
+    last = {**key("alice"), **PARTIAL, "upload-complete": "?1"}
+    replayed = web.patch(location, headers={**last, **V9, "upload-offset": "5000"}, content=b"")
+    assert replayed.status_code == 201 and replayed.json() == descriptor
+    assert boolean_item(replayed.headers["upload-complete"]) is True
+    more = web.patch(location, headers={**last, **V9, "upload-offset": "5000"}, content=b"x")
+    assert more.status_code == 400 and more.json()["type"].endswith("#inconsistent-upload-length")
+    wrong = web.patch(location, headers={**last, **V9, "upload-offset": "10"}, content=b"")
+    assert wrong.status_code == 409 and wrong.headers["upload-offset"] == "5000"
+    gone = web.patch(location, headers={**last, **V8, "upload-offset": "5000"}, content=b"")
+    assert gone.status_code == 410 and gone.headers["content-type"] == "application/problem+json"
+    assert gone.json()["type"] == "https://iana.org/assignments/http-problem-types#completed-upload"
+    assert gone.headers["location"] == "/v1/files/" + descriptor["metadata"]["file_id"]
+    assert boolean_item(gone.headers["upload-complete"]) is False
+    more8 = web.patch(location, headers={**last, **V8, "upload-offset": "5000"}, content=b"x")
+    assert more8.status_code == 400 and more8.json()["type"].endswith("#inconsistent-upload-length")
+    files = web.get(live.url + "/v1/files", headers=key("alice")).json()["files"]
+    assert [f["checksum"] for f in files] == [descriptor["checksum"]]  # nothing was published twice
+
+
+def test_content_codings_are_refused_before_anything_is_created(live: LiveServer) -> None:
+    """§"Content Codings": offsets count the representation as sent; this door stores bytes as they come, so only
+    identity: 415 with Accept-Encoding (RFC 9110 §15.5.16), and no upload resource left behind."""
+    client = RawClient(live.url)
+    client.send_head(
+        "POST",
+        "/v1/uploads",
+        {**key("alice"), **V9, "upload-complete": "?1", "content-encoding": "gzip", "content-length": "4"},
+    )
+    client.send(b"\x1f\x8b\x08\x00")
+    first = client.read_message()
+    client.close()
+    assert first.status == 415  # not 104: nothing was created to resume
+    assert first.headers["accept-encoding"] == "identity"
+    assert json.loads(first.body)["code"] == "unsupported_encoding"
+    if live.settings.storage == "local":
+        assert not [k for k in live.objects() if k.startswith("tus/")]
 
 
 def test_created_by_ietf_finished_by_tus(live: LiveServer) -> None:
@@ -348,7 +413,8 @@ def test_want_repr_digest_and_cancel_and_owner(live: LiveServer) -> None:
 def test_options_advertises_limits_beside_tus(live: LiveServer) -> None:
     response = httpx.options(live.url + "/v1/uploads")
     assert response.status_code == 204
-    assert "max-size=" in response.headers["upload-limit"]
+    limits = parse_upload_limit(response.headers["upload-limit"])
+    assert limits == UploadLimits(max_size=live.settings.max_upload_size, min_size=0, max_age=live.settings.session_ttl)
     assert response.headers["accept-patch"] == "application/partial-upload"
     tus = httpx.options(live.url + "/tus/files")
     assert tus.headers["tus-version"] == "1.0.0"
@@ -357,7 +423,7 @@ def test_options_advertises_limits_beside_tus(live: LiveServer) -> None:
 def test_forged_host_is_refused_before_the_route(live: LiveServer) -> None:
     client = RawClient(live.url)
     client.host = "evil.example"
-    client.send_head("POST", "/v1/uploads", {**key("alice"), **V8, "upload-complete": "?1", "content-length": "0"})
+    client.send_head("POST", "/v1/uploads", {**key("alice"), **V9, "upload-complete": "?1", "content-length": "0"})
     first = client.read_message()
     client.close()
     assert first.status == 400  # no 104 with a Location built from a forged Host

@@ -30,6 +30,7 @@ from transfer.client.dedup import (
 from transfer.client.direct import DirectOptions, PartFilter, upload_direct
 from transfer.client.events import JobEvent, follow_job
 from transfer.client.resolver import Descriptor, Progress, ResolveOptions, Resolver, raise_for_error
+from transfer.client.resumable import ResumableOptions, ResumableResult, upload_resumable
 from transfer.core.model.content import ContentBundle, FileContent, checksum_hex, load_descriptor
 from transfer.errors import ChecksumMismatch, InvalidDescriptor, SizeMismatch
 
@@ -53,6 +54,7 @@ class AsyncTransferClient:
     ) -> None:
         self.server = server.rstrip("/")
         self.options = options or ResolveOptions()
+        self.last_resumable: ResumableResult | None = None  # what the last upload_resumable sent, for reports
         self.http = http or httpx.AsyncClient(
             timeout=httpx.Timeout(timeout, connect=10.0),
             limits=httpx.Limits(max_connections=self.options.connections + 4),
@@ -298,6 +300,53 @@ class AsyncTransferClient:
         assert isinstance(descriptor, FileContent)
         return descriptor
 
+    async def upload_resumable(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        name: str | None = None,
+        content_type: str | None = None,
+        progress: Progress | None = None,
+        remember: Path | None = None,
+        expires_in: int | None = None,
+        options: ResumableOptions | None = None,
+    ) -> FileContent:
+        """Upload a file with the IETF resumable upload protocol (:mod:`transfer.client.resumable`, interop
+        version 9) to ``/v1/uploads``: created with its first bytes, resumed after a cut from the offset the service
+        holds; with ``remember`` (a directory), a rerun after a crash resumes the same upload and sends only what the
+        service lacks. The descriptor's SHA-256 is checked against the file's (a mismatch deletes the file)."""
+        source = Path(path)
+        headers = {
+            "content-type": content_type or "application/octet-stream",
+            "content-disposition": f"inline; filename*=UTF-8''{quote(name or source.name)}",
+        }
+        if expires_in is not None:
+            headers["expires-in"] = str(expires_in)
+        result = await upload_resumable(
+            self.http,
+            f"{self.server}/v1/uploads",
+            source,
+            headers=headers,
+            options=options,
+            progress=progress,
+            remember=remember,
+        )
+        self.last_resumable = result
+        descriptor = load_descriptor(result.body)
+        if not isinstance(descriptor, FileContent):
+            raise InvalidDescriptor("the service did not answer the completed upload with a FileContent descriptor")
+        size = source.stat().st_size
+        if descriptor.checksum is None or checksum_hex(descriptor.checksum) != result.sha256 or descriptor.size != size:
+            file_id = (descriptor.metadata or {}).get("file_id")
+            if file_id:  # what the service published is not this file (changed while it was sent): withdraw it
+                await self.http.delete(f"{self.server}/v1/files/{file_id}")
+            raise ChecksumMismatch(
+                "the published file's SHA-256 differs from the local file's (was it changed while uploading?)",
+                expected="sha256:" + result.sha256,
+                actual=str(descriptor.checksum),
+            )
+        return descriptor
+
     async def session_descriptor(self, session_id: str, ttl: int | None = None) -> FileContent:
         """The live streaming descriptor of a session (its size must be known): readers follow it while chunks
         arrive, or resolve it once complete."""
@@ -456,6 +505,11 @@ class TransferClient:
     def upload_dedup(self, path: str | os.PathLike[str], **kwargs: Any) -> DedupOutcome | None:
         """:meth:`AsyncTransferClient.upload_dedup`: only the chunks the service lacks; None without its offer."""
         result: DedupOutcome | None = self._call(self._client.upload_dedup, path, **kwargs)
+        return result
+
+    def upload_resumable(self, path: str | os.PathLike[str], **kwargs: Any) -> FileContent:
+        """:meth:`AsyncTransferClient.upload_resumable`: the IETF resumable upload protocol."""
+        result: FileContent = self._call(self._client.upload_resumable, path, **kwargs)
         return result
 
     def describe(self, file_id: str, **params: Any) -> FileContent:

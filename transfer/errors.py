@@ -19,6 +19,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── InvalidDigestHeader        400 invalid_digest_header
     │   ├── ContentLengthMismatch      400 content_length_mismatch
     │   ├── MalformedBody              400 malformed_body
+    │   │   └── JsonTooDeep            400 json_too_deep         (JSON nested past transfer.core.jsontext.MAX_DEPTH)
     │   ├── UnsupportedEncoding        415 unsupported_encoding
     │   ├── HostNotAllowed             400 host_not_allowed      (Host not in the allow-list: URLs are built from it)
     │   ├── InconsistentUploadLength   400 inconsistent_upload_length (IETF resumable upload: lengths disagree)
@@ -162,6 +163,13 @@ class InconsistentUploadLength(InvalidRequest):
 
 class MalformedBody(InvalidRequest):
     code = "malformed_body"
+
+
+class JsonTooDeep(MalformedBody):
+    """JSON nested deeper than the service parses (``transfer.core.jsontext.MAX_DEPTH`` levels): refused before
+    anything is built from it, where Python's own parser would run out of stack."""
+
+    code = "json_too_deep"
 
 
 class UnsupportedEncoding(InvalidRequest):

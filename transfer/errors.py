@@ -83,6 +83,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── ClientDisconnected             499 client_disconnected   (nobody is left to read it; logged only)
     ├── InsufficientStorage            507 insufficient_storage
     ├── StorageUnavailable             503 storage_unavailable
+    ├── SigningKeysRequired            503 signing_keys_required (storage shared beyond this host, no configured key)
     ├── ShuttingDown                   503 shutting_down         (the grace after SIGTERM ran out; retry elsewhere)
     ├── AssetsMissing                  503 assets_missing        (web page / docs libraries not installed)
     ├── McpUnavailable                 503 mcp_unavailable       (/mcp: the MCP SDK could not be imported)
@@ -528,6 +529,14 @@ class ClientDisconnected(TransferError):
 class InsufficientStorage(TransferError):
     code = "insufficient_storage"
     status = 507
+
+
+class SigningKeysRequired(TransferError):
+    """The storage is read with credentials of its own (a bucket) and TRANSFER_SIGNING_KEYS is not set: the service
+    does not keep its URL signing key where those credentials reach (``transfer serve`` refuses to start)."""
+
+    code = "signing_keys_required"
+    status = 503
 
 
 class StorageUnavailable(TransferError):

@@ -1,5 +1,11 @@
 # syntax=docker/dockerfile:1
-# The service's image: `docker build -t agent-transfer .` (README "Deploy").
+# The service's image: `docker build -t agent-transfer .` (README "Deploy"). podman and buildah build OCI images by
+# default, which have no HEALTHCHECK: build with `--format docker` to keep it.
+#
+# Closed by default: it listens on 0.0.0.0 and holds no keys, so `docker run` without TRANSFER_API_KEYS refuses to
+# start (`transfer: open_mode_refused: …`, exit status 1) rather than serve every caller as admin. Give it keys
+# (`-e TRANSFER_API_KEYS=…`; on S3 also TRANSFER_SIGNING_KEYS), or, for a throw-away local try only,
+# `-e TRANSFER_ALLOW_OPEN_MODE=true`.
 #
 # Stage "wheel" builds the wheel exactly as `python -m build` does anywhere: setup.py's hook fetches the pinned
 # browser files (tus-js-client, swagger-ui-dist, redoc) from the npm registry and checks each tarball's SHA-512

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -29,6 +30,9 @@ else:
 """
 
 
+BENCH_SIGNING_KEYS = json.dumps({"bench": secrets.token_urlsafe(32)})
+
+
 def s3_service_env(endpoint: Any, bucket: str) -> dict[str, str]:
     """The environment of a ``transfer serve`` on ``bucket`` of ``endpoint`` (one process on it)."""
     return {
@@ -43,6 +47,7 @@ def s3_service_env(endpoint: Any, bucket: str) -> dict[str, str]:
         "AWS_ACCESS_KEY_ID": endpoint.access_key,
         "AWS_SECRET_ACCESS_KEY": endpoint.secret_key,
         "AWS_REGION": endpoint.region,
+        "TRANSFER_SIGNING_KEYS": BENCH_SIGNING_KEYS,  # on a bucket the service never keeps its own
     }
 
 
@@ -139,6 +144,7 @@ def concurrent_memory(
         "AWS_ACCESS_KEY_ID": endpoint.access_key,
         "AWS_SECRET_ACCESS_KEY": endpoint.secret_key,
         "AWS_REGION": endpoint.region,
+        "TRANSFER_SIGNING_KEYS": BENCH_SIGNING_KEYS,  # on a bucket the service never keeps its own
     }
     src = workdir / "s3-concurrent.bin"
     make_file(src, size)

@@ -30,7 +30,7 @@ from devtools.ports import free_ports
 
 SWIFT_VERSION = "2.38.3"
 ACCESS_KEY = "test:tester"
-SECRET_KEY = "testing"
+SECRET_KEY = "swift-s3api-testing"  # 8+ characters: the service refuses shorter bucket secrets
 REGION = "us-east-1"
 REPO = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("TRANSFER_SWIFT_VENV", REPO / ".cache" / "swift-venv"))

@@ -265,6 +265,8 @@ def s3_env(s3_endpoint: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) ->
         "AWS_ACCESS_KEY_ID": s3_endpoint.access_key,
         "AWS_SECRET_ACCESS_KEY": s3_endpoint.secret_key,
         "AWS_REGION": s3_endpoint.region,
+        # on a bucket the signing keys are configured, never kept in it (every replica of a test gets this one)
+        "TRANSFER_SIGNING_KEYS": '{"t": "0123456789abcdef0123"}',
     }
     for k, v in env.items():
         monkeypatch.setenv(k, v)

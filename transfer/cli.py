@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import httpx
 
@@ -32,6 +32,9 @@ from transfer.client.resolver import Progress, ResolveOptions
 from transfer.core.model.content import ContentBundle, FileContent, TransferMode, load_descriptor
 from transfer.core.model.encodings import CODECS
 from transfer.errors import DirectUploadUnsupported, TransferError
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 # PERF-NOTES: uvloop hands Python a fresh ~256 KiB bytes per socket read; with glibc's default thresholds a 1 GiB
 # upload page-faults ~217,000 times and throughput halves. These must be set before the interpreter starts.
@@ -111,6 +114,25 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+# the settings' own refusals that get a code of their own (the others are invalid_settings)
+_REFUSALS = ("open_mode_refused", "placeholder_secret")
+
+
+def settings_refused(exc: ValidationError) -> CliError:
+    """The one line a refused configuration prints: each problem named by its variable, and the code of the refusal
+    (``open_mode_refused``, ``placeholder_secret``) when every problem is one, else ``invalid_settings``. No value
+    is repeated (a secret would be)."""
+    errors = exc.errors()
+    problems = "; ".join(
+        (f"TRANSFER_{'_'.join(map(str, e['loc'])).upper()}: " if e["loc"] else "")
+        + e["msg"].removeprefix("Value error, ")
+        for e in errors
+    )
+    kinds = {e["type"] for e in errors}
+    code = kinds.pop() if len(kinds) == 1 and kinds <= set(_REFUSALS) else "invalid_settings"
+    return CliError(code, problems)
+
+
 def _http_base(host: str, port: int, scheme: str = "http") -> str:
     """The URL of a server bound to ``host:port``: a wildcard address is reached through loopback."""
     if host in ("0.0.0.0", ""):
@@ -138,17 +160,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from storage.base import UnsafeForReplicas, require_replica_safe
     from storage.errors import StorageError
+    from transfer.api.middleware.metricsport import MetricsPort
     from transfer.api.middleware.observability import configure_logging
     from transfer.api.protocol.http2 import serve_config
     from transfer.api.protocol.shutdown import GracefulServer
     from transfer.api.protocol.tls import ListenerTLS
+    from transfer.errors import SigningKeysRequired
     from transfer.hosts import create_app
-    from transfer.service.backends import BACKENDS, make_storage
+    from transfer.service.backends import BACKENDS, make_storage, require_signing_keys_kept_apart
     from transfer.settings import Settings
 
     try:
         settings = Settings()
         configure_logging(settings.log_format, args.log_level)
+        require_signing_keys_kept_apart(settings)
         storage = make_storage(settings)
         asyncio.run(storage.start())  # fail here, in one line, rather than in uvicorn's lifespan with a traceback
         require_replica_safe(storage, settings.single_replica)
@@ -157,11 +182,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ssl.SSLError as exc:
         raise CliError("invalid_settings", f"TLS certificate or key not usable: {exc}") from exc
     except ValidationError as exc:
-        problems = "; ".join(
-            f"TRANSFER_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" if e["loc"] else e["msg"]
-            for e in exc.errors()
-        )
-        raise CliError("invalid_settings", problems) from exc
+        raise settings_refused(exc) from exc
+    except SigningKeysRequired as exc:
+        raise CliError(exc.code, str(exc)) from exc
     except UnsafeForReplicas as exc:
         raise CliError("unsafe_for_replicas", str(exc)) from exc
     except StorageError as exc:
@@ -171,13 +194,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     where = BACKENDS[settings.storage].where(settings)
     sock = _listen(settings.host, settings.port)
     port = sock.getsockname()[1]
+    sockets, metrics_line = [sock], ""
+    served: Any = app
+    if settings.metrics_port is not None:  # the same server on a second socket that answers only GET /metrics
+        metrics_host = settings.metrics_host or settings.host
+        sockets.append(_listen(metrics_host, settings.metrics_port))
+        served = MetricsPort(app, settings.metrics_port)
+        metrics_line = f"; /metrics without a key on {_http_base(metrics_host, settings.metrics_port, 'http')}"
     scheme = "https" if tls is not None else "http"
     protocols = "HTTP/1.1"
     if settings.http2:
         protocols = "HTTP/2 (h2), HTTP/1.1" if tls is not None else "HTTP/1.1, HTTP/2 (h2c)"
     banner = (
         f"transfer {__version__}: serving {where} on {_http_base(settings.host, port, scheme)} ({protocols}; "
-        "OpenAPI docs at /docs)"
+        f"OpenAPI docs at /docs{metrics_line.replace('http://', scheme + '://')})"
     )
     if settings.log_format == "json":  # every line of a JSON log is a JSON object
         logging.getLogger("transfer.ops").warning("%s", banner)
@@ -185,7 +215,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(banner, file=sys.stderr)
     # logging is configured above (one format for every logger); uvicorn must not install its own
     config = serve_config(
-        app, settings, host=settings.host, port=port, tls=tls, log_level=args.log_level, log_config=None
+        served, settings, host=settings.host, port=port, tls=tls, log_level=args.log_level, log_config=None
     )
     if tls is not None:  # SIGHUP: a renewed certificate for new connections; open ones keep theirs
         signal.signal(signal.SIGHUP, lambda _sig, _frame: tls.reload())
@@ -196,7 +226,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # process: frozen, the collector no longer walks it on each old-generation pass (~100-180 ms each; under 4 KiB
     # uploads ×64 one every ~750 requests, ~0.2 ms of server CPU per request)
     gc.freeze()
-    server.run(sockets=[sock])
+    server.run(sockets=sockets)
     return 0
 
 
@@ -223,8 +253,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     try:
         settings = Settings()
     except ValidationError as exc:
-        problems = "; ".join(f"TRANSFER_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
-        raise CliError("invalid_settings", problems) from exc
+        raise settings_refused(exc) from exc
     root = Path(args.root or settings.mcp_root or Path.cwd())
     sock = None
     base_url = settings.public_url
@@ -240,12 +269,17 @@ async def cmd_storage_check(args: argparse.Namespace) -> int:
     """Probe an S3 endpoint the way the backend does at start-up and print what it saw."""
     from dataclasses import asdict
 
+    from pydantic import ValidationError
+
     from storage.base import replica_hazards
     from storage.errors import StorageError
     from storage.s3 import S3Config, S3Storage
     from transfer.settings import Settings
 
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        raise settings_refused(exc) from exc
     bucket = args.bucket or settings.s3_bucket
     if not bucket:
         raise CliError("invalid_request", "name a bucket to probe in: --bucket or TRANSFER_S3_BUCKET")
@@ -283,6 +317,7 @@ async def cmd_storage_check(args: argparse.Namespace) -> int:
 
 
 _OPS_FLAGS = (  # serve only
+    ("metrics_port", "TRANSFER_METRICS_PORT"),
     ("log_format", "TRANSFER_LOG_FORMAT"),
     ("shutdown_grace", "TRANSFER_SHUTDOWN_GRACE"),
     ("shutdown_drain", "TRANSFER_SHUTDOWN_DRAIN"),
@@ -294,6 +329,7 @@ _OPS_FLAGS = (  # serve only
 
 _SERVICE_FLAGS = (
     ("host", "TRANSFER_HOST"),
+    ("allow_open", "TRANSFER_ALLOW_OPEN_MODE"),
     ("port", "TRANSFER_PORT"),
     ("data_dir", "TRANSFER_DATA_DIR"),
     ("public_url", "TRANSFER_PUBLIC_URL"),
@@ -788,6 +824,12 @@ def _cache_size(text: str) -> int:
     return size
 
 
+ALLOW_OPEN_HELP = (
+    "serve without API keys on an address other than loopback, where every caller is admin "
+    "(TRANSFER_ALLOW_OPEN_MODE; without keys the service otherwise refuses any but a loopback address)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from transfer.service.backends import BACKENDS  # the registry of storage backends (light: no backend)
 
@@ -798,6 +840,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run the service (local storage by default)")
     p.add_argument("--host", help="bind address (TRANSFER_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (TRANSFER_PORT, default 8080)")
+    p.add_argument("--allow-open", action="store_const", const="true", help=ALLOW_OPEN_HELP)
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="a second port that serves only GET /metrics, without a key (TRANSFER_METRICS_PORT; default: none)",
+    )
     p.add_argument("--data-dir", help="local storage directory (TRANSFER_DATA_DIR, default ./transfer-data)")
     p.add_argument("--public-url", help="base URL for descriptors (TRANSFER_PUBLIC_URL)")
     p.add_argument("--storage", choices=list(BACKENDS), help="backend (TRANSFER_STORAGE, default local)")
@@ -862,6 +910,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--public-url", help="base URL for descriptors (TRANSFER_PUBLIC_URL)")
     for flag in ("--host", "--port", "--storage", "--s3-bucket", "--s3-endpoint-url"):
         p.add_argument(flag, type=int if flag == "--port" else str, help="as for serve")
+    p.add_argument("--allow-open", action="store_const", const="true", help=ALLOW_OPEN_HELP)
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=cmd_mcp)
 

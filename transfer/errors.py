@@ -19,6 +19,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── InvalidDigestHeader        400 invalid_digest_header
     │   ├── ContentLengthMismatch      400 content_length_mismatch
     │   ├── MalformedBody              400 malformed_body
+    │   │   └── JsonTooDeep            400 json_too_deep         (JSON nested past transfer.core.jsontext.MAX_DEPTH)
     │   ├── UnsupportedEncoding        415 unsupported_encoding
     │   ├── HostNotAllowed             400 host_not_allowed      (Host not in the allow-list: URLs are built from it)
     │   ├── InconsistentUploadLength   400 inconsistent_upload_length (IETF resumable upload: lengths disagree)
@@ -86,6 +87,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── ClientDisconnected             499 client_disconnected   (nobody is left to read it; logged only)
     ├── InsufficientStorage            507 insufficient_storage
     ├── StorageUnavailable             503 storage_unavailable
+    ├── SigningKeysRequired            503 signing_keys_required (storage shared beyond this host, no configured key)
     ├── ShuttingDown                   503 shutting_down         (the grace after SIGTERM ran out; retry elsewhere)
     ├── AssetsMissing                  503 assets_missing        (web page / docs libraries not installed)
     ├── McpUnavailable                 503 mcp_unavailable       (/mcp: the MCP SDK could not be imported)
@@ -180,6 +182,13 @@ class UploadBelowMinSize(InvalidRequest):
 
 class MalformedBody(InvalidRequest):
     code = "malformed_body"
+
+
+class JsonTooDeep(MalformedBody):
+    """JSON nested deeper than the service parses (``transfer.core.jsontext.MAX_DEPTH`` levels): refused before
+    anything is built from it, where Python's own parser would run out of stack."""
+
+    code = "json_too_deep"
 
 
 class UnsupportedEncoding(InvalidRequest):
@@ -552,6 +561,14 @@ class ClientDisconnected(TransferError):
 class InsufficientStorage(TransferError):
     code = "insufficient_storage"
     status = 507
+
+
+class SigningKeysRequired(TransferError):
+    """The storage is read with credentials of its own (a bucket) and TRANSFER_SIGNING_KEYS is not set: the service
+    does not keep its URL signing key where those credentials reach (``transfer serve`` refuses to start)."""
+
+    code = "signing_keys_required"
+    status = 503
 
 
 class StorageUnavailable(TransferError):

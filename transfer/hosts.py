@@ -52,7 +52,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not auth.enabled:
-            log.warning("no API keys configured (TRANSFER_API_KEYS): anyone who reaches this port may upload")
+            # loopback only, unless TRANSFER_ALLOW_OPEN_MODE said otherwise (the settings refuse the rest)
+            log.warning("no API keys configured (TRANSFER_API_KEYS): every caller who reaches this port is admin")
         await services.start()
         try:
             async with AsyncExitStack() as stack:

@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from transfer.core.auth import TOKEN_PREFIX, parse_keys
 from transfer.core.model.content import INLINE_THRESHOLD, DownloadMethod
+from transfer.core.secretcheck import (
+    BUCKET_SECRET_MIN,
+    SIGNING_KEY_MIN,
+    is_loopback,
+    placeholder_problem,
+    secret_problem,
+)
 
 MAX_URL_TTL = 7 * 24 * 3600  # the longest a signed URL may live (S3's presign limit too)
+PLACEHOLDER = "placeholder_secret"  # the error type of a refused secret (`transfer serve` prints it as the code)
 
 
 class Settings(BaseSettings):
     """Service settings. Every field can be set as ``TRANSFER_<NAME>`` in the environment."""
 
-    model_config = SettingsConfigDict(env_prefix="TRANSFER_", extra="ignore")
+    # hide_input_in_errors: a refused secret is never repeated in the error (nor in the log that prints it)
+    model_config = SettingsConfigDict(env_prefix="TRANSFER_", extra="ignore", hide_input_in_errors=True)
 
     storage: str = Field(
         default="local",
@@ -119,6 +131,19 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+    allow_open_mode: bool = Field(
+        default=False,
+        description="serve without API keys on an address other than loopback (every caller is then admin: "
+        "development only); without it, no TRANSFER_API_KEYS and a non-loopback TRANSFER_HOST refuse to start",
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="a second port that serves only GET /metrics, without a key (for Prometheus: keep it off the "
+        "public network); none: /metrics only on the main port, with an admin key when keys are configured",
+    )
+    metrics_host: str | None = Field(default=None, description="bind address of TRANSFER_METRICS_PORT (default: host)")
     public_url: str | None = Field(
         default=None,
         description="base URL put in descriptors; default: the request's Host, if TRANSFER_ALLOWED_HOSTS allows it",
@@ -130,7 +155,9 @@ class Settings(BaseSettings):
     )
     signing_keys: dict[str, str] | None = Field(
         default=None,
-        description='JSON {"key id": "secret"}; default: a key generated once and kept in the storage backend',
+        description='JSON {"key id": "secret"}, each secret at least 16 bytes (32 random bytes, e.g. `openssl rand '
+        "-base64 32`); required on storage other than local (a key kept in a bucket is readable with the bucket's "
+        "credentials); default on local storage: one generated once and kept in the data directory",
     )
     api_keys: dict[str, dict[str, Any]] | None = Field(
         default=None,
@@ -282,6 +309,60 @@ class Settings(BaseSettings):
     mcp_max_inline_bytes: int = Field(
         default=4 << 20, ge=1 << 10, description="largest content carried inside one MCP message (bytes, chunks)"
     )
+
+    @field_validator("signing_keys")
+    @classmethod
+    def _signing_keys_are_secret(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        for kid, secret in (v or {}).items():
+            problem = secret_problem(secret, min_length=SIGNING_KEY_MIN)
+            if problem is not None:
+                raise PydanticCustomError(PLACEHOLDER, "the signing key {kid} " + problem, {"kid": repr(kid)})
+        return v
+
+    @field_validator("api_keys")
+    @classmethod
+    def _api_keys_are_hashes(cls, v: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]] | None:
+        for name, spec in (v or {}).items():
+            digest = str(spec.get("sha256", "")) if isinstance(spec, dict) else ""
+            problem = placeholder_problem(digest)
+            if problem is None and digest.startswith(TOKEN_PREFIX):
+                problem = "is a key itself, not its SHA-256: configure only what `transfer keys new` prints to add"
+            if problem is not None:
+                raise PydanticCustomError(PLACEHOLDER, "the API key {name}: sha256 " + problem, {"name": repr(name)})
+        parse_keys(v or {})  # malformed: refused here, named, rather than when the application is built
+        return v
+
+    @model_validator(mode="after")
+    def _closed_unless_loopback(self) -> Settings:
+        # every caller of an open service is admin: beyond this host only when asked for by name
+        if not self.api_keys and not self.allow_open_mode and not is_loopback(self.host):
+            raise PydanticCustomError(
+                "open_mode_refused",
+                "no API keys (TRANSFER_API_KEYS) and TRANSFER_HOST={host} is not a loopback address: every caller "
+                "who reaches the port would be admin. Configure keys (`transfer keys new`), bind to 127.0.0.1, or "
+                "set TRANSFER_ALLOW_OPEN_MODE=true (--allow-open) to serve open on purpose",
+                {"host": repr(self.host)},
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _bucket_credentials_are_secret(self) -> Settings:
+        # boto3 reads them from the environment (the deployment files set them there); other sources of its chain
+        # (profiles, instance roles) are the platform's and not checked here
+        if self.storage != "s3":
+            return self
+        key_id, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+        if key_id is not None and (problem := placeholder_problem(key_id)) is not None:
+            raise PydanticCustomError(PLACEHOLDER, "AWS_ACCESS_KEY_ID " + problem)
+        if secret is not None and (problem := secret_problem(secret, min_length=BUCKET_SECRET_MIN)) is not None:
+            raise PydanticCustomError(PLACEHOLDER, "AWS_SECRET_ACCESS_KEY " + problem)
+        return self
+
+    @model_validator(mode="after")
+    def _metrics_port_of_its_own(self) -> Settings:
+        if self.metrics_port is not None and self.metrics_port == self.port:
+            raise ValueError("TRANSFER_METRICS_PORT must differ from TRANSFER_PORT (it serves /metrics without a key)")
+        return self
 
     @model_validator(mode="after")
     def _tls_pair(self) -> Settings:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,14 +23,16 @@ from hypothesis import strategies as st
 from tests.conftest import LiveServer
 from tests.uploads.test_api_upload import assert_error
 from transfer.api.sessions import parse_prefer_wait
+from transfer.client.dedup import cut_file
 from transfer.core.http.conditional import evaluate_preconditions, if_range_allows_range, parse_http_date
 from transfer.core.http.ranges import IgnoreRange, Satisfiable, Unsatisfiable, parse_range_header
+from transfer.core.jsontext import MAX_DEPTH, parse_json
 from transfer.core.model.content import ContentEncoding
 from transfer.core.model.mime import is_media_type, validate_media_type
 from transfer.core.model.naming import sanitize_filename
 from transfer.core.numerals import MAX_DIGITS, decimal, parse_count
 from transfer.core.uploads.state import FileIntent
-from transfer.errors import InvalidRequest, TransferError
+from transfer.errors import InvalidRequest, JsonTooDeep, TransferError
 from transfer.service.files.records import FileRecord, new_file_id, object_key
 from transfer.service.uploads.tus import parse_metadata
 
@@ -401,3 +405,126 @@ def test_direct_part_numbers_and_sizes_are_json_integers() -> None:
     for size in (True, 5.0):
         with pytest.raises(ValidationError):
             PlanCreate.model_validate({"size": size})
+
+
+# --- JSON nesting, multipart boundaries, chunk positions ---------------------------------------------------------
+
+
+def nested(depth: int, kind: str = "array") -> bytes:
+    """JSON ``depth`` levels deep: arrays, or objects {"a": …}."""
+    if kind == "array":
+        return b"[" * depth + b"]" * depth
+    return b'{"a":' * depth + b"1" + b"}" * depth
+
+
+def test_json_nesting_is_bounded_at_a_stated_depth() -> None:
+    for kind in ("array", "object"):
+        assert parse_json(nested(MAX_DEPTH, kind)) is not None
+        with pytest.raises(JsonTooDeep):
+            parse_json(nested(MAX_DEPTH + 2, kind))
+    with pytest.raises(JsonTooDeep):
+        parse_json(nested(100_000))
+    for not_json in (b"[NaN]", b"[Infinity]", b'"\\ud800"', b"[1] x", b"\xff", b""):
+        with pytest.raises(ValueError):
+            parse_json(not_json)
+
+
+def json_operations(live_server: LiveServer) -> list[tuple[str, str]]:
+    """Every REST operation (``/v1/…``) of the OpenAPI description that takes a JSON body, its path parameters
+    filled (the protocol doors answer in their protocol's own errors: below)."""
+    schema = httpx.get(f"{live_server.url}/openapi.json").json()
+    found = []
+    for path, item in schema["paths"].items():
+        for method, operation in item.items():
+            if path.startswith("/v1/") and "application/json" in operation.get("requestBody", {}).get("content", {}):
+                found.append((method.upper(), re.sub(r"\{[^}]+\}", "f_" + "0" * 26, path)))
+    return found
+
+
+CUSTOM_JSON_DOORS = [  # parsed by the door itself, not described as a JSON body in the OpenAPI description
+    ("POST", "/v1/chunked"),
+    ("POST", "/v1/chunked/probe"),
+    ("PUT", "/v1/files/f_00000000000000000000000000/chunks"),
+]
+
+
+def test_deeply_nested_json_is_400_json_too_deep_on_every_rest_door(live_server: LiveServer) -> None:
+    operations = json_operations(live_server)
+    assert ("POST", "/v1/sessions") in operations and ("POST", "/v1/bundles") in operations  # the walk finds them
+    deep = nested(5000)
+    with httpx.Client(base_url=live_server.url, timeout=30) as http:
+        for method, path in [*operations, *CUSTOM_JSON_DOORS]:
+            r = http.request(method, path, content=deep, headers={"content-type": "application/json"})
+            assert_error(r, 400, "json_too_deep")
+            assert "nested" in r.json()["error"]["message"], (method, path)
+        # a manifest nested less deeply than the bound is parsed, and refused for what it is
+        shallow = http.post("/v1/chunked", content=nested(MAX_DEPTH), headers={"content-type": "application/json"})
+        assert_error(shallow, 400, "invalid_manifest")
+    assert live_server.objects() == []
+
+
+def test_json_bodies_of_the_protocol_doors_answer_their_own_parse_errors(live_server: LiveServer) -> None:
+    deep = nested(5000)
+    with httpx.Client(base_url=live_server.url, timeout=30) as http:
+        tp = http.post("/tp/v1/resource/mount", content=deep, headers={"content-type": "application/json"})
+        assert tp.status_code == 400 and tp.json()["code"] == "invalid_envelope"
+        a2a = http.post("/a2a", content=deep, headers={"content-type": "application/json"})
+        assert a2a.status_code == 200 and a2a.json()["error"]["code"] == -32700  # JSON-RPC 2.0 §5.1 parse error
+        mcp = http.post(
+            "/mcp",
+            content=deep,
+            headers={"content-type": "application/json", "accept": "application/json, text/event-stream"},
+        )
+        assert mcp.status_code == 400 and mcp.json()["error"]["code"] == -32700  # JSON-RPC parse error
+
+
+@pytest.mark.parametrize("head", [nested(3000), b"[" * 1500, b'{"a":[' * 1000])
+def test_an_upload_that_looks_like_deep_json_is_stored(http: httpx.Client, head: bytes) -> None:
+    r = http.post("/v1/files", params={"name": "deep", "inline": "false"}, content=head)
+    assert r.status_code == 201, r.text
+    assert http.get(r.json()["url"]).content == head  # sniffed, not parsed to the bottom
+
+
+@pytest.mark.parametrize(
+    ("boundary", "why"),
+    [
+        ("x" * 71, "71 characters"),
+        ("x" * 10_000, "10000 characters"),
+        ('"ab "', "may hold only"),  # a trailing space (quoted so that it survives the header parser)
+        ("a*b", "may hold only"),
+    ],
+)
+def test_a_multipart_boundary_rfc_2046_does_not_allow_is_400(live_server: LiveServer, boundary: str, why: str) -> None:
+    def form(boundary: str) -> bytes:
+        head = 'Content-Disposition: form-data; name="file"; filename="a"'
+        return f"--{boundary}\r\n{head}\r\n\r\nhi\r\n--{boundary}--\r\n".encode()
+
+    with httpx.Client(base_url=live_server.url, timeout=30) as http:
+        bad = form(boundary.strip('"'))
+        r = http.post("/v1/files", content=bad, headers={"content-type": f"multipart/form-data; boundary={boundary}"})
+        assert why in assert_error(r, 400, "malformed_body")["message"]
+        assert live_server.objects() == [] and live_server.leftovers() == []  # nothing stored, nothing half-written
+        longest = "'()+_,-./:=? " + "x" * 57  # every character RFC 2046 allows, 70 of them
+        ok = http.post(
+            "/v1/files?inline=false",
+            content=form(longest),
+            headers={"content-type": f'multipart/form-data; boundary="{longest}"'},
+        )
+        assert ok.status_code == 201 and http.get(ok.json()["url"]).content == b"hi", ok.text
+
+
+@pytest.mark.parametrize("index", ["1.0", "+1", "01", "%201", "1%20", "1e0", "-1", "0x1", "١", "9" * 19])
+def test_a_chunked_upload_takes_only_canonical_chunk_positions(http: httpx.Client, tmp_path: Path, index: str) -> None:
+    data = os.urandom(300 << 10)
+    src = tmp_path / "f.bin"
+    src.write_bytes(data)
+    manifest = cut_file(src)
+    assert len(manifest.chunks) >= 2
+    uid = http.post("/v1/chunked", json=manifest.to_json()).json()["id"]
+    second = data[manifest.chunks[1].offset : manifest.chunks[1].offset + manifest.chunks[1].length]
+    assert_error(http.put(f"/v1/chunked/{uid}/chunks/{index}", content=second), 400, "invalid_request")
+    assert_error(http.put(f"/v1/chunked/{uid}/chunks/1?count={index}", content=second), 400, "invalid_request")
+    assert_error(http.put(f"/v1/chunked/{uid}/missing?start={index}", content=second), 400, "invalid_request")
+    early = http.post(f"/v1/chunked/{uid}/complete")  # nothing was stored under another spelling of 1
+    assert early.status_code == 409 and early.json()["error"]["detail"]["missing"] == list(range(len(manifest.chunks)))
+    assert http.put(f"/v1/chunked/{uid}/chunks/1", params={"count": "1"}, content=second).status_code == 200

@@ -1,6 +1,7 @@
 """Deployment files: docker-compose.yml against the Compose Specification's JSON schema (offline: Docker's compose
-plugin is not installed here, see test_docker_compose_config), and the Grafana dashboard against a real /metrics
-scrape."""
+plugin is not installed here, see test_docker_compose_config), closed by default (its secrets required and generated
+by deploy/compose-env.py, the bucket's port unpublished, every container read-only without capabilities; the service
+run with the environment Compose would give it), and the Grafana dashboard against a real /metrics scrape."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import transfer
 from tests.conftest import running
+from tests.test_closed import image_env, refused, serving
 from transfer.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +75,7 @@ def test_compose_pins_images_and_uses_health_checks_their_images_support() -> No
     # MinIO only behind its profile, wired the same way
     for name in ("minio", "minio-bucket", "transfer-minio"):
         assert services[name]["profiles"] == ["minio"], name
-    assert services["minio"]["healthcheck"]["test"] == ["CMD", "mc", "ready", "local"]
+    assert services["minio"]["healthcheck"]["test"] == ["CMD", "mc", "--config-dir", "/tmp/mc", "ready", "local"]
     assert services["transfer-minio"]["environment"]["TRANSFER_S3_ENDPOINT_URL"] == "http://minio:9000"
     # three replicas behind HAProxy, which takes a draining replica out on its /readyz
     replicas, haproxy = services["transfer-replicas"], services["haproxy"]
@@ -143,3 +146,152 @@ def test_every_metric_of_the_dashboard_is_in_a_real_scrape(tmp_path: Path) -> No
     assert not missing, f"the dashboard queries metrics the service does not expose: {missing}"
     for panel in dashboard["panels"]:
         assert panel["datasource"]["uid"] == "${DS_PROMETHEUS}" and panel["title"]
+
+
+# --- closed by default ---------------------------------------------------------------------------------------------
+
+SECRET_VARIABLES = {"TRANSFER_API_KEYS", "TRANSFER_SIGNING_KEYS", "S3_ACCESS_KEY_ID", "S3_SECRET_ACCESS_KEY"}
+_VARIABLE = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[?-])([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def interpolate(node: Any, env: dict[str, str], missing: list[str]) -> Any:
+    """``node`` with Compose's interpolation applied (``$$``, ``$VAR``, ``${VAR}``, ``${VAR:-default}``,
+    ``${VAR-default}``, ``${VAR:?error}``, ``${VAR?error}``); every required variable not set adds its error to
+    ``missing``, as ``docker compose`` would refuse with it."""
+    if isinstance(node, dict):
+        return {key: interpolate(value, env, missing) for key, value in node.items()}
+    if isinstance(node, list):
+        return [interpolate(value, env, missing) for value in node]
+    if not isinstance(node, str):
+        return node
+
+    def value(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1) or match.group(4)
+        operator, word = match.group(2), match.group(3) or ""
+        found = env.get(name)
+        unset = found is None or (operator is not None and operator.startswith(":") and not found)
+        if unset and operator in ("?", ":?"):
+            missing.append(f"{name}: {word}")
+            return ""
+        if unset and operator in ("-", ":-"):
+            return word
+        return found or ""
+
+    return _VARIABLE.sub(value, node)
+
+
+def compose_env(tmp_path: Path) -> tuple[dict[str, str], str]:
+    """The variables deploy/compose-env.py writes (its .env, read as Compose reads it) and the admin key it printed."""
+    out = tmp_path / ".env"
+    made = subprocess.run(
+        [sys.executable, str(ROOT / "deploy" / "compose-env.py"), "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    assert oct(out.stat().st_mode & 0o777) == "0o600"
+    env = {}
+    for line in out.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, quoted = line.partition("=")
+            assert quoted[0] == quoted[-1] == "'"  # single quotes: Compose takes the value as it is
+            env[name] = quoted[1:-1]
+    again = subprocess.run([sys.executable, str(ROOT / "deploy" / "compose-env.py"), "--output", str(out)])
+    assert again.returncode == 1  # never overwritten
+    return env, made.stdout.strip()
+
+
+def test_compose_publishes_no_bucket_port_and_hardens_every_container() -> None:
+    compose = yaml.safe_load(COMPOSE.read_text())
+    services = compose["services"]
+    published = {name: service["ports"] for name, service in services.items() if "ports" in service}
+    assert published == {"transfer": ["8080:8080"], "transfer-minio": ["8081:8080"], "haproxy": ["8090:8090"]}
+    assert "expose" not in services["seaweedfs"] and "expose" not in services["minio"]
+    for name, service in services.items():
+        assert service["read_only"] is True and service["cap_drop"] == ["ALL"], name
+        assert "no-new-privileges:true" in service["security_opt"] and "/tmp" in service["tmpfs"], name
+        assert "privileged" not in service and "cap_add" not in service and "network_mode" not in service, name
+    # SeaweedFS as its image's own user: as root its entrypoint would chown and switch users (capabilities)
+    assert services["seaweedfs"]["user"] == "1000:1000"
+
+
+def test_compose_requires_its_secrets_and_fixes_none() -> None:
+    compose = yaml.safe_load(COMPOSE.read_text())
+    text = yaml.safe_dump(compose)  # the values Compose interpolates (comments dropped)
+    used = {m.group(1) or m.group(4) for m in _VARIABLE.finditer(text) if m.group(0) != "$$"}
+    assert used == SECRET_VARIABLES
+    for match in _VARIABLE.finditer(text):
+        assert match.group(2) == ":?", f"{match.group(0)}: a secret with a default is a fixed secret"
+    services = compose["services"]
+    for name, service in services.items():
+        for variable in ("AWS_SECRET_ACCESS_KEY", "MINIO_ROOT_PASSWORD", "TRANSFER_API_KEYS", "TRANSFER_SIGNING_KEYS"):
+            if variable in service.get("environment", {}):
+                assert service["environment"][variable].startswith("${"), (name, variable)
+    for name in ("transfer", "transfer-replicas", "transfer-minio"):
+        assert {"TRANSFER_API_KEYS", "TRANSFER_SIGNING_KEYS"} <= set(services[name]["environment"]), name
+    assert "transfer-secret" not in COMPOSE.read_text()
+
+    missing: list[str] = []
+    interpolate(compose, {}, missing)  # `docker compose up` with no .env: refused, saying what to run
+    assert {entry.split(":")[0] for entry in missing} == SECRET_VARIABLES
+    assert all(entry.endswith("run python3 deploy/compose-env.py first") for entry in missing)
+
+
+def test_compose_with_its_generated_env_is_valid_and_wires_one_identity(tmp_path: Path) -> None:
+    env, _ = compose_env(tmp_path)
+    missing: list[str] = []
+    resolved = interpolate(yaml.safe_load(COMPOSE.read_text()), env, missing)
+    assert missing == []
+    (tmp_path / "resolved.yml").write_text(yaml.safe_dump(resolved))
+    result = check_compose(tmp_path / "resolved.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    identity = json.loads(resolved["configs"]["seaweedfs-s3"]["content"])["identities"][0]["credentials"][0]
+    services = resolved["services"]
+    for name in ("bucket", "minio-bucket", "transfer", "transfer-replicas", "transfer-minio"):
+        creds = services[name]["environment"]
+        assert (creds["AWS_ACCESS_KEY_ID"], creds["AWS_SECRET_ACCESS_KEY"]) == (
+            identity["accessKey"],
+            identity["secretKey"],
+        ), name
+    minio = services["minio"]["environment"]
+    assert (minio["MINIO_ROOT_USER"], minio["MINIO_ROOT_PASSWORD"]) == (identity["accessKey"], identity["secretKey"])
+
+
+def compose_service_env(tmp_path: Path, env: dict[str, str], service: str = "transfer") -> dict[str, str]:
+    """What `transfer serve` gets in Compose's ``service``: the image's ENV overlaid with the service's environment."""
+    missing: list[str] = []
+    resolved = interpolate(yaml.safe_load(COMPOSE.read_text()), env, missing)
+    return image_env(tmp_path, **resolved["services"][service]["environment"])
+
+
+def test_the_service_as_compose_starts_it_refuses_to_run_open(tmp_path: Path) -> None:
+    env, _ = compose_env(tmp_path)
+    for dropped in ("TRANSFER_API_KEYS", "TRANSFER_SIGNING_KEYS"):  # as if someone deleted the line from the file
+        started = compose_service_env(tmp_path, env)
+        del started[dropped]
+        line = refused(started, tmp_path)
+        code = "open_mode_refused" if dropped == "TRANSFER_API_KEYS" else "signing_keys_required"
+        assert line.startswith(f"transfer: {code}: "), line
+
+
+@pytest.mark.s3
+def test_the_service_as_compose_starts_it_serves_with_keys(s3_env: dict[str, str], tmp_path: Path) -> None:
+    """Compose's environment for the service, on all interfaces as in its container; only where the bucket is (and
+    its credentials) replaced by the suite's S3 server: keys are asked for, the generated admin key works, a URL signed
+    with the generated signing key serves the file."""
+    env, admin = compose_env(tmp_path)
+    started = compose_service_env(tmp_path, env)
+    assert started["TRANSFER_HOST"] == "0.0.0.0"
+    bucket_only = ("TRANSFER_S3_BUCKET", "TRANSFER_S3_ENDPOINT_URL", "TRANSFER_S3_ATOMIC_IF_ABSENT")
+    started.update({k: s3_env[k] for k in (*bucket_only, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")})
+    started.update(TRANSFER_PUBLIC_URL=f"http://127.0.0.1:{started['TRANSFER_PORT']}", TRANSFER_SINGLE_REPLICA="true")
+    with serving(started, tmp_path) as (url, _):
+        assert httpx.get(url + "/v1/files").status_code == 401
+        key = {"authorization": f"Bearer {admin}"}
+        data = os.urandom(5000)
+        made = httpx.post(url + "/v1/files", params={"name": "c.bin", "inline": "false"}, content=data, headers=key)
+        assert made.status_code == 201, made.text
+        assert httpx.get(made.json()["url"]).content == data  # signed with .env's key, no API key needed

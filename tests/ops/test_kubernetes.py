@@ -1,22 +1,28 @@
 """deploy/kubernetes/, offline: every manifest against the Kubernetes API's own JSON schemas (``kubernetes-validate``,
 strict: an unknown field fails), the ServiceMonitor against the Prometheus Operator's CRD schema and the
 kustomization against SchemaStore's (both vendored in tests/schemas/, sources in its README); then what ties them
-together: probes, the shutdown timing, resources from the benchmarks' memory rows, selectors, names, and every
-setting they pass being one the service reads. No cluster runs here: `kubectl apply` was not run."""
+together: probes, the shutdown timing, resources from the benchmarks' memory rows, selectors, names, every setting they
+pass being one the service reads (the Secret as shipped refused, at start too), the keyless metrics port and the
+NetworkPolicy around it. No cluster runs here: `kubectl apply` was not run."""
 
 from __future__ import annotations
 
 import copy
 import json
 import re
+import secrets
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from pydantic import ValidationError
 
+from tests.test_closed import image_env, refused
+from transfer.core.auth import new_token, token_hash
 from transfer.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,6 +75,7 @@ def test_every_manifest_follows_the_kubernetes_api_schema() -> None:
         "PodDisruptionBudget",
         "HorizontalPodAutoscaler",
         "ServiceMonitor",
+        "NetworkPolicy",
     }
     for kind, resource in resources.items():
         if kind != "ServiceMonitor":
@@ -160,9 +167,6 @@ def test_selectors_names_and_references_agree() -> None:
     monitor = resources["ServiceMonitor"]["spec"]
     assert monitor["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert {e["port"] for e in monitor["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
-    credentials = monitor["endpoints"][0]["authorization"]["credentials"]
-    assert credentials["name"] == resources["Secret"]["metadata"]["name"]
-    assert credentials["key"] in resources["Secret"]["stringData"]
     refs = {next(iter(ref.values()))["name"] for ref in container["envFrom"]}
     assert refs == {resources["ConfigMap"]["metadata"]["name"], resources["Secret"]["metadata"]["name"]}
 
@@ -177,11 +181,94 @@ def test_every_setting_passed_is_one_the_service_reads_and_parses(monkeypatch: p
     known = {f"TRANSFER_{name.upper()}" for name in Settings.model_fields}
     passed = {name for name in env if name.startswith("TRANSFER_")}
     assert passed - known == set(), "settings the service does not read (misspelt?)"
-    # with the placeholders filled as an operator would, the service's own settings accept every value
-    env["TRANSFER_API_KEYS"] = json.dumps({"prometheus": {"sha256": "ab" * 32, "scopes": ["admin"]}})
-    env["TRANSFER_SIGNING_KEYS"] = json.dumps({"k1": "0123456789abcdef0123456789abcdef"})
     for name, value in env.items():
         monkeypatch.setenv(name, value)
+    # as shipped, every secret is a placeholder: refused, each named (the bucket's once the service's own are real)
+    with pytest.raises(ValidationError) as caught:
+        Settings()
+    assert {e["type"] for e in caught.value.errors()} == {"placeholder_secret"}
+    assert {e["loc"] for e in caught.value.errors()} == {("api_keys",), ("signing_keys",)}
+    # with the placeholders filled as an operator would, the service's own settings accept every value
+    admin = {"admin": {"sha256": token_hash(new_token()), "scopes": ["admin"]}}
+    monkeypatch.setenv("TRANSFER_API_KEYS", json.dumps(admin))
+    monkeypatch.setenv("TRANSFER_SIGNING_KEYS", json.dumps({"k1": secrets.token_urlsafe(32)}))
+    with pytest.raises(ValidationError, match="AWS_ACCESS_KEY_ID is a placeholder"):
+        Settings()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIA" + secrets.token_hex(8).upper())
+    with pytest.raises(ValidationError, match="AWS_SECRET_ACCESS_KEY is a placeholder"):
+        Settings()
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secrets.token_urlsafe(30))
     settings = Settings()
     assert settings.storage == "s3" and "10.1.2.3" in settings.allowed_hosts
     assert settings.shutdown_drain == 5 and settings.shutdown_grace == 25
+
+
+def deployment_env(tmp_path: Path) -> dict[str, str]:
+    """What the pod's container gets: the image's ENV, the ConfigMap, the Secret as shipped, the container's env."""
+    resources = manifests()
+    (container,) = resources["Deployment"]["spec"]["template"]["spec"]["containers"]
+    pod = {e["name"]: e["value"].replace("$(POD_IP)", "10.1.2.3") for e in container["env"] if "value" in e}
+    return image_env(tmp_path, **resources["ConfigMap"]["data"], **resources["Secret"]["stringData"], **pod)
+
+
+def test_the_secret_as_shipped_is_refused_at_start_and_never_repeated(tmp_path: Path) -> None:
+    env = deployment_env(tmp_path)
+    line = refused(env, tmp_path)
+    assert line.startswith("transfer: placeholder_secret: "), line
+    assert "TRANSFER_API_KEYS: the API key 'admin': sha256 is a placeholder" in line
+    assert "TRANSFER_SIGNING_KEYS: the signing key 'k1' is a placeholder" in line
+    assert "REPLACE-with" not in line  # the refusal names the setting, never its value
+
+
+def test_prometheus_scrapes_a_keyless_metrics_port_only_the_monitoring_namespace_reaches() -> None:
+    resources = manifests()
+    config = resources["ConfigMap"]["data"]
+    (container,) = resources["Deployment"]["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["metrics"] == int(config["TRANSFER_METRICS_PORT"]) != ports["http"]
+    service_ports = {p["name"]: p["targetPort"] for p in resources["Service"]["spec"]["ports"]}
+    assert service_ports["metrics"] == "metrics"
+    (endpoint,) = resources["ServiceMonitor"]["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    # Prometheus holds no key: no credentials in the monitor, no token in the Secret, no key with its name
+    assert not {"authorization", "bearerTokenSecret", "basicAuth"} & set(endpoint)
+    assert set(resources["Secret"]["stringData"]) == {
+        "TRANSFER_API_KEYS",
+        "TRANSFER_SIGNING_KEYS",
+        "TRANSFER_SIGNING_KEY_ID",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_REGION",
+    }
+
+    policy = resources["NetworkPolicy"]["spec"]
+    pod_labels = resources["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
+    for rule in policy["ingress"]:
+        named = {p["port"] for p in rule["ports"]}
+        assert named <= set(ports)
+        if "metrics" in named:  # the keyless port: from the monitoring namespace only, never from everywhere
+            assert named == {"metrics"}
+            (source,) = rule["from"]
+            assert source == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    assert any(rule["ports"] == [{"port": "metrics"}] for rule in policy["ingress"])
+    assert any(rule["ports"] == [{"port": "http"}] and "from" not in rule for rule in policy["ingress"])
+
+
+def test_egress_reaches_the_bucket_and_dns_and_no_private_address() -> None:
+    resources = manifests()
+    policy = resources["NetworkPolicy"]["spec"]
+    endpoint = urlsplit(resources["ConfigMap"]["data"]["TRANSFER_S3_ENDPOINT_URL"])
+    namespace = (endpoint.hostname or "").split(".")[1]  # <service>.<namespace>.svc
+    allowed = [(peer, {p["port"] for p in rule["ports"]}) for rule in policy["egress"] for peer in rule["to"]]
+    assert ({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}, {endpoint.port}) in (
+        allowed
+    )
+    assert any(
+        peer.get("podSelector", {}).get("matchLabels") == {"k8s-app": "kube-dns"} and ports == {53}
+        for peer, ports in allowed
+    )
+    (public,) = [peer["ipBlock"] for peer, _ in allowed if "ipBlock" in peer]
+    assert public["cidr"] == "0.0.0.0/0"
+    assert {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"} <= set(public["except"])

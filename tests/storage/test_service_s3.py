@@ -64,7 +64,7 @@ def test_two_replicas_share_one_bucket(replicas: list[str], tmp_path: Path) -> N
     with httpx.Client(timeout=60) as http:
         d = http.post(f"{a}/v1/files", content=data).json()
         file_id = d["metadata"]["file_id"]
-        via_b = d["url"].replace(a, b)  # A's signed URL, served by B: the signing keys live in the bucket
+        via_b = d["url"].replace(a, b)  # A's signed URL, served by B: both have the signing keys
         assert http.get(via_b).content == data
         assert http.get(via_b, headers={"range": "bytes=100-199"}).content == data[100:200]
         fresh = http.get(f"{b}/v1/files/{file_id}").json()  # B describes A's upload

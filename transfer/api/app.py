@@ -39,7 +39,7 @@ from transfer.api.resumable import is_resumable_path, problem_response, resumabl
 from transfer.api.sessions import sessions_router
 from transfer.api.tus import TusMiddleware, tus_router
 from transfer.core.auth import Authenticator, Scope
-from transfer.errors import InvalidRequest, TransferError, from_storage_error
+from transfer.errors import InvalidRequest, JsonTooDeep, TransferError, from_storage_error
 from transfer.service.container import Services
 from transfer.settings import Settings
 
@@ -183,7 +183,11 @@ def rest_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        codes = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+        if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError):
+            # FastAPI's own body parsing (json.loads) ran out of stack on nested JSON: the code every door gives it
+            return error_response(JsonTooDeep("JSON nested too deeply to parse"))
+        # FastAPI raises 400 only when a JSON body does not parse
+        codes = {400: "malformed_body", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
         err = TransferError(str(exc.detail), headers=dict(exc.headers or {}))
         body = err.to_payload()
         body["error"].update(code=codes.get(exc.status_code, "http_error"), status=exc.status_code)

@@ -31,12 +31,11 @@ GET    /v1/files/{file_id}/manifest?exp&kid&sig   the same for whoever holds a s
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
@@ -45,8 +44,9 @@ from transfer.api.fields import NewFile
 from transfer.api.streaming import request_body
 from transfer.core.auth import Scope
 from transfer.core.http.negotiation import preference
+from transfer.core.jsontext import parse_json
 from transfer.core.model.content import DownloadMethod, format_timestamp
-from transfer.core.numerals import parse_count
+from transfer.core.numerals import CANONICAL_DECIMAL, parse_bounded, parse_count
 from transfer.core.uploads.chunking import MAX_CHUNKS
 from transfer.errors import ClientDisconnected, InvalidManifest, InvalidRequest, ManifestTooLarge
 from transfer.service.files.service import FileService
@@ -57,6 +57,13 @@ MANIFEST_BYTES_PER_CHUNK = 128  # {"offset":…,"length":…,"sha256":"<64 hex>"
 MAX_MANIFEST_BODY = MAX_CHUNKS * MANIFEST_BYTES_PER_CHUNK + (64 << 10)
 MAX_PROBE_BODY = MAX_PROBE * 72 + (4 << 10)  # "<64 hex>", per hash with room for spaces
 META_FIELDS = ("name", "content_type", "role", "description", "expires_in")
+
+# chunk positions in the URL: canonical decimals only (a malformed one is 400 invalid_request, never another chunk)
+ChunkIndex = Annotated[str, Path(pattern=CANONICAL_DECIMAL, description="the chunk's index in the manifest, from 0")]
+ChunkCount = Annotated[str, Query(pattern=CANONICAL_DECIMAL, description=f"chunks in the body, 1 to {MAX_CHUNKS}")]
+MissingStart = Annotated[
+    str, Query(pattern=CANONICAL_DECIMAL, description="the first position in the creation's missing list, from 0")
+]
 
 
 def _timestamp(seconds: float) -> str:
@@ -82,7 +89,8 @@ def upload_document(upload: ChunkedUpload) -> dict[str, Any]:
 
 
 async def _manifest_body(request: Request, limit: int = MAX_MANIFEST_BODY) -> Any:
-    """The request's JSON, bounded before it is parsed (a manifest is parsed whole)."""
+    """The request's JSON, bounded in bytes before it is parsed (a manifest is parsed whole) and in nesting while it
+    is (:func:`transfer.core.jsontext.parse_json`)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ManifestTooLarge(f"a manifest is at most {limit} bytes", limit=limit)
@@ -94,10 +102,10 @@ async def _manifest_body(request: Request, limit: int = MAX_MANIFEST_BODY) -> An
                 raise ManifestTooLarge(f"a manifest is at most {limit} bytes", limit=limit)
     except OSError as exc:
         raise ClientDisconnected("the client went away while sending the manifest") from exc
-    try:
-        return await asyncio.to_thread(json.loads, bytes(body)) if len(body) > 1 << 16 else json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidManifest(f"the manifest is not JSON: {exc}") from exc
+    try:  # JsonTooDeep (400 json_too_deep) passes through: nesting is refused with one code on every door
+        return await asyncio.to_thread(parse_json, bytes(body)) if len(body) > 1 << 16 else parse_json(body)
+    except ValueError as exc:
+        raise InvalidManifest(f"the manifest is not JSON: {exc}") from None
 
 
 def _declared_length(request: Request) -> int | None:
@@ -141,13 +149,11 @@ def chunked_router(
         return {"held": await chunks.store.probe(doc["chunks"], caller_of(request))}
 
     @router.put("/v1/chunked/{uid}/chunks/{index}", dependencies=upload, tags=["chunked"], summary="Send chunks")
-    async def put_chunks(
-        request: Request, uid: str, index: int, count: Annotated[int, Query(ge=1, le=MAX_CHUNKS)] = 1
-    ) -> dict[str, Any]:
+    async def put_chunks(request: Request, uid: str, index: ChunkIndex, count: ChunkCount = "1") -> dict[str, Any]:
         stored, stored_bytes = await chunks.put_chunks(
             uid,
-            index,
-            count,
+            int(index),
+            parse_bounded(count, "count", low=1, high=MAX_CHUNKS),
             request_body(request),
             caller_of(request),
             length=_declared_length(request),
@@ -158,13 +164,13 @@ def chunked_router(
     async def put_missing(
         request: Request,
         uid: str,
-        start: Annotated[int, Query(ge=0, le=MAX_CHUNKS)] = 0,
-        count: Annotated[int, Query(ge=1, le=MAX_CHUNKS)] = 1,
+        start: MissingStart = "0",
+        count: ChunkCount = "1",
     ) -> dict[str, Any]:
         stored, stored_bytes = await chunks.put_missing(
             uid,
-            start,
-            count,
+            parse_bounded(start, "start", low=0, high=MAX_CHUNKS),
+            parse_bounded(count, "count", low=1, high=MAX_CHUNKS),
             request_body(request),
             caller_of(request),
             length=_declared_length(request),

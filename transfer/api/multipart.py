@@ -9,10 +9,11 @@ request: the one being consumed is never changed). The publisher checks them lik
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
-from python_multipart.exceptions import MultipartParseError
+from python_multipart.exceptions import FormParserError, MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from transfer.core.model.content import FileRole, normalize_checksum
@@ -24,14 +25,28 @@ MAX_FIELD_BYTES = 64 << 10
 FIELDS = ("name", "content_type", "role", "description", "checksum")
 
 
+# RFC 2046 §5.1.1: boundary := 0*69<bchars> bcharsnospace, bchars := DIGIT / ALPHA / "'" / "(" / ")" / "+" / "_" /
+# "," / "-" / "." / "/" / ":" / "=" / "?" / " " (RFC 7578 §4.1 takes it for multipart/form-data)
+MAX_BOUNDARY = 70
+_BOUNDARY_RE = re.compile(rb"[0-9A-Za-z'()+_,\-./:=? ]{0,69}[0-9A-Za-z'()+_,\-./:=?]")
+
+
 def multipart_boundary(content_type: str) -> bytes | None:
-    """The boundary of a ``multipart/form-data`` Content-Type, or None when it is another type."""
+    """The boundary of a ``multipart/form-data`` Content-Type, or None when it is another type; MalformedBody (400
+    malformed_body) when it has none or one RFC 2046 does not allow (more than 70 characters, others than its
+    ``bchars``, a trailing space), before a byte of the body is read."""
     ctype, params = parse_options_header(content_type)
     if ctype != b"multipart/form-data":
         return None
     boundary = params.get(b"boundary")
     if not boundary:
         raise MalformedBody("multipart/form-data without a boundary parameter")
+    if len(boundary) > MAX_BOUNDARY:
+        raise MalformedBody(f"the multipart boundary has {len(boundary)} characters; RFC 2046 allows {MAX_BOUNDARY}")
+    if not _BOUNDARY_RE.fullmatch(boundary):
+        raise MalformedBody(
+            "the multipart boundary may hold only letters, digits, spaces (not last) and '()+_,-./:=? (RFC 2046 §5.1.1)"
+        )
     return boundary
 
 
@@ -160,19 +175,22 @@ async def _file_part_stream(body: AsyncIterator[bytes], boundary: bytes, fields:
         nonlocal ended
         ended = True
 
-    parser = MultipartParser(
-        boundary,
-        {
-            "on_part_begin": on_part_begin,
-            "on_header_field": on_header_field,
-            "on_header_value": on_header_value,
-            "on_header_end": on_header_end,
-            "on_headers_finished": on_headers_finished,
-            "on_part_data": on_part_data,
-            "on_part_end": on_part_end,
-            "on_end": on_end,
-        },
-    )
+    try:
+        parser = MultipartParser(
+            boundary,
+            {
+                "on_part_begin": on_part_begin,
+                "on_header_field": on_header_field,
+                "on_header_value": on_header_value,
+                "on_header_end": on_header_end,
+                "on_headers_finished": on_headers_finished,
+                "on_part_data": on_part_data,
+                "on_part_end": on_part_end,
+                "on_end": on_end,
+            },
+        )
+    except FormParserError as exc:  # what multipart_boundary lets through, the parser may still refuse
+        raise MalformedBody(f"malformed multipart body: {exc}") from None
     async for chunk in body:
         try:
             parser.write(chunk)

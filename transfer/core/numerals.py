@@ -10,6 +10,7 @@ field value reaches ``int`` unless it is a short run of ASCII digits.
     parse_count(value, field)    -> int (OWS trimmed), or InvalidRequest 400 naming the field
     parse_bounded(value, field, low=, high=) -> parse_count within [low, high], or InvalidRequest 400
     JsonInt, JsonBool            -> strict pydantic types: a JSON number or boolean of exactly that type
+    CANONICAL_DECIMAL            -> the pattern of a position or count in a URL: one spelling per number
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from transfer.errors import InvalidRequest
 # as the integer 1, and 1 as true.
 JsonInt = Annotated[int, Strict()]
 JsonBool = Annotated[bool, Strict()]
+
+# A chunk index or a count in a URL path or query: 0, or ASCII digits without a leading zero, sign, space, fraction
+# or exponent. pydantic's lax int would read "1.0", "+1", "01" and " 1" as 1: four names for one chunk.
+CANONICAL_DECIMAL: Final = r"^(?:0|[1-9][0-9]{0,17})$"
 
 # 18 digits always fit in a signed 64-bit integer (< 9.2e18) and exceed any byte count we handle (EiB).
 MAX_DIGITS: Final = 18

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from storage.base import Storage
-from transfer.errors import Conflict, InvalidRequest, NotFound
+from transfer.errors import Conflict, InvalidRequest, NotFound, SigningKeysRequired
 from transfer.service.files.documents import read_document, write_document
 from transfer.settings import Settings
 
@@ -22,6 +22,9 @@ class Backend:
     name: str
     build: Callable[[Settings], Storage]
     where: Callable[[Settings], str]
+    # whether only this host can read what it keeps (a directory of this machine, nothing at all), so that a signing
+    # key generated into it is as private as the files themselves; a bucket is read with credentials of its own
+    private: bool = False
 
 
 def _local(settings: Settings) -> Storage:
@@ -69,9 +72,9 @@ def _null(settings: Settings) -> Storage:
 BACKENDS: dict[str, Backend] = {
     backend.name: backend
     for backend in (
-        Backend("local", _local, lambda settings: str(settings.data_dir.resolve())),
+        Backend("local", _local, lambda settings: str(settings.data_dir.resolve()), private=True),
         Backend("s3", _s3, lambda settings: f"s3://{settings.s3_bucket}"),
-        Backend("null", _null, lambda settings: "nothing (null storage: benchmarks only)"),
+        Backend("null", _null, lambda settings: "nothing (null storage: benchmarks only)", private=True),
     )
 }
 
@@ -84,12 +87,32 @@ def make_storage(settings: Settings) -> Storage:
     return backend.build(settings)
 
 
+def require_signing_keys_kept_apart(settings: Settings) -> None:
+    """SigningKeysRequired unless the signing keys are configured or the backend is private to this host.
+
+    A key kept in a bucket is read by whoever holds the bucket's credentials (a backup job, a read-only role, a
+    leaked pair), who could then sign URLs the service honours, for any path and any expiry. So on such a backend the
+    keys come from the deployment's secrets (TRANSFER_SIGNING_KEYS), which the bucket never sees. Encrypting the
+    stored key would not spare that: its encryption key would be one more secret every replica is given the same way.
+    """
+    backend = BACKENDS.get(settings.storage)
+    if settings.signing_keys or (backend is not None and backend.private):
+        return
+    raise SigningKeysRequired(
+        f"storage {settings.storage!r} needs TRANSFER_SIGNING_KEYS: a signing key kept in the bucket would be "
+        'readable with the bucket\'s credentials. Give every replica the same one: {"k1": "<the output of `openssl '
+        'rand -base64 32`>"}. A key an earlier version generated is in the bucket at '
+        f"{SIGNING_KEYS_KEY}: configure it under its id to keep the URLs already handed out valid, then delete it there"
+    )
+
+
 async def load_signing_keys(settings: Settings, storage: Storage) -> tuple[dict[str, bytes], str]:
-    """Signing keys from settings, else the ones kept in the backend (created on first start), so that every
-    replica sharing the backend verifies every other replica's URLs."""
+    """Signing keys from settings, else (on a private backend only, see :func:`require_signing_keys_kept_apart`)
+    the ones kept in it, created on first start."""
     if settings.signing_keys:
         keys = {kid: secret.encode() for kid, secret in settings.signing_keys.items()}
         return keys, settings.signing_key_id or next(iter(keys))
+    require_signing_keys_kept_apart(settings)
     try:
         stored = await read_document(storage, SIGNING_KEYS_KEY)
     except NotFound:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import json
 import math
 import re
 from datetime import UTC, datetime
@@ -38,6 +37,7 @@ from pydantic import (
     model_validator,
 )
 
+from transfer.core.jsontext import parse_json
 from transfer.core.model.mime import validate_media_type
 from transfer.errors import InvalidDescriptor
 
@@ -446,8 +446,8 @@ def load_descriptor(
     document: str | bytes | dict[str, Any], *, inline_threshold: int = INLINE_THRESHOLD
 ) -> FileContent | TextContent | JSONContent | CodeContent | ContentBundle:
     """Parse and validate a descriptor (JSON text or an already parsed object); InvalidDescriptor otherwise."""
-    try:
-        doc = json.loads(document) if isinstance(document, str | bytes) else document
+    try:  # nesting past transfer.core.jsontext.MAX_DEPTH: 400 json_too_deep, as on every door
+        doc = parse_json(document) if isinstance(document, str | bytes) else document
     except ValueError as exc:
         raise InvalidDescriptor(f"descriptor is not JSON: {exc}") from None
     try:

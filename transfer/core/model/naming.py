@@ -5,7 +5,6 @@ Pure. File names only ever label content; object keys are never derived from the
 
 from __future__ import annotations
 
-import json
 import mimetypes
 import re
 import unicodedata
@@ -14,7 +13,9 @@ from urllib.parse import quote, unquote
 
 import puremagic
 
+from transfer.core.jsontext import parse_json
 from transfer.core.model import mime, signatures
+from transfer.errors import JsonTooDeep
 
 MAX_NAME_LENGTH = 255
 _BREAKS = frozenset({"Zl", "Zp"})
@@ -106,9 +107,9 @@ def sniff_content_type(head: bytes, name: str | None) -> str:
         return magic if magic is not None and head else mime.MIME_OCTET_STREAM
     if text.lstrip()[:1] in ("{", "["):
         try:
-            json.loads(text)
+            parse_json(text)
             return mime.MIME_JSON
-        except ValueError:
+        except (ValueError, JsonTooDeep):  # json.loads would recurse into a head of "[[[…" until RecursionError
             pass
     return mime.MIME_TEXT_PLAIN if head else mime.MIME_OCTET_STREAM
 

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import transfer
 from tests.conftest import running
-from tests.test_closed import image_env, refused, serving
+from tests.ops.test_closed import image_env, refused, serving
 from transfer.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from tests.test_closed import image_env, refused
+from tests.ops.test_closed import image_env, refused
 from transfer.core.auth import new_token, token_hash
 from transfer.settings import Settings
 

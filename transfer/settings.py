@@ -236,6 +236,14 @@ class Settings(BaseSettings):
         default_factory=list, description='JSON list of origins allowed to call the API from a browser, e.g. ["*"]'
     )
     live_read_timeout: float = Field(default=30.0, ge=0, description="longest wait for a chunk not yet uploaded")
+    usage_shards: int = Field(
+        default=8,
+        ge=1,
+        le=256,
+        description="usage records per API key: what one upload counts lives in the one its id falls in, so uploads "
+        "of one key on several replicas rarely write the same record; its quota is allotted to them and stays exact "
+        "(the same number on every replica; a key keeps the number its usage began with)",
+    )
     max_open_sessions_per_key: int = Field(
         default=100, ge=1, description="chunked and tus sessions one API key may have open at once"
     )

@@ -109,7 +109,7 @@ def test_usage_repair_counts_bundles(life: LiveServer, capsys: pytest.CaptureFix
     assert cli_main(["usage", "repair", "--json", *admin]) == 0  # the bundle is counted: nothing differs
     assert json.loads(capsys.readouterr().out)["keys"]["alice"]["counted"] == {"bytes_used": used, "files": 1}
 
-    side_ledger(life, lambda ledger: ledger.refund("alice", used - 1000, files=0))  # the bundle's charge lost
+    side_ledger(life, lambda ledger: ledger.refund("alice", used - 1000, files=0, rid="b_lost"))  # the charge lost
     assert cli_main(["usage", "repair", "--fix", "--json", *admin]) == 0
     report = json.loads(capsys.readouterr().out)["keys"]["alice"]
     assert report["recorded"] == {"bytes_used": 1000, "files": 1}

@@ -129,7 +129,7 @@ def side_ledger(live: LiveServer, change: Callable[[UsageLedger], Awaitable[Any]
         storage = make_storage(live.settings)
         await storage.start()
         try:
-            return await change(UsageLedger(RecordStore(storage), parse_keys(KEYS)))
+            return await change(UsageLedger(RecordStore(storage), parse_keys(KEYS), shards=live.settings.usage_shards))
         finally:
             await storage.close()
 
@@ -145,7 +145,7 @@ def test_usage_repair_reports_a_wrong_ledger_and_fixes_it_on_request(
         assert r.status_code == 201, r.text
     # what a double refund and a crash between a removal and its refund leave behind; and a removal claimed (in
     # flight) of a file still stored, which the count must not take twice
-    side_ledger(life, lambda ledger: ledger.refund("alice", 2500))
+    side_ledger(life, lambda ledger: ledger.refund("alice", 2500, rid="f_lost"))
     side_ledger(life, lambda ledger: ledger.charge("bob", "lost", 700))
     assert side_ledger(life, lambda ledger: ledger.claim_removal("alice", ids[0], 1000))
     admin = ["--server", life.url, "--api-key", TOKENS["admin"]]

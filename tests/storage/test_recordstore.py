@@ -136,7 +136,7 @@ async def test_a_leader_cancelled_during_its_write_leaves_its_group_answered(tmp
 async def test_a_group_of_queued_charges_is_one_write_of_the_usage_record(tmp_path: Path) -> None:
     gated = _Gated(await _local(tmp_path / "s"))
     gated.gate.set()
-    ledger = UsageLedger(RecordStore(gated), {})  # type: ignore[arg-type]
+    ledger = UsageLedger(RecordStore(gated), {}, shards=1)  # type: ignore[arg-type]
     await ledger.charge(None, "s_first", 1)  # the record exists; this process knows its version
     gated.writes.clear()
     gated.reads.clear()
@@ -211,7 +211,7 @@ async def test_a_usage_record_of_the_older_shape_reads_and_counts_as_before(tmp_
     async with store.create(usage_key("alice"), size_hint=0) as writer:
         await writer.write(json.dumps(old).encode())
         await writer.commit({})
-    ledger = UsageLedger(RecordStore(store), {}, clock=lambda: now)
+    ledger = UsageLedger(RecordStore(store), {}, clock=lambda: now, shards=1)
     usage = await ledger.usage("alice")
     assert (usage.used, usage.files, usage.reserved) == (7000, 4, 300)
     used, files, claims, etag = await ledger.recorded("alice")
@@ -247,7 +247,7 @@ class _LosingUsage(LocalStorage):
 async def test_a_record_that_keeps_changing_gives_a_specific_busy_error(tmp_path: Path) -> None:
     store = _LosingUsage(tmp_path / "s")
     await store.start()
-    ledger = UsageLedger(RecordStore(store, RetryPolicy(attempts=3, budget=1e9, base=0, cap=0)), {})
+    ledger = UsageLedger(RecordStore(store, RetryPolicy(attempts=3, budget=1e9, base=0, cap=0)), {}, shards=1)
     await ledger.charge(None, "s_a", 1)  # the record's first write: if absent
     for attempt in (ledger.charge(None, "s_b", 1), ledger.claim_removal(None, "f_a", 1)):
         with pytest.raises(RecordBusy) as busy:
@@ -270,7 +270,8 @@ def _usage_races(http: httpx.Client) -> dict[str, float]:
 
 
 def test_an_upload_whose_usage_record_keeps_changing_answers_503_record_busy(tmp_path: Path) -> None:
-    settings = Settings(data_dir=tmp_path / "data", signing_keys=SIGNING)
+    # one usage record per key: both uploads' charges meet in it (with shards they would not, as they should not)
+    settings = Settings(data_dir=tmp_path / "data", signing_keys=SIGNING, usage_shards=1)
     store = _LosingUsage(settings.data_dir)
     with serving(create_app(settings, store), settings) as live, httpx.Client(base_url=live.url, timeout=60) as http:
         first = http.post("/v1/files", content=os.urandom(1000))

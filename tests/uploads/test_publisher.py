@@ -110,7 +110,10 @@ def test_file_ids_follow_upload_ids_as_they_always_did() -> None:
 async def test_a_second_charge_of_one_upload_is_not_counted(tmp_path: Path) -> None:
     store = LocalStorage(tmp_path / "s")
     await store.start()
-    ledger, other = UsageLedger(RecordStore(store), {}), UsageLedger(RecordStore(store), {})  # two replicas' ledgers
+    ledger, other = (
+        UsageLedger(RecordStore(store), {}, shards=1),
+        UsageLedger(RecordStore(store), {}, shards=1),
+    )  # two replicas' ledgers
     outcomes = await asyncio.gather(
         *(ledger.charge(None, "s_1", 100, until=1e12) for _ in range(3)),
         *(other.charge(None, "s_1", 100, until=1e12) for _ in range(3)),
@@ -245,7 +248,7 @@ async def test_a_record_update_that_keeps_losing_gives_up_within_its_rounds_and_
         await RecordStore(losing, by_time).update("r.json", dict, lambda d: {"n": d["n"] + 1}, dict)  # type: ignore[arg-type]
     assert 1 < losing.conditional_writes <= 3  # the 3 s budget, not the 1,000 rounds, ended it
     assert (await RecordStore(store).read("r.json"))[0] == {"n": 0}
-    ledger = UsageLedger(RecordStore(losing, RetryPolicy(attempts=4, budget=1e9, base=0, cap=0)), {})  # type: ignore[arg-type]
+    ledger = UsageLedger(RecordStore(losing, RetryPolicy(attempts=4, budget=1e9, base=0, cap=0)), {}, shards=1)  # type: ignore[arg-type]
     await ledger.charge(None, "a", 1)  # the first write of a usage record is if-absent
     losing.conditional_writes = 0
     with pytest.raises(RecordBusy):

@@ -153,7 +153,7 @@ async def test_concurrent_charges_of_one_key_share_one_write_and_stay_exact(tmp_
     await store.start()
     counting = _CountingStorage(store)
     keys = {"alice": ApiKey("alice", "0" * 64, frozenset({Scope.UPLOAD}), max_bytes=10_000)}
-    ledger = UsageLedger(RecordStore(counting), keys)  # type: ignore[arg-type]
+    ledger = UsageLedger(RecordStore(counting), keys, shards=1)  # type: ignore[arg-type]
     # 64 charges at once of 100 bytes, and 4 of 5,000 that cannot all fit: each is decided on its own
     results = await asyncio.gather(
         *(ledger.charge("alice", f"r{i}", 100) for i in range(64)),
@@ -169,7 +169,7 @@ async def test_concurrent_charges_of_one_key_share_one_write_and_stay_exact(tmp_
     # group commit: far fewer durable writes of the record than charges (one per round, not one per charge)
     assert counting.creates[usage_key("alice")] < 68 // 4
     # a second replica's ledger over the same storage stays exact: its write makes our cached version stale
-    other = UsageLedger(RecordStore(store), keys)
+    other = UsageLedger(RecordStore(store), keys, shards=1)
     await other.charge("alice", "o", 1)
     await ledger.charge("alice", "p", 1)
     assert (await other.usage("alice")).used == (await ledger.usage("alice")).used == usage.used + 2
@@ -178,7 +178,7 @@ async def test_concurrent_charges_of_one_key_share_one_write_and_stay_exact(tmp_
 async def test_a_charge_cancelled_before_its_round_is_not_applied(tmp_path: Path) -> None:
     store = LocalStorage(tmp_path / "s")
     await store.start()
-    ledger = UsageLedger(RecordStore(store), {})
+    ledger = UsageLedger(RecordStore(store), {}, shards=1)
     first = asyncio.ensure_future(ledger.charge(None, "a", 10))
     second = asyncio.ensure_future(ledger.charge(None, "b", 20))
     await asyncio.sleep(0)  # both queued; the first leads a round, the second waits for the lock

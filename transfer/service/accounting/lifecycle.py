@@ -41,7 +41,7 @@ class Lifecycle:
         self.settings = settings
         self.clock = clock
         self.keys = parse_keys(settings.api_keys or {})
-        self.usage = UsageLedger(records, self.keys, clock=clock)
+        self.usage = UsageLedger(records, self.keys, clock=clock, shards=settings.usage_shards)
 
     def policy(self, owner: str | None) -> LifetimePolicy:
         """The lifetime rules that apply to the files of ``owner``."""
@@ -73,9 +73,10 @@ class Lifecycle:
             return declared
         return await self.usage.available_to(owner, rid)
 
-    async def room_for(self, owner: str | None, rid: str) -> int | None:
-        """What upload ``rid`` (of unknown length) may still bring in all, its own reservation included."""
-        return await self.usage.available_to(owner, rid)
+    async def room_for(self, owner: str | None, rid: str, *, at_least: int | None = None) -> int | None:
+        """What upload ``rid`` (of unknown length) may still bring in all, its own reservation included (with
+        ``at_least``: at least that much when there is, read from as few records as tells)."""
+        return await self.usage.available_to(owner, rid, at_least=at_least)
 
     async def grow(self, owner: str | None, rid: str, nbytes: int, until: float) -> None:
         """Upload ``rid`` of unknown length is about to hold ``nbytes`` in all: its reservation grows to them first

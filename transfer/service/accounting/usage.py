@@ -1,30 +1,46 @@
-"""Bytes stored per API key, counted in one small record per key that every replica updates with the storage
-backend's compare-and-set, through the record store (:class:`~transfer.service.accounting.recordstore.RecordStore`: its
-bounded retries and its group commit: concurrent changes of one key's record share one write).
+"""Bytes stored per API key, counted in a few small records per key (shards) that every replica updates with the
+storage backend's compare-and-set, through the record store (:class:`~transfer.service.accounting.recordstore.
+RecordStore`: its bounded retries and its group commit: concurrent changes of one record share one write).
 
-Record ``usage/<key hash>``: ``{"used": bytes, "files": n, "reservations": {"<upload id>": [bytes, until]},
-"changes": {"<id>": [bytes, files, until, applied]}}``.
+Why shards: one record per key was one hot record. Every upload of a key (and every upload in open mode) changed it
+by compare-and-set, so replicas added lost races instead of throughput (1 / 2 / 3 replicas: 35 / 36 / 17 small
+uploads per second, 5.5 / 7.2 / 10.8 ms of CPU each). Now what one upload changes lives in the shard its id falls
+in (``shard_of``: the id's random part, so an upload, the file it publishes and that file's removal meet in one
+shard, and "charged once per upload" is still decided by one compare-and-set); uploads spread over the shards, and
+replicas over them.
 
-``changes`` holds the state changes that publish or remove one thing (a file, a bundle, a TP message, a stored
-chunk), keyed by the id of the change (the upload that publishes, the thing removed), each with its signed deltas
+Record ``usage/<key hash>`` (the first shard) and ``usage/<key hash>.s<nn>`` (the others, nn < ``shards``):
+``{"used": bytes, "files": n, "reservations": {"<upload id>": [bytes, until]}, "changes": {"<id>": [bytes, files,
+until, applied]}, "cap": bytes, "q": quota, "out": {"<move>": [shard, bytes, at]}, "in": {"<move>": at}}``. An
+absent shard stands for an empty one.
+
+The quota stays exact. It is allotted to the shards (``cap``, an allotment made for quota ``q``; an absent shard
+holds an even share), and a shard takes a change only if its own ``used +
+reserved`` stays within its own ``cap``: since the caps never add up to more than the quota, neither do the bytes.
+A shard that lacks room takes allotment from the others (:meth:`UsageLedger._gather`): a move is taken from one shard
+(its ``cap`` lowered and the move recorded in its ``out``, one compare-and-set), then given to the other (its
+``cap`` raised and the move remembered in its ``in``, so a move is given once); a move whose giver stopped in
+between is given by the next gatherer that finds it older than :data:`MOVE_STALE`. When the quota changes, each
+shard adjusts its own cap by the difference of its share. A key without a quota (and open mode) has no allotment:
+its shards only count.
+
+``changes`` holds the state changes that publish or remove one thing (a file, a bundle, a TP message, a pack of
+chunks), keyed by the id of the change (the upload that publishes, the thing removed), each with its signed deltas
 of ``used`` and ``files`` and a time it is kept until. A change is applied to the count exactly once, however many
-replicas, retries, deletes and sweeps race: the compare-and-set round that enters its id is the one that decides,
-and every other caller finds the id there.
+replicas, retries, deletes and sweeps race: the compare-and-set round that enters its id (in the one shard the id
+falls in) is the one that decides, and every other caller finds the id there.
 
 - a publication (``charge`` with ``until``) is applied in the round that enters it (``applied`` true, ``+bytes``):
   the entry stays until no completion of that upload can come any more, so a second one is not counted;
 - a removal (``claim_removal``) is entered unapplied (``-bytes``, its claim, held for a lease) by the one caller
   that removes the thing; the write that ends the claim (``removed``) applies it; ``unclaim`` drops it unapplied.
 
-Records of the older shape (``"charged": {"<upload id>": [bytes, until]}``, applied publications, and
-``"removals": {"<id>": [bytes, until]}``, removal claims) read as the same changes and are written in this shape.
-
     reserve(owner, rid, n)   an unfinished upload declares its size: refused (QuotaExceeded) unless it fits
     charge(owner, rid, n)    a file is about to be published: its reservation goes, its bytes count; refused
                              unless they fit (the exact check: a stream of unknown length is caught here at last).
                              With ``until``, at most once per upload id (its publication change)
-    withdraw(owner, rid, n)  the publication that charged upload ``rid`` failed: its charge is taken back
-    refund(owner, n)         a file's publish failed after the charge
+    withdraw(owner, rid, n)  the publication that charged upload ``rid`` failed: its charge is taken back (once)
+    refund(owner, n, rid)    a file's publish failed after an unmarked charge
     release(owner, rid)      an upload ended without a file (aborted, expired, terminated)
     claim_removal(owner, id, n)   a file is about to be removed: True for exactly one caller at a time (the
                              removal entered unapplied by compare-and-set); every other caller is told False
@@ -36,32 +52,75 @@ A charge comes before the publish and a refund after the delete, so the count is
 process that dies between the two leaves it too high (the safe side), never too low; ``transfer usage repair``
 recomputes it from the file records. A reservation lives until its ``until`` (the upload's own expiry), a removal
 claim until its lease ends: one left by a dead process stops counting then.
+
+The first shard's record is the one-record layout's (``usage/<key hash>``), and it records how many shards the key
+has (``shards``), fixed when it was first written: a key counted in one record before shards existed stays one
+record (its counts, reservations and charge marks are all there), and changing the setting applies to keys whose
+usage begins after.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import time
-from collections.abc import Callable, Mapping
+import zlib
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from storage.base import Storage
 from transfer.core.auth import ApiKey
+from transfer.core.ids import new_id
 from transfer.core.uploads.lifetimes import Usage
-from transfer.errors import Conflict, NotFound
-from transfer.service.accounting.recordstore import RecordStore
+from transfer.errors import (
+    Conflict,
+    NotFound,
+    QuotaExceeded,
+    RecordBusy,
+    TransferError,
+    storage_errors_translated,
+)
+from transfer.service.accounting.recordstore import RecordStore, RetryPolicy
 
 USAGE_PREFIX = "usage/"
 REMOVAL_LEASE = 600.0  # seconds a removal claim holds: a claimer that died frees the file for another removal then
+SHARDS = 8  # usage records per key (the default; a setting)
+MOVE_STALE = 60.0  # seconds after which a move taken but not given (its mover stopped) is given by another
+GATHER_WAIT = 10.0  # seconds a change waits for another gatherer of its key (then 503 record_busy)
+GATHER_LEASE = 10.0  # seconds one gatherer holds a key's allotments (a gather takes milliseconds)
+GATHERS = 4  # times a change that lacks room in its shard gathers allotment before it is refused
+MOVE_MEMORY = 3600.0  # seconds a shard remembers a move it was given (a late retry of it finds it given)
 
 R = TypeVar("R")
 
 
 def usage_key(owner: str | None) -> str:
-    """The record of ``owner`` (a key name; None: files stored in open mode). Hashed: names are free text."""
+    """The one-record layout's record of ``owner`` (a key name; None: files stored in open mode), and the stem of
+    its shards' keys. Hashed: names are free text."""
     if owner is None:
         return USAGE_PREFIX + "open"
     return USAGE_PREFIX + "k" + hashlib.sha256(owner.encode("utf-8")).hexdigest()[:40]
+
+
+def shard_key(owner: str | None, shard: int) -> str:
+    """The record of shard ``shard`` of ``owner``'s usage (the first shard is the one-record layout's record, so
+    that layout's counts, reservations and changes carry on there, and one shard is that layout)."""
+    return usage_key(owner) if shard == 0 else f"{usage_key(owner)}.s{shard:02d}"
+
+
+def shard_of(thing: str, shards: int) -> int:
+    """The shard an upload, file, bundle or message id counts in: by its random part (after the last ``_``), so an
+    upload (``t_…``, ``s_…``, …), the file it publishes (``f_`` + the same part) and that file's removal meet in
+    one shard."""
+    return zlib.crc32(thing.rpartition("_")[2].encode()) % shards
+
+
+def share_of(quota: int, shard: int, shards: int) -> int:
+    """The allotment shard ``shard`` of ``shards`` holds of ``quota`` before any move: an even share, the remainder in
+    the first shard."""
+    return quota // shards + (quota % shards if shard == 0 else 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,9 +157,9 @@ def _changes(raw: Mapping[str, Any], now: float) -> dict[str, StateChange]:
 
 
 class _Doc:
-    """One usage record as the ledger's changes see it (each change works on its own copy: they are pure)."""
+    """One usage shard as the ledger's changes see it (each change works on its own copy: they are pure)."""
 
-    def __init__(self, raw: Mapping[str, Any], now: float) -> None:
+    def __init__(self, raw: Mapping[str, Any], now: float, share: int | None = None, quota: int | None = None) -> None:
         self.used = int(raw.get("used", 0))
         self.files = int(raw.get("files", 0))
         reservations = raw.get("reservations", {})
@@ -110,24 +169,66 @@ class _Doc:
             if float(entry[1]) > now  # a reservation past its time (its upload ended or its process died) is dropped
         }
         self.changes = _changes(raw, now)
+        # the allotment: an absent shard (or one stored before allotments) holds its share of the quota
+        self.cap: int | None = int(raw["cap"]) if "cap" in raw else share
+        self.q: int | None = int(raw["q"]) if "q" in raw else quota
+        shards = raw.get("shards")  # the first shard's: how many shards the key has
+        self.shards: int | None = int(shards) if isinstance(shards, int) else None
+        out = raw.get("out", {})
+        self.out: dict[str, tuple[int, int, float]] = {
+            xid: (int(e[0]), int(e[1]), float(e[2])) for xid, e in (out.items() if isinstance(out, dict) else ())
+        }
+        inn = raw.get("in", {})
+        self.inn: dict[str, float] = {
+            xid: float(at)
+            for xid, at in (inn.items() if isinstance(inn, dict) else ())
+            if float(at) > now - MOVE_MEMORY
+        }
 
     def copy(self) -> _Doc:
         doc = _Doc({}, 0.0)
         doc.used, doc.files = self.used, self.files
         doc.reservations, doc.changes = dict(self.reservations), dict(self.changes)
+        doc.cap, doc.q, doc.out, doc.inn, doc.shards = self.cap, self.q, dict(self.out), dict(self.inn), self.shards
         return doc
 
     def same(self, other: _Doc) -> bool:
-        return (self.used, self.files, self.reservations, self.changes) == (
+        mine = (
+            self.used,
+            self.files,
+            self.reservations,
+            self.changes,
+            self.cap,
+            self.q,
+            self.out,
+            self.inn,
+            self.shards,
+        )
+        theirs = (
             other.used,
             other.files,
             other.reservations,
             other.changes,
+            other.cap,
+            other.q,
+            other.out,
+            other.inn,
+            other.shards,
         )
+        return mine == theirs
 
-    def usage(self, quota: int | None, excluding: str | None = None) -> Usage:
-        reserved = sum(n for rid, (n, _) in self.reservations.items() if rid != excluding)
-        return Usage(used=self.used, files=self.files, reserved=reserved, quota=quota)
+    def reserved(self, excluding: str | None = None) -> int:
+        return sum(n for rid, (n, _) in self.reservations.items() if rid != excluding)
+
+    def room(self, excluding: str | None = None) -> int | None:
+        """What this shard may still take (None: no allotment, no quota)."""
+        if self.cap is None:
+            return None
+        return self.cap - self.used - self.reserved(excluding)
+
+    def fits(self, nbytes: int, excluding: str | None = None) -> bool:
+        room = self.room(excluding)
+        return room is None or nbytes <= room
 
     def begin(self, thing: str, change: StateChange) -> bool:
         """Enter ``change`` under ``thing`` (applied now if it says so): False, and nothing changes, when a change
@@ -140,9 +241,11 @@ class _Doc:
         return True
 
     def add(self, nbytes: int, files: int) -> None:
-        """Count ``nbytes`` and ``files`` more (negative: fewer; never below nothing)."""
-        self.used = max(0, self.used + nbytes)
-        self.files = max(0, self.files + files)
+        """Count ``nbytes`` and ``files`` more (negative: fewer). A shard's count may go below nothing (a removal
+        counted in another shard than its charge, under the one-record layout's ids): the key's total is what
+        counts."""
+        self.used += nbytes
+        self.files += files
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -152,44 +255,111 @@ class _Doc:
         }
         if self.changes:
             doc["changes"] = {thing: change.to_json() for thing, change in self.changes.items()}
+        if self.cap is not None:
+            doc["cap"], doc["q"] = self.cap, self.q
+        if self.out:
+            doc["out"] = {xid: [t, n, at] for xid, (t, n, at) in self.out.items()}
+        if self.inn:
+            doc["in"] = dict(self.inn)
+        if self.shards is not None:
+            doc["shards"] = self.shards
         return doc
 
 
+def _over(quota: int, used: int, reserved: int, nbytes: int) -> QuotaExceeded:
+    return QuotaExceeded(
+        f"{nbytes} more bytes would exceed this key's quota of {quota} bytes "
+        f"({used} used, {reserved} reserved by unfinished uploads)",
+        quota=quota,
+        used=used,
+        reserved=reserved,
+        requested=nbytes,
+    )
+
+
+class _NoRoom(Exception):
+    """A shard's own allotment lacks room for a change (it may gather allotment from the others)."""
+
+    def __init__(self, need: int) -> None:
+        super().__init__(f"{need} bytes")
+        self.need = need
+
+
 class UsageLedger:
-    """Per-key byte counts and quotas over one storage backend, exact across replicas (compare-and-set)."""
+    """Per-key byte counts and quotas over one storage backend, exact across replicas (compare-and-set), in
+    ``shards`` records per key (the module text)."""
 
     def __init__(
-        self, records: RecordStore, keys: Mapping[str, ApiKey], *, clock: Callable[[], float] = time.time
+        self,
+        records: RecordStore,
+        keys: Mapping[str, ApiKey],
+        *,
+        clock: Callable[[], float] = time.time,
+        shards: int = SHARDS,
     ) -> None:
         self.records = records
-        self.storage = records.storage
+        self.storage: Storage = records.storage
         self.policy = records.policy
         self.keys = keys
         self.clock = clock
+        self.shards = shards
+        self._counts: dict[str | None, int] = {}  # owner -> how many shards its usage has (see _count)
 
     def quota_of(self, owner: str | None) -> int | None:
         """The byte quota of ``owner``'s key (None: no quota)."""
         key = self.keys.get(owner) if owner is not None else None
         return None if key is None else key.max_bytes
 
-    def _decode(self, raw: Any) -> _Doc:
-        return _Doc(raw if isinstance(raw, dict) else {}, self.clock())
+    async def _count(self, owner: str | None) -> int:
+        """How many shards ``owner``'s usage has, fixed when its first shard was first written (read once per
+        process): the ledger's number for a key not seen yet; one for a record of the one-record layout (which
+        stays one record: its counts, reservations and marks are all there)."""
+        count = self._counts.get(owner)
+        if count is None:
+            try:
+                raw, _ = await self.records.read(shard_key(owner, 0))
+                count = int(raw.get("shards", 1)) if isinstance(raw, dict) else self.shards
+            except NotFound:
+                count = self.shards
+            self._counts[owner] = count
+        return count
 
-    async def _read(self, owner: str | None) -> tuple[_Doc, str | None]:
-        """The record of ``owner`` as stored now and its version (None: no record yet)."""
+    def _decoder(self, owner: str | None, shard: int, count: int) -> Callable[[Any], _Doc]:
+        quota = self.quota_of(owner)
+
+        def decode(raw: Any) -> _Doc:
+            share = None if quota is None else share_of(quota, shard, count)
+            doc = _Doc(raw if isinstance(raw, dict) else {}, self.clock(), share, quota)
+            if shard == 0:
+                doc.shards = count
+            if quota is None:
+                doc.cap = doc.q = None  # no quota (any more): the shard only counts
+            elif doc.q != quota:  # the quota changed: this shard's allotment follows its share of the difference
+                before = 0 if doc.q is None else share_of(doc.q, shard, count)
+                doc.cap = (doc.cap or 0) + share_of(quota, shard, count) - before
+                doc.q = quota
+            return doc
+
+        return decode
+
+    async def _read_shard(self, owner: str | None, shard: int) -> tuple[_Doc, str | None]:
+        count = await self._count(owner)
         try:
-            raw, etag = await self.records.read(usage_key(owner))
+            raw, etag = await self.records.read(shard_key(owner, shard))
         except NotFound:
-            return self._decode({}), None
-        return self._decode(raw), etag
+            return self._decoder(owner, shard, count)({}), None
+        return self._decoder(owner, shard, count)(raw), etag
 
-    async def _update(self, owner: str | None, step: Callable[[_Doc], R], *, durable: bool = True) -> R:
-        """Apply ``step`` to the owner's record with compare-and-set, grouped with the concurrent changes of the
-        same record (one write for all of them: the record's write is what every upload of a key would otherwise
-        queue behind), and return what it answered. ``step`` may raise (QuotaExceeded): then nothing of it is
-        written. A caller returns only after the write that holds its change has succeeded. ``durable=False``: a
-        change that may be lost in a crash (a removal claim: its loss frees the file for another removal); the
-        write is flushed to stable storage if any change in its round needs it."""
+    async def _read_all(self, owner: str | None) -> list[tuple[_Doc, str | None]]:
+        count = await self._count(owner)
+        return list(await asyncio.gather(*(self._read_shard(owner, s) for s in range(count))))
+
+    async def _update_shard(
+        self, owner: str | None, shard: int, step: Callable[[_Doc], R], *, durable: bool = True
+    ) -> R:
+        """Apply ``step`` to one shard with compare-and-set, grouped with the concurrent changes of the same shard
+        (one write for all of them), and return what it answered. ``step`` may raise: then nothing of it is
+        written. ``durable=False``: a change that may be lost in a crash (a removal claim)."""
         answers: list[R] = []
 
         def change(doc: _Doc) -> _Doc | None:
@@ -198,52 +368,201 @@ class UsageLedger:
             return None if after.same(doc) else after
 
         await self.records.update(
-            usage_key(owner), self._decode, change, _Doc.to_json, absent={}, durable=durable, group=True
+            shard_key(owner, shard),
+            self._decoder(owner, shard, await self._count(owner)),
+            change,
+            _Doc.to_json,
+            absent={},
+            durable=durable,
+            group=True,
         )
         return answers[-1]  # the last run of the step is the one the record holds
 
-    async def usage(self, owner: str | None) -> Usage:
-        """``owner``'s usage as stored now (lapsed reservations left out)."""
-        doc, _ = await self._read(owner)
-        return doc.usage(self.quota_of(owner))
-
-    async def reserve(self, owner: str | None, rid: str, nbytes: int, until: float) -> Usage:
-        """Reserve ``nbytes`` for upload ``rid`` until ``until`` (QuotaExceeded if they do not fit); returns the
-        usage with the reservation. Without a quota nothing is written: there is nothing to protect."""
+    async def _update(self, owner: str | None, rid: str, step: Callable[[_Doc], R], *, durable: bool = True) -> R:
+        """:meth:`_update_shard` on the shard ``rid`` falls in; when that shard's own allotment lacks room (the
+        step raised _NoRoom), allotment is gathered from the other shards and the step runs again (QuotaExceeded
+        when the key's whole quota lacks it)."""
+        shard = shard_of(rid, await self._count(owner))
+        for _ in range(GATHERS):
+            try:
+                return await self._update_shard(owner, shard, step, durable=durable)
+            except _NoRoom as short:
+                need = short.need
+                await self._gather(owner, shard, need)
+        # what was gathered kept being taken by concurrent uploads: the quota is, in effect, used up
         quota = self.quota_of(owner)
-        if quota is None:
-            return await self.usage(owner)
+        assert quota is not None
+        usage = await self.usage(owner)
+        raise _over(quota, usage.used, usage.reserved, need)
 
-        def change(doc: _Doc) -> Usage:
-            doc.usage(quota, excluding=rid).require_room(nbytes)
+    async def _gather(self, owner: str | None, target: int, need: int) -> None:
+        """Move at least ``need`` bytes of allotment into shard ``target`` from the others (each move: taken from
+        one shard by compare-and-set, then given to the target, once); QuotaExceeded when they hold too little.
+        One gatherer of a key at a time (a lease record, on any replica): gatherers taking from each other would
+        leave the quota in fragments no upload fits in, near its end. Moves left half-done by a gatherer that
+        stopped are given first."""
+        shards = await self._read_all(owner)
+        if self._available(shards, target) < need:  # over the quota whatever moves: no need to wait for the lease
+            raise self._refusal(owner, shards, need)
+        async with self._gathering(owner):
+            await self._gather_held(owner, target, need)
+
+    @staticmethod
+    def _available(shards: list[tuple[_Doc, str | None]], target: int) -> int:
+        """What the shards other than ``target`` could still give it: their room, and what is on its way between
+        shards (taken from one, not yet given to another)."""
+        # signed: a shard over its own allotment (its quota lowered since) takes its excess from what others hold
+        room = sum(doc.room() or 0 for s, (doc, _) in enumerate(shards) if s != target)
+        moving = sum(amount for doc, _ in shards for _, amount, _ in doc.out.values())
+        return room + moving
+
+    def _refusal(self, owner: str | None, shards: list[tuple[_Doc, str | None]], need: int) -> QuotaExceeded:
+        quota = self.quota_of(owner)
+        assert quota is not None
+        used = sum(doc.used for doc, _ in shards)
+        reserved = sum(doc.reserved() for doc, _ in shards)
+        return _over(quota, used, reserved, need)
+
+    @contextlib.asynccontextmanager
+    async def _gathering(self, owner: str | None) -> AsyncIterator[None]:
+        """Hold ``owner``'s gather lease (waiting for it up to the retry policy's budget: RecordBusy then)."""
+        key = f"{usage_key(owner)}.gather"
+        retry = RetryPolicy(attempts=400, budget=GATHER_WAIT, cap=0.05, clock=self.policy.clock).start()
+        while True:
+            now = self.clock()
+            try:
+                await self.records.create(key, {"until": now + GATHER_LEASE})
+                break
+            except Conflict:
+                try:
+                    held, etag = await self.records.read(key)
+                    if float(held.get("until", 0)) <= now:  # its holder stopped: the lease is taken over
+                        await self.records.write(key, {"until": now + GATHER_LEASE}, etag)
+                        break
+                except (NotFound, Conflict):
+                    pass
+            await retry.again(lambda: RecordBusy(f"the usage of {owner!r} is being rebalanced; try again"))
+        try:
+            yield
+        finally:
+            with contextlib.suppress(TransferError), storage_errors_translated():
+                await self.storage.delete(key)
+
+    async def _gather_held(self, owner: str | None, target: int, need: int) -> None:
+        quota = self.quota_of(owner)
+        assert quota is not None
+        shards = await self._read_all(owner)
+        now = self.clock()
+        stale = [
+            (source, to, xid, amount)
+            for source, (doc, _) in enumerate(shards)
+            for xid, (to, amount, at) in doc.out.items()
+            if now - at > MOVE_STALE
+        ]
+        for source, to, xid, amount in stale:  # moves taken but never given (their mover stopped)
+            await self._give(owner, source, to, xid, amount)
+        if stale:
+            shards = await self._read_all(owner)
+        free = {s: doc.room() or 0 for s, (doc, _) in enumerate(shards) if s != target}
+        if sum(free.values()) < need:  # signed: see _available
+            raise self._refusal(owner, shards, need)
+        # at least an even share of what is free: a shard that gathers once keeps enough for a while
+        count = len(shards)
+        left = max(need, min(sum(max(0, room) for room in free.values()) // count, quota // count))
+        for source in sorted(free, key=lambda s: -free[s]):
+            if left <= 0 or free[source] <= 0:
+                break
+            xid = new_id("m_")
+            wanted = left
+
+            def take(doc: _Doc, wanted: int = wanted, xid: str = xid) -> int:
+                amount = min(wanted, max(0, doc.room() or 0))
+                if amount:
+                    assert doc.cap is not None
+                    doc.cap -= amount
+                    doc.out[xid] = (target, amount, self.clock())
+                return amount
+
+            taken = await self._update_shard(owner, source, take)
+            if taken:
+                await self._give(owner, source, target, xid, taken)
+                left -= taken
+
+    async def _give(self, owner: str | None, source: int, target: int, xid: str, amount: int) -> None:
+        """Give move ``xid`` (``amount`` taken from ``source``) to ``target`` once, then forget it at the source."""
+
+        def give(doc: _Doc) -> None:
+            if xid not in doc.inn:
+                doc.cap = (doc.cap or 0) + amount
+                doc.inn[xid] = self.clock()
+
+        def forget(doc: _Doc) -> None:
+            doc.out.pop(xid, None)
+
+        # neither flushed: a give lost in a crash leaves the move (flushed when taken) to be given again once stale
+        # (the target's memory of it went too), a forget lost leaves a move the target already remembers
+        await self._update_shard(owner, target, give, durable=False)
+        await self._update_shard(owner, source, forget, durable=False)
+
+    def _require(self, doc: _Doc, nbytes: int, excluding: str | None = None) -> None:
+        """_NoRoom unless ``nbytes`` more fit in this shard's own allotment (a key without a quota: always)."""
+        if not doc.fits(nbytes, excluding):
+            room = doc.room(excluding) or 0
+            raise _NoRoom(nbytes - room)
+
+    async def usage(self, owner: str | None) -> Usage:
+        """``owner``'s usage as stored now (lapsed reservations left out): the sum of its shards."""
+        shards = await self._read_all(owner)
+        return Usage(
+            used=sum(doc.used for doc, _ in shards),
+            files=sum(doc.files for doc, _ in shards),
+            reserved=sum(doc.reserved() for doc, _ in shards),
+            quota=self.quota_of(owner),
+        )
+
+    async def reserve(self, owner: str | None, rid: str, nbytes: int, until: float) -> None:
+        """Reserve ``nbytes`` for upload ``rid`` until ``until`` (QuotaExceeded if they do not fit). Without a
+        quota nothing is written: there is nothing to protect."""
+        if self.quota_of(owner) is None:
+            return
+
+        def change(doc: _Doc) -> None:
+            self._require(doc, nbytes, excluding=rid)
             doc.reservations[rid] = (nbytes, until)
-            return doc.usage(quota)
 
-        return await self._update(owner, change)
+        await self._update(owner, rid, change)
 
     async def reserve_at_least(self, owner: str | None, rid: str, nbytes: int, until: float) -> None:
         """Grow upload ``rid``'s reservation to ``nbytes`` (a reservation never shrinks here), before the bytes
         that take it there are stored: QuotaExceeded if they do not fit beside the key's other reservations.
         What an upload of unknown length holds as it grows. Without a quota nothing is written."""
-        quota = self.quota_of(owner)
-        if quota is None:
+        if self.quota_of(owner) is None:
             return
 
         def change(doc: _Doc) -> None:
             held = doc.reservations.get(rid, (0, until))[0]
             if held < nbytes:
-                doc.usage(quota, excluding=rid).require_room(nbytes)
+                self._require(doc, nbytes, excluding=rid)
                 doc.reservations[rid] = (nbytes, until)
 
-        await self._update(owner, change)
+        await self._update(owner, rid, change)
 
-    async def available_to(self, owner: str | None, rid: str) -> int | None:
-        """Bytes upload ``rid`` may still bring (its own reservation counted as its room); None: no quota."""
+    async def available_to(self, owner: str | None, rid: str, *, at_least: int | None = None) -> int | None:
+        """Bytes upload ``rid`` may still bring (its own reservation counted as its room); None: no quota. With
+        ``at_least``: answered from ``rid``'s own shard (one read) when its allotment has that much room, else from
+        every shard."""
         quota = self.quota_of(owner)
         if quota is None:
             return None
-        doc, _ = await self._read(owner)
-        return doc.usage(quota, excluding=rid).available
+        if at_least is not None:
+            own, _ = await self._read_shard(owner, shard_of(rid, await self._count(owner)))
+            room = own.room(excluding=rid)
+            if room is not None and room >= at_least:
+                return room
+        shards = await self._read_all(owner)
+        used = sum(doc.used for doc, _ in shards)
+        reserved = sum(doc.reserved(excluding=rid) for doc, _ in shards)
+        return max(0, quota - used - reserved)
 
     async def release(self, owner: str | None, rid: str) -> None:
         """Forget upload ``rid``'s reservation (it ended without a file)."""
@@ -253,7 +572,7 @@ class UsageLedger:
         def change(doc: _Doc) -> None:
             doc.reservations.pop(rid, None)
 
-        await self._update(owner, change)
+        await self._update(owner, rid, change)
 
     async def charge(
         self,
@@ -273,19 +592,18 @@ class UsageLedger:
 
         ``durable=False``: the publish that follows flushes the charge to disk with itself
         (``flushes_earlier_writes``), before it answers."""
-        quota = self.quota_of(owner)
 
         def change(doc: _Doc) -> bool:
             if until is not None and rid in doc.changes:
                 return False  # this upload's publication is counted already
-            doc.usage(quota, excluding=rid).require_room(nbytes)
+            self._require(doc, nbytes, excluding=rid)
             doc.reservations.pop(rid, None)
             if until is None:
                 doc.add(nbytes, files)
                 return True
             return doc.begin(rid, StateChange(nbytes, files, until, applied=True))
 
-        return await self._update(owner, change, durable=durable)
+        return await self._update(owner, rid, change, durable=durable)
 
     async def withdraw(self, owner: str | None, rid: str, nbytes: int) -> None:
         """Take back the charge of upload ``rid`` whose publication failed (it may be charged again by a retry).
@@ -295,26 +613,27 @@ class UsageLedger:
             if doc.changes.pop(rid, None) is not None:
                 doc.add(-nbytes, -1)
 
-        await self._update(owner, change)
+        await self._update(owner, rid, change)
 
-    async def refund(self, owner: str | None, nbytes: int, files: int = 1) -> None:
-        """Uncount a file whose publish failed after its charge (a removed file goes through :meth:`removed`)."""
+    async def refund(self, owner: str | None, nbytes: int, files: int = 1, *, rid: str) -> None:
+        """Uncount ``nbytes`` charged for ``rid`` without a publication mark (a plain upload whose publish failed
+        after its charge, chunks counted and not kept); a removed file goes through :meth:`removed`."""
 
         def change(doc: _Doc) -> None:
             doc.add(-nbytes, -files)
 
-        await self._update(owner, change)
+        await self._update(owner, rid, change)
 
-    async def count_bytes(self, owner: str | None, nbytes: int) -> None:
-        """Count ``nbytes`` about to be stored for ``owner`` that are no file (chunks kept for later versions):
-        QuotaExceeded, and nothing changes, when they do not fit beside its files and reservations."""
-        quota = self.quota_of(owner)
+    async def count_bytes(self, owner: str | None, nbytes: int, *, rid: str) -> None:
+        """Count ``nbytes`` about to be stored for ``owner`` under ``rid`` that are no file (a pack of chunks kept
+        for later versions): QuotaExceeded, and nothing changes, when they do not fit beside its files and
+        reservations."""
 
         def change(doc: _Doc) -> None:
-            doc.usage(quota).require_room(nbytes)
+            self._require(doc, nbytes)
             doc.add(nbytes, 0)
 
-        await self._update(owner, change)
+        await self._update(owner, rid, change)
 
     async def claim_removal(self, owner: str | None, file_id: str, nbytes: int, *, files: int = 1) -> bool:
         """Claim the removal of ``file_id`` (``nbytes`` and ``files`` counted): True for the one caller whose
@@ -328,18 +647,18 @@ class UsageLedger:
 
         # not flushed: a claim lost in a crash only lets another removal claim the file (which it then finds there
         # or gone, as always); what must survive a crash is the refund, and that write is durable
-        return await self._update(owner, change, durable=False)
+        return await self._update(owner, file_id, change, durable=False)
 
     async def removed(self, owner: str | None, file_id: str, nbytes: int, *, files: int = 1) -> None:
         """The claimer of ``file_id`` removed it: the removal is applied (``nbytes`` and ``files`` leave the count;
-        ``files=0``: it was charged with ``files=0``: a bundle, a message, a stored chunk) and leaves the record,
+        ``files=0``: it was charged with ``files=0``: a bundle, a message, a pack of chunks) and leaves the record,
         in one write."""
 
         def change(doc: _Doc) -> None:
             doc.changes.pop(file_id, None)
             doc.add(-nbytes, -files)
 
-        await self._update(owner, change)
+        await self._update(owner, file_id, change)
 
     async def unclaim(self, owner: str | None, file_id: str) -> None:
         """Give back the claim on ``file_id`` without a refund (its file was gone already, or its removal failed)."""
@@ -349,25 +668,35 @@ class UsageLedger:
             if claim is not None and not claim.applied:
                 del doc.changes[file_id]
 
-        await self._update(owner, change, durable=False)
+        await self._update(owner, file_id, change, durable=False)
 
     async def recorded(self, owner: str | None) -> tuple[int, int, dict[str, int], str | None]:
-        """What the record of ``owner`` says now: bytes used, files, the live removal claims (file id -> bytes),
-        and the record's version (None: no record yet). For :meth:`correct`, after a count of the files."""
-        doc, etag = await self._read(owner)
-        claims = {thing: -change.nbytes for thing, change in doc.changes.items() if not change.applied}
-        return doc.used, doc.files, claims, etag
+        """What the records of ``owner`` say now: bytes used, files, the live removal claims (file id -> bytes),
+        and the records' version (None: no record yet). For :meth:`correct`, after a count of the files."""
+        shards = await self._read_all(owner)
+        claims = {
+            thing: -change.nbytes for doc, _ in shards for thing, change in doc.changes.items() if not change.applied
+        }
+        etags = [etag for _, etag in shards]
+        version = None if all(e is None for e in etags) else etags[0] if len(etags) == 1 else repr(etags)
+        used = sum(doc.used for doc, _ in shards)
+        files = sum(doc.files for doc, _ in shards)
+        return used, files, claims, version
 
     async def correct(self, owner: str | None, used: int, files: int, etag: str | None) -> bool:
-        """Set ``owner``'s bytes used and files to a count made after reading version ``etag`` of its record
-        (:meth:`recorded`), only if the record is still at that version: False when anything was charged,
-        refunded or reserved meanwhile (count again). Reservations and claims are kept as they are."""
-        doc, current = await self._read(owner)
-        if current != etag:
+        """Set ``owner``'s bytes used and files to a count made after reading version ``etag`` of its records
+        (:meth:`recorded`), only if no record changed since: False when anything was charged, refunded or reserved
+        meanwhile (count again). The difference goes into the first shard; reservations, claims and allotments are
+        kept as they are."""
+        current_used, current_files, _, version = await self.recorded(owner)
+        if version != etag:
             return False
-        doc.used, doc.files = used, files
+        shards = await self._read_all(owner)
+        doc, shard_etag = shards[0]
+        doc.used += used - current_used
+        doc.files += files - current_files
         try:
-            await self.records.write(usage_key(owner), doc.to_json(), etag)
+            await self.records.write(shard_key(owner, 0), doc.to_json(), shard_etag)
         except Conflict:  # VersionConflict too: it changed since
             return False
         return True

@@ -372,7 +372,7 @@ class TPService:
                     expires = {"expires": str(int(now) + self.settings.tp_mailbox_ttl)}
                     await writer.commit({**expires, **_payer_metadata(payer, len(raw))})
         except BaseException:
-            await usage.refund(payer, len(raw), files=0)
+            await usage.refund(payer, len(raw), files=0, rid=message_ledger_id(key))
             raise
         self.publish(receiver_topic(receiver), raw)
 

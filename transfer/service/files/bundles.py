@@ -154,7 +154,7 @@ class BundleService:
                         await writer.commit({})
             await write_document(self.storage, bundle_key(bundle_id), doc, if_absent=True)
         except BaseException:
-            await usage.refund(caller.owner, doc["bytes"], files=0)
+            await usage.refund(caller.owner, doc["bytes"], files=0, rid=bundle_id)
             if index is not None:
                 await self.lifecycle.drop_index_entry(index)
             raise

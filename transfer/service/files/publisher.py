@@ -133,7 +133,7 @@ class Publisher:
         QuotaExceeded when they cannot fit in ``owner``'s quota (the upload's own reservation counts as its room).
         The upload stays as it is: the key may make room and try again (``retry`` says how). The charge at
         publication checks again, exactly."""
-        room = await self.lifecycle.room_for(owner, upload_id)
+        room = await self.lifecycle.room_for(owner, upload_id, at_least=size)
         if room is not None and size > room:
             raise QuotaExceeded(
                 f"the {size} bytes of {what} go beyond the {room} bytes this key's quota has room for; {retry}",
@@ -202,7 +202,7 @@ class Publisher:
             if charged and not await self._placed(record):
                 try:
                     if until is None:  # a charge not marked by its upload id (a plain upload): its bytes go back
-                        await self.lifecycle.usage.refund(record.owner, record.size)
+                        await self.lifecycle.usage.refund(record.owner, record.size, rid=candidate.upload_id)
                     else:
                         await self.lifecycle.usage.withdraw(record.owner, candidate.upload_id, record.size)
                 except TransferError as exc:  # the publication's own error is the one to report

@@ -379,9 +379,10 @@ class ChunkStore:
         if length is not None and length != total:
             raise ContentLengthMismatch(f"those {len(run)} chunks are {total} bytes, the body {length}")
         known = await self.locate(owner, {c.sha256 for c in run})
-        await self.terms.usage.count_bytes(owner, total)  # counted before stored: never below what is stored
-        placed: dict[str, Located] = {}
         pack = new_id("p_")
+        # counted before stored (never below what is stored), in the shard of the pack's removal claim
+        await self.terms.usage.count_bytes(owner, total, rid="pack-" + pack)
+        placed: dict[str, Located] = {}
         written = 0
         kept = 0  # bytes of the pack once it is committed: what stays counted
         verified = 0
@@ -425,7 +426,7 @@ class ChunkStore:
         finally:
             if total - kept:  # the chunks known already, refused, or in a pack that was never committed
                 try:
-                    await self.terms.usage.refund(owner, total - kept, files=0)
+                    await self.terms.usage.refund(owner, total - kept, files=0, rid="pack-" + pack)
                 except TransferError as exc:
                     log.warning("%d bytes of %s stay counted: %s", total - kept, upload_id, exc)
         if failure is not None:

@@ -211,7 +211,7 @@ async def test_a_usage_record_of_the_older_shape_reads_and_counts_as_before(tmp_
     async with store.create(usage_key("alice"), size_hint=0) as writer:
         await writer.write(json.dumps(old).encode())
         await writer.commit({})
-    ledger = UsageLedger(RecordStore(store), {}, clock=lambda: now, shards=1)
+    ledger = UsageLedger(RecordStore(store), {}, clock=lambda: now)  # shards by default: the old key stays one
     usage = await ledger.usage("alice")
     assert (usage.used, usage.files, usage.reserved) == (7000, 4, 300)
     used, files, claims, etag = await ledger.recorded("alice")
@@ -231,6 +231,7 @@ async def test_a_usage_record_of_the_older_shape_reads_and_counts_as_before(tmp_
         "files": 3,
         "reservations": {"t_open": [300, now + 50]},
         "changes": {"s_published": [1000, 1, now + 3600, True]},  # the new shape holds what still matters
+        "shards": 1,  # and that the key is counted in this one record
     }
     assert not await ledger.charge("alice", "s_published", 1000, until=now + 3600)  # and still refuses a repeat
 

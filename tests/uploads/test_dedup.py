@@ -176,6 +176,21 @@ def test_plain_upload_of_stored_content_completes_before_its_body(stored: Stored
     assert used(stored.url, "alice") == 2 * len(data)
 
 
+def test_a_known_content_is_named_as_its_bytes_and_this_uploads_name_say(stored: Stored) -> None:
+    """The media type of a file that shares stored bytes is sniffed as if its bytes were read, with its own name:
+    not the type the content was given at first (which came from the first upload's name)."""
+    data = b"\x00\x01binary" + os.urandom(MIN + 99)
+    first = upload(stored.url, "alice", data, name="notes.txt")
+    assert first.status_code == 201 and first.json()["content_type"] == "text/plain"
+    status, again, sent = upload_expecting(stored.url, "alice", data)  # named again.bin
+    assert status == 201 and not sent
+    assert again["content_type"] == "application/octet-stream"
+    png = bytes.fromhex("89504e470d0a1a0a0000000d49484452") + os.urandom(MIN)  # a clear signature beats a name
+    assert upload(stored.url, "alice", png, name="a.bin").json()["content_type"] == "image/png"
+    status, again, sent = upload_expecting(stored.url, "alice", png)
+    assert status == 201 and not sent and again["content_type"] == "image/png"
+
+
 def test_another_key_learns_nothing_and_must_send_its_body(stored: Stored) -> None:
     data = os.urandom(MIN + 999)
     assert upload(stored.url, "alice", data).status_code == 201

@@ -389,11 +389,9 @@ class UsageLedger:
             except _NoRoom as short:
                 need = short.need
                 await self._gather(owner, shard, need)
-        # what was gathered kept being taken by concurrent uploads: the quota is, in effect, used up
-        quota = self.quota_of(owner)
-        assert quota is not None
-        usage = await self.usage(owner)
-        raise _over(quota, usage.used, usage.reserved, need)
+        # each gather found room, and concurrent uploads of the key took it first: the quota is not known to be
+        # used up (a gather that finds too little refuses with QuotaExceeded), so the client is asked to try again
+        raise RecordBusy(f"the quota of {owner!r} is being taken by concurrent uploads; try again")
 
     async def _gather(self, owner: str | None, target: int, need: int) -> None:
         """Move at least ``need`` bytes of allotment into shard ``target`` from the others (each move: taken from
@@ -401,20 +399,11 @@ class UsageLedger:
         One gatherer of a key at a time (a lease record, on any replica): gatherers taking from each other would
         leave the quota in fragments no upload fits in, near its end. Moves left half-done by a gatherer that
         stopped are given first."""
-        shards = await self._read_all(owner)
-        if self._available(shards, target) < need:  # over the quota whatever moves: no need to wait for the lease
-            raise self._refusal(owner, shards, need)
+        # no refusal before the lease: shards read while a gatherer moves allotment between them may miss what is
+        # moving (read at the target before it arrives, at the source after it left); under the lease only this
+        # gatherer moves, so what it reads is whole
         async with self._gathering(owner):
             await self._gather_held(owner, target, need)
-
-    @staticmethod
-    def _available(shards: list[tuple[_Doc, str | None]], target: int) -> int:
-        """What the shards other than ``target`` could still give it: their room, and what is on its way between
-        shards (taken from one, not yet given to another)."""
-        # signed: a shard over its own allotment (its quota lowered since) takes its excess from what others hold
-        room = sum(doc.room() or 0 for s, (doc, _) in enumerate(shards) if s != target)
-        moving = sum(amount for doc, _ in shards for _, amount, _ in doc.out.values())
-        return room + moving
 
     def _refusal(self, owner: str | None, shards: list[tuple[_Doc, str | None]], need: int) -> QuotaExceeded:
         quota = self.quota_of(owner)
@@ -464,7 +453,8 @@ class UsageLedger:
         if stale:
             shards = await self._read_all(owner)
         free = {s: doc.room() or 0 for s, (doc, _) in enumerate(shards) if s != target}
-        if sum(free.values()) < need:  # signed: see _available
+        # signed: a shard over its own allotment (its quota lowered since) takes its excess from what others hold
+        if sum(free.values()) < need:
             raise self._refusal(owner, shards, need)
         # at least an even share of what is free: a shard that gathers once keeps enough for a while
         count = len(shards)

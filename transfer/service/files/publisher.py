@@ -214,7 +214,7 @@ class Publisher:
                         exc,
                     )
             raise
-        await self.shared.track(record)
+        await self.shared.track(record, candidate.head[:SNIFF_BYTES])
         await index_file(self.storage, record)
         return record
 
@@ -232,8 +232,12 @@ class Publisher:
         shared = replace(
             c,
             file_id=file_id,
-            head=b"",
-            intent=replace(c.intent, content_type=c.intent.content_type or content.content_type),  # sniffed at first
+            # named as if its bytes were read (the stored head, sniffed with this upload's name); a record written
+            # before heads were kept: the type the content was given at first
+            head=content.head or b"",
+            intent=c.intent
+            if content.head is not None
+            else replace(c.intent, content_type=c.intent.content_type or content.content_type),
             encoding=content.encoding,
             encoded_size=content.encoded_size,
             encoded_sha256=content.encoded_sha256,

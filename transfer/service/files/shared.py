@@ -31,6 +31,7 @@ record points at.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import secrets
@@ -82,6 +83,7 @@ class Content:
     content_type: str
     dead: bool = False
     dead_at: float | None = None
+    head: bytes | None = None  # the first original bytes: a later upload of this content is sniffed as if read
 
     def to_json(self) -> dict[str, Any]:
         """The content record (JSON), as stored; ``v``: its format version."""
@@ -95,6 +97,7 @@ class Content:
             "content_type": self.content_type,
             "dead": self.dead,
             "dead_at": self.dead_at,
+            **({} if self.head is None else {"head": base64.b64encode(self.head).decode()}),
         }
 
     @classmethod
@@ -109,6 +112,7 @@ class Content:
             content_type=str(doc["content_type"]),
             dead=bool(doc.get("dead")),
             dead_at=doc.get("dead_at"),
+            head=base64.b64decode(doc["head"]) if isinstance(doc.get("head"), str) else None,
         )
 
 
@@ -192,9 +196,10 @@ class SharedContent:
         except (NotFound, _Dead):
             return None
 
-    async def track(self, record: FileRecord) -> None:
-        """A file just published with bytes of its own: its content record is created (its object the location)
-        unless the scope has one already. Best effort: a file left untracked just is not shared."""
+    async def track(self, record: FileRecord, head: bytes) -> None:
+        """A file just published with bytes of its own (``head``: its first original bytes): its content record is
+        created (its object the location) unless the scope has one already. Best effort: a file left untracked
+        just is not shared."""
         key = None if record.content is not None else self._own_key(record)
         if key is None:
             return
@@ -205,6 +210,7 @@ class SharedContent:
             encoded_size=record.encoded_size,
             encoded_sha256=record.encoded_sha256,
             content_type=record.content_type,
+            head=head,
         )
         try:
             await self.records.create(key, content.to_json())

@@ -34,7 +34,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from pyfastcdc import FastCDC
 
-from transfer.client.resolver import Progress, raise_for_error, verify_bytes
+from transfer.client.integrity import verify_bytes
+from transfer.client.resolver import Progress, raise_for_error
 from transfer.core.model.content import ContentEncoding, DownloadMethod, FileContent, TransferMode, load_descriptor
 from transfer.core.uploads.chunking import CHUNKING, Chunk, Manifest, parse_manifest
 from transfer.errors import ChecksumMismatch, ChunksMissing, InvalidDescriptor, RemoteError, TransferError

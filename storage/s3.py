@@ -80,7 +80,8 @@ from storage.errors import (
     Unsupported,
 )
 from storage.keyed import KeyedLocks
-from storage.parts import MIN_PART_SIZE, S3Rules, plan_part_size
+from storage.parts import MIN_PART_SIZE, plan_part_size
+from storage.rules import S3Rules
 from storage.s3_engine import IF_MATCH_FORMS, EngineProbe, EngineProfile, in_form, quoted, unquoted
 from storage.s3_engine import response_status as _status
 

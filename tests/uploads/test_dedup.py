@@ -684,7 +684,7 @@ async def test_a_file_larger_than_one_copy_moves_is_shared_and_moved_in_ranges_o
     s3_env: dict[str, str], tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import storage.s3 as s3
-    from storage.parts import S3Rules
+    from storage.rules import S3Rules
 
     # one UploadPartCopy moves at most 6 MiB here (5 GiB on AWS): the 16 MiB origin moves in three ranges
     limit = 6 << 20

@@ -167,7 +167,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from transfer.api.protocol.tls import ListenerTLS
     from transfer.errors import SigningKeysRequired
     from transfer.hosts import create_app
-    from transfer.service.backends import BACKENDS, make_storage, require_signing_keys_kept_apart
+    from transfer.service.backends import make_storage, require_signing_keys_kept_apart, storage_location
     from transfer.settings import Settings
 
     try:
@@ -191,7 +191,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError("storage_unavailable", str(exc).splitlines()[0]) from exc
     except (TransferError, ValueError, OSError) as exc:
         raise CliError("invalid_settings", str(exc).splitlines()[0]) from exc
-    where = BACKENDS[settings.storage].where(settings)
+    where = storage_location(settings)
     sock = _listen(settings.host, settings.port)
     port = sock.getsockname()[1]
     sockets, metrics_line = [sock], ""
@@ -831,7 +831,7 @@ ALLOW_OPEN_HELP = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from transfer.service.backends import BACKENDS  # the registry of storage backends (light: no backend)
+    from storage.registry import BACKENDS  # the registry of storage backends (light: no backend)
 
     parser = CliParser(prog="transfer", description="Large-content transfer service for AI agents")
     parser.add_argument("--version", action="version", version=f"transfer {__version__}")

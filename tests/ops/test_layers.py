@@ -48,6 +48,9 @@ BESIDES = [
     ("transfer.bindings", "transfer.client", "front doors use the services, not the client"),
 ]
 
+# groups that name themselves alone, not the modules below them (the root package holds only its version)
+ALONE = ("transfer",)
+
 # what the shipped packages must never import, whatever the layer
 OUTSIDE = ("benchmarks", "devtools", "tests")
 
@@ -110,7 +113,8 @@ def group_of(module: str) -> tuple[str, int] | None:
     best: tuple[str, int] | None = None
     for index, layer in enumerate(LAYERS):
         for group in layer:
-            if (module == group or module.startswith(group + ".")) and (best is None or len(group) > len(best[0])):
+            inside = module == group or (module.startswith(group + ".") and group not in ALONE)
+            if inside and (best is None or len(group) > len(best[0])):
                 best = (group, index)
     return best
 

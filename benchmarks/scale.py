@@ -31,7 +31,7 @@ import httpx
 import xxhash
 
 from benchmarks.e2e import service
-from benchmarks.suite import machine
+from benchmarks.summary import machine
 from storage.local import LocalStorage
 from transfer.core.uploads.state import FileIntent
 from transfer.service.container import Services

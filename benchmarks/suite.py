@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,11 +20,7 @@ from benchmarks.concurrency import concurrency_table, run_concurrency
 from benchmarks.e2e import make_file, memory_profile, memory_table, run, table
 from benchmarks.kernels import codecs_table, kernels_table, run_codecs, run_kernels
 from benchmarks.network import network_table, run_small_objects, run_wan
-from benchmarks.summary import host_cpu, summarize, summary_table
-
-
-def machine() -> str:
-    return f"{host_cpu()}, Python {platform.python_version()}, {platform.system()} {platform.release()}"
+from benchmarks.summary import host_cpu, machine, summarize, summary_table
 
 
 def main(argv: list[str] | None = None) -> int:

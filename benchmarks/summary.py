@@ -397,6 +397,11 @@ def summary_table(rows: list[dict[str, Any]], cpu: str, note: str = "") -> str:
     return "\n".join(lines)
 
 
+def machine() -> str:
+    """The host as every report names it: its CPU (:func:`host_cpu`), the Python version and the kernel."""
+    return f"{host_cpu()}, Python {platform.python_version()}, {platform.system()} {platform.release()}"
+
+
 def host_cpu() -> str:
     """The host's CPU as a reader compares hosts: model name from /proc/cpuinfo (lscpu's vendor and model when
     it has none) and the CPUs this process may use, e.g. "AMD EPYC 7B13, 2 vCPU"."""

@@ -327,54 +327,6 @@ class SupportsPresign(Protocol):
         Content-Type, Content-Encoding and Content-Disposition."""
 
 
-@dataclass(frozen=True, slots=True)
-class StoreRules:
-    """The limits a backend's engine imposes, declared by the backend (its ``rules`` attribute, read through
-    :func:`rules_of`) so that the service applies them without knowing which engine it runs on (tusd's composer
-    is the model: the store owns its quirks). The defaults are a backend without any: local files.
-
-    ``min_compose_part``: every source of a server-side ``compose`` but the last must have at least this many
-    bytes (S3's UploadPartCopy: 5 MiB), so pieces meant to be composed are planned at least this large.
-    ``min_part_size``, ``max_part_size``, ``max_parts``, ``preferred_part_size``: the parts of a direct
-    (client-sent) upload. ``abandoned_upload_age``: seconds after which an unfinished upload of a writer that died
-    is aborted (None: the backend leaves none behind). ``max_compose_source``: the largest source a server-side
-    ``compose`` moves in one piece (S3's UploadPartCopy: 5 GiB; None: no limit); a larger one it moves in ranges."""
-
-    min_compose_part: int = 0
-    max_compose_source: int | None = None
-    min_part_size: int = 5 << 20
-    max_part_size: int = 5 << 30
-    max_parts: int = 10_000
-    preferred_part_size: int = 8 << 20
-    abandoned_upload_age: float | None = None
-
-    def part_size(self, size: int | None, *, max_size: int) -> int:
-        """The part size for a direct upload of ``size`` bytes (None: unknown, at most ``max_size``)."""
-        from storage.parts import plan_part_size
-
-        return plan_part_size(
-            size,
-            max_size=max_size,
-            preferred=self.preferred_part_size,
-            min_part=self.min_part_size,
-            max_part=self.max_part_size,
-            max_parts=self.max_parts,
-        )
-
-    def presigned_expires_in(self, url: str, requested: int) -> int:
-        """How many seconds a URL this backend presigned for ``requested`` seconds really lives (it may cap it)."""
-        return requested
-
-
-DEFAULT_RULES = StoreRules()
-
-
-def rules_of(storage: object) -> StoreRules:
-    """The rules ``storage`` declares, else those of a backend without any."""
-    rules = getattr(storage, "rules", None)
-    return rules if isinstance(rules, StoreRules) else DEFAULT_RULES
-
-
 REPLICA_CAPABILITIES = {
     Capability.ATOMIC_IF_MATCH: "compare-and-set (If-Match) is not atomic on it, so two replicas could overwrite "
     "each other's upload records",

@@ -8,10 +8,6 @@ the preferred part size when it fits and raises it, in whole MiB, until the (dec
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from urllib.parse import parse_qs, urlsplit
-
-from storage.base import StoreRules
 from storage.errors import ObjectTooLarge
 
 MIN_PART_SIZE = 5 << 20
@@ -40,20 +36,6 @@ def plan_part_size(
     part = max(preferred, needed)
     part = -(-part // MiB) * MiB  # whole MiB
     return min(part, max_part)
-
-
-@dataclass(frozen=True, slots=True)
-class S3Rules(StoreRules):
-    """S3's limits (and MinIO's, Ceph RGW's, Swift s3api's): 5 MiB minimum for every part but the last, of a
-    multipart upload and of the sources of an UploadPartCopy; presigned URLs carry their real lifetime in
-    ``X-Amz-Expires`` (SigV4 caps it at 7 days and at the credentials' own expiry)."""
-
-    min_compose_part: int = MIN_PART_SIZE
-    max_compose_source: int | None = 5 << 30  # the largest part one UploadPartCopy takes (AWS)
-
-    def presigned_expires_in(self, url: str, requested: int) -> int:
-        """The ``X-Amz-Expires`` of the URL (``requested`` when it names none)."""
-        return int(parse_qs(urlsplit(url).query).get("X-Amz-Expires", [str(requested)])[0])
 
 
 def part_count(size: int, part_size: int) -> int:

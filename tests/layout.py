@@ -1,6 +1,6 @@
 """Where local storage keeps objects on disk, for tests that look at a data directory from outside the service.
 
-The layout is the storage's own business (storage/local.py: shards inside each folder of keys); a test that needs
+The layout is the storage's own business (storage/local/layout.py: shards inside each folder of keys); a test that needs
 a file's path or the keys present asks here, so a change of layout changes one place.
 """
 

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from storage.registry import BACKENDS
 from transfer.core.auth import TOKEN_PREFIX, parse_keys
 from transfer.core.model.content import INLINE_THRESHOLD, DownloadMethod
 from transfer.core.secretcheck import (
@@ -32,7 +33,7 @@ class Settings(BaseSettings):
 
     storage: str = Field(
         default="local",
-        description="storage backend: a name registered in transfer.service.backends.BACKENDS (local: a data "
+        description="storage backend: a name registered in storage.registry.BACKENDS (local: a data "
         "directory; s3; null: keeps nothing large, for benchmarks only)",
     )
     data_dir: Path = Field(default=Path("transfer-data"), description="local storage directory")
@@ -388,8 +389,6 @@ class Settings(BaseSettings):
     @field_validator("storage")
     @classmethod
     def _registered_backend(cls, v: str) -> str:
-        from transfer.service.backends import BACKENDS  # the registry imports these settings
-
         if v not in BACKENDS:
             raise ValueError(f"unknown storage backend {v!r}: one of {', '.join(BACKENDS)}")
         return v

@@ -1,4 +1,4 @@
-"""Storage backends are chosen from one registry (transfer.service.backends.BACKENDS), and each backend declares
+"""Storage backends are chosen from one registry (storage.registry.BACKENDS), and each backend declares
 the limits of its engine (storage.base.StoreRules) that the service applies without naming the engine."""
 
 from __future__ import annotations
@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from storage.base import DEFAULT_RULES, StoreRules, rules_of
+from storage import registry
 from storage.local import LocalStorage
 from storage.null import NullStorage
-from storage.parts import MIN_PART_SIZE, S3Rules
+from storage.parts import MIN_PART_SIZE
+from storage.registry import BACKENDS, Backend
+from storage.rules import DEFAULT_RULES, S3Rules, StoreRules, rules_of
 from storage.s3 import S3Storage
-from transfer.service import backends
-from transfer.service.backends import BACKENDS, Backend, make_storage
+from transfer.service.backends import make_storage
 from transfer.service.metered import metered
 from transfer.settings import Settings
 
@@ -35,8 +36,8 @@ def test_an_unregistered_name_is_refused_by_the_settings() -> None:
 
 def test_a_new_backend_is_one_registry_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No other file names the backends: an entry makes the name valid in the settings and buildable."""
-    entry = Backend("memory", lambda settings: NullStorage(), lambda settings: "memory")
-    monkeypatch.setitem(backends.BACKENDS, "memory", entry)
+    entry = Backend("memory", lambda options: NullStorage(), lambda options: "memory")
+    monkeypatch.setitem(registry.BACKENDS, "memory", entry)
     assert isinstance(make_storage(Settings(storage="memory")), NullStorage)
 
 

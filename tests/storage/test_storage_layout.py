@@ -83,7 +83,7 @@ async def test_a_page_reads_the_shard_names_and_the_shards_it_reaches_not_every_
 
     try:
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr("storage.local.os.scandir", Counting)
+            patch.setattr("storage.local.store.os.scandir", Counting)
             page = [info.key async for info in storage.list("files/", limit=10)]
             assert page == sorted(keys)[:10]
             first = len(read)
@@ -170,7 +170,7 @@ async def test_an_interrupted_migration_loses_nothing_and_the_next_start_finishe
 
     with monkeypatch.context() as patch:
         patch.setattr(
-            "storage.local.os.remove" if cut == "after a link" else "storage.local.os.link", dies_on_the_100th
+            "storage.local.disk.os.remove" if cut == "after a link" else "storage.local.disk.os.link", dies_on_the_100th
         )
         with pytest.raises(BackendUnavailable):
             await LocalStorage(root).start()

@@ -162,7 +162,7 @@ async def test_list_reads_only_the_prefix_folder_and_what_follows_start_after(
 
     metas: list[str] = []
     real_read_meta = storage._read_meta
-    monkeypatch.setattr("storage.local.os.scandir", spy)
+    monkeypatch.setattr("storage.local.store.os.scandir", spy)
     monkeypatch.setattr(storage, "_read_meta", lambda key: metas.append(key) or real_read_meta(key))
     assert [i.key async for i in storage.list("small/", start_after="small/a0", limit=2)] == ["small/b/0", "small/b/1"]
     assert scanned == ["small", "small/b", "small/b/@0", "small/b/@1"] and metas == []  # not small/b's third shard

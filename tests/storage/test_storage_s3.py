@@ -65,7 +65,7 @@ async def test_parts_over_plain_http_are_proven_by_their_signed_sha256_alone(sto
     would be refused), and an HTTPS endpoint keeps botocore's CRC32, the only per-part check there."""
     import hashlib
 
-    from storage.s3 import _checksum_calculation
+    from storage.s3.client import _checksum_calculation
 
     sent: list[tuple[dict[str, str], bytes]] = []
 

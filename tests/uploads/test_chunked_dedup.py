@@ -186,7 +186,9 @@ async def test_no_key_learns_whether_another_key_stores_a_chunk(tenants: LiveSer
 async def test_unused_chunks_are_swept_and_leave_the_count(
     tenants: LiveServer, tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("transfer.client.dedup.WHOLE_FRACTION", 2.0)  # into packs (a file sent whole holds its own)
+    monkeypatch.setattr(
+        "transfer.client.dedup.upload.WHOLE_FRACTION", 2.0
+    )  # into packs (a file sent whole holds its own)
     data = os.urandom(MiB)
     src = tmp_path / "f.bin"
     src.write_bytes(data)

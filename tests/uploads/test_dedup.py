@@ -698,8 +698,9 @@ def test_a_key_in_two_groups_or_an_unknown_key_is_refused(tmp_path: Path) -> Non
 async def test_a_file_larger_than_one_copy_moves_is_shared_and_moved_in_ranges_on_s3(
     s3_env: dict[str, str], tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import storage.s3 as s3
-    from storage.parts import S3Rules
+    import storage.s3.store as s3
+    import storage.s3.writer as s3_writer
+    from storage.rules import S3Rules
 
     # one UploadPartCopy moves at most 6 MiB here (5 GiB on AWS): the 16 MiB origin moves in three ranges
     limit = 6 << 20
@@ -715,7 +716,8 @@ async def test_a_file_larger_than_one_copy_moves_is_shared_and_moved_in_ranges_o
         planned.append(plan(size, most))
         return planned[-1]
 
-    monkeypatch.setattr(s3, "copy_ranges", ranges)
+    monkeypatch.setattr(s3, "copy_ranges", ranges)  # compose
+    monkeypatch.setattr(s3_writer, "copy_ranges", ranges)  # a writer's copy_range
     settings = tenant_settings(tmp_path, storage="s3")
     service = Services.build(settings, _storage(settings), clock=clock).files
     await service.start()

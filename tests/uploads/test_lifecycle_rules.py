@@ -7,7 +7,7 @@
   lifecycle, and nothing but the engine calls one; no door module holds the record store;
 - every door's record is an ``UploadRecord`` and every door registers its kind.
 
-The client side (``transfer/client``, ``transfer/cli.py``) reads the states of the wire's JSON and is not held here.
+The client side (``transfer/client``, ``transfer/cli``) reads the states of the wire's JSON and is not held here.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SERVER = [p for p in sorted((REPO / "transfer").rglob("*.py")) if "client" not in p.parts and p.name != "cli.py"]
+SERVER = [p for p in sorted((REPO / "transfer").rglob("*.py")) if "client" not in p.parts and "cli" not in p.parts]
 TABLE = REPO / "transfer/core/uploads/state.py"
 ENGINE = REPO / "transfer/service/uploads/lifecycle.py"
 DOORS = REPO / "transfer/service/uploads"

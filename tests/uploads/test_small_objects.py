@@ -1,5 +1,5 @@
 """Durable small objects on local storage: a small object is written in one call at commit (nothing on disk before),
-and concurrent publishes share their directory fsyncs (storage.local._DirectorySync) without any publish returning
+and concurrent publishes share their directory fsyncs (storage.local.disk._DirectorySync) without any publish returning
 before an fsync that covers its renames."""
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ from typing import Any
 import httpx
 import pytest
 
-import storage.local as local
+import storage.local.disk as disk
+import storage.local.groupcommit as local
 from devtools.serving import free_port
 from storage.errors import BackendUnavailable, ObjectChanged, ObjectExists
-from storage.local import LocalStorage, _DirectorySync
+from storage.local import LocalStorage
+from storage.local.disk import _DirectorySync
 from tests.layout import object_file, stored_keys
 from tests.storage_conformance import read_all
 from tests.uploads.test_sessions_resume import start_server
@@ -103,7 +105,7 @@ def test_a_shared_directory_sync_always_starts_after_the_call(tmp_path: Path, mo
         with lock:
             fsyncs.append((began, time.monotonic()))
 
-    monkeypatch.setattr(local, "_fsync_dir", slow_fsync)
+    monkeypatch.setattr(disk, "_fsync_dir", slow_fsync)
     shared = _DirectorySync(tmp_path)
     calls: list[tuple[float, float]] = []
 
@@ -128,7 +130,7 @@ def test_a_failed_shared_directory_sync_fails_its_callers(tmp_path: Path, monkey
     def failing(path: Path) -> None:
         raise OSError(5, "I/O error")
 
-    monkeypatch.setattr(local, "_fsync_dir", failing)
+    monkeypatch.setattr(disk, "_fsync_dir", failing)
     with pytest.raises(OSError, match="I/O error"):
         _DirectorySync(tmp_path).sync()
 

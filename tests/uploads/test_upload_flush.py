@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from storage import local
 from storage.local import LocalStorage
+from storage.local import writer as local
 
 pytestmark = pytest.mark.anyio
 

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import xxhash
 
+from transfer.client.integrity import verify_bytes
 from transfer.core.model.content import FileContent, checksum_hex
 from transfer.errors import (
     ChecksumMismatch,
@@ -91,12 +92,6 @@ def _layout(descriptor: FileContent) -> tuple[int, int, int]:
     return descriptor.size, descriptor.total_chunks, descriptor.chunk_size
 
 
-def _verify(descriptor: FileContent, sha_hex: str, size: int) -> None:
-    from transfer.client.resolver import verify_bytes
-
-    verify_bytes(descriptor, sha_hex, size)
-
-
 async def streaming_to_path(
     http: httpx.AsyncClient, descriptor: FileContent, dest: Path, options: ChunkOptions, progress: Progress | None
 ) -> Path:
@@ -141,7 +136,7 @@ async def streaming_to_path(
             raise _first(group) from None
         os.close(fd)
         fd = -1
-        _verify(descriptor, sha.hexdigest(), os.path.getsize(part))
+        verify_bytes(descriptor, sha.hexdigest(), os.path.getsize(part))
         os.replace(part, dest)
     finally:
         if fd >= 0:
@@ -172,7 +167,7 @@ async def follow(http: httpx.AsyncClient, descriptor: FileContent, options: Chun
     finally:
         for task in ahead.values():
             task.cancel()
-    _verify(descriptor, sha.hexdigest(), received)
+    verify_bytes(descriptor, sha.hexdigest(), received)
     del size
 
 

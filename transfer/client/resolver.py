@@ -28,6 +28,7 @@ import pybase64
 
 from transfer.client.chunks import ChunkOptions, follow, streaming_to_path, write_atomically
 from transfer.client.fetch import Fetcher, FetchPlan, RangeIgnored, hash_range, lean_path_possible, pwrite_all
+from transfer.client.integrity import verify_bytes
 from transfer.core.model.content import (
     CodeContent,
     ContentBundle,
@@ -37,12 +38,10 @@ from transfer.core.model.content import (
     JSONContent,
     TextContent,
     TransferMode,
-    checksum_hex,
 )
 from transfer.core.model.encodings import DecodeLimits, make_decoder
 from transfer.core.model.naming import sanitize_filename
 from transfer.errors import (
-    ChecksumMismatch,
     InvalidDescriptor,
     RemoteError,
     SizeMismatch,
@@ -97,18 +96,6 @@ def inline_bytes(descriptor: FileContent | TextContent | JSONContent | CodeConte
     if isinstance(descriptor, CodeContent):
         return descriptor.data.encode("utf-8")
     return json.dumps(descriptor.data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-
-
-def verify_bytes(descriptor: FileContent | TextContent | JSONContent | CodeContent, sha_hex: str, size: int) -> None:
-    """Raise SizeMismatch / ChecksumMismatch unless ``size`` and ``sha_hex`` match what the descriptor declares."""
-    if descriptor.size is not None and descriptor.size != size:
-        raise SizeMismatch(f"content is {size} bytes, descriptor declares {descriptor.size}")
-    if descriptor.checksum is not None and checksum_hex(descriptor.checksum) != sha_hex:
-        raise ChecksumMismatch(
-            "SHA-256 of the content does not match the descriptor's checksum",
-            expected=descriptor.checksum,
-            actual="sha256:" + sha_hex,
-        )
 
 
 async def raise_for_error(response: httpx.Response) -> None:

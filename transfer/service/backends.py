@@ -1,12 +1,12 @@
-"""Choosing and building the storage backend from settings, and the state the service keeps in it."""
+"""The storage backend the settings name (built by the registry, ``storage.registry``), and the signing keys the
+service keeps in it."""
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
-from dataclasses import dataclass
 
 from storage.base import Storage
+from storage.registry import BACKENDS, MissingOption, StorageOptions
 from transfer.errors import Conflict, InvalidRequest, NotFound, SigningKeysRequired
 from transfer.service.files.documents import read_document, write_document
 from transfer.settings import Settings
@@ -14,69 +14,30 @@ from transfer.settings import Settings
 SIGNING_KEYS_KEY = "system/signing-keys.json"
 
 
-@dataclass(frozen=True, slots=True)
-class Backend:
-    """One storage backend the settings may name (``TRANSFER_STORAGE``): how to build it, and where it keeps
-    things (for ``transfer serve``'s first line). A backend's module is imported only when it is built."""
-
-    name: str
-    build: Callable[[Settings], Storage]
-    where: Callable[[Settings], str]
-    # whether only this host can read what it keeps (a directory of this machine, nothing at all), so that a signing
-    # key generated into it is as private as the files themselves; a bucket is read with credentials of its own
-    private: bool = False
-
-
-def _local(settings: Settings) -> Storage:
-    from storage.local import LocalStorage
-
-    return LocalStorage(settings.data_dir, buffer_size=settings.buffer_size, group_sync=settings.local_sync)
-
-
-def _s3(settings: Settings) -> Storage:
-    from storage.s3 import S3Config, S3Storage
-
-    if not settings.s3_bucket:
-        raise InvalidRequest("storage=s3 needs TRANSFER_S3_BUCKET")
-    return S3Storage(
-        S3Config(
-            bucket=settings.s3_bucket,
-            endpoint_url=settings.s3_endpoint_url,
-            region=settings.s3_region,
-            addressing_style=settings.s3_addressing_style,
-            prefix=settings.s3_prefix,
-            part_size=settings.s3_part_size,
-            part_buffers=settings.s3_part_buffers,
-            buffer_budget=settings.s3_buffer_budget,
-            max_concurrency=settings.s3_max_concurrency,
-            atomic_if_absent=settings.s3_atomic_if_absent,
-            atomic_if_match=settings.s3_atomic_if_match,
-            max_object_size=settings.max_upload_size,
-            buffer_size=settings.buffer_size,
-            max_attempts=settings.s3_max_attempts,
-            connect_timeout=settings.s3_connect_timeout,
-            read_timeout=settings.s3_read_timeout,
-            call_budget=settings.s3_call_budget,
-            abandoned_upload_age=settings.s3_abandoned_upload_age,
-        )
+def storage_options(settings: Settings) -> StorageOptions:
+    """The options the storage registry builds backends from, as the settings give them."""
+    return StorageOptions(
+        data_dir=settings.data_dir,
+        buffer_size=settings.buffer_size,
+        local_sync=settings.local_sync,
+        max_object_size=settings.max_upload_size,
+        s3_bucket=settings.s3_bucket,
+        s3_endpoint_url=settings.s3_endpoint_url,
+        s3_region=settings.s3_region,
+        s3_addressing_style=settings.s3_addressing_style,
+        s3_prefix=settings.s3_prefix,
+        s3_part_size=settings.s3_part_size,
+        s3_part_buffers=settings.s3_part_buffers,
+        s3_buffer_budget=settings.s3_buffer_budget,
+        s3_max_concurrency=settings.s3_max_concurrency,
+        s3_atomic_if_absent=settings.s3_atomic_if_absent,
+        s3_atomic_if_match=settings.s3_atomic_if_match,
+        s3_max_attempts=settings.s3_max_attempts,
+        s3_connect_timeout=settings.s3_connect_timeout,
+        s3_read_timeout=settings.s3_read_timeout,
+        s3_call_budget=settings.s3_call_budget,
+        s3_abandoned_upload_age=settings.s3_abandoned_upload_age,
     )
-
-
-def _null(settings: Settings) -> Storage:
-    from storage.null import NullStorage
-
-    return NullStorage()
-
-
-# the registry: a new backend is its module in storage/ plus one entry here (and its conformance test)
-BACKENDS: dict[str, Backend] = {
-    backend.name: backend
-    for backend in (
-        Backend("local", _local, lambda settings: str(settings.data_dir.resolve()), private=True),
-        Backend("s3", _s3, lambda settings: f"s3://{settings.s3_bucket}"),
-        Backend("null", _null, lambda settings: "nothing (null storage: benchmarks only)", private=True),
-    )
-}
 
 
 def make_storage(settings: Settings) -> Storage:
@@ -84,7 +45,15 @@ def make_storage(settings: Settings) -> Storage:
     backend = BACKENDS.get(settings.storage)
     if backend is None:
         raise InvalidRequest(f"unknown storage backend {settings.storage!r}; one of {', '.join(BACKENDS)}")
-    return backend.build(settings)
+    try:
+        return backend.build(storage_options(settings))
+    except MissingOption as exc:
+        raise InvalidRequest(f"storage={exc.backend} needs TRANSFER_{exc.option.upper()}") from exc
+
+
+def storage_location(settings: Settings) -> str:
+    """Where the backend ``settings`` name keeps things, as ``transfer serve`` says it on its first line."""
+    return BACKENDS[settings.storage].where(storage_options(settings))
 
 
 def require_signing_keys_kept_apart(settings: Settings) -> None:

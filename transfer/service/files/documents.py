@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.base import Capability, Storage, SupportsCompose, capable, rules_of
+from storage.base import Capability, Storage, SupportsCompose, capable
+from storage.rules import rules_of
 from transfer.errors import storage_errors_translated
 from transfer.service.accounting.recordstore import read_record, write_record
 from transfer.service.files.records import FileRecord, object_key, owner_files_prefix

@@ -18,8 +18,9 @@ from typing import Any
 
 import pybase64
 
-from storage.base import Capability, ObjectReader, SupportsAbandonedUploads, SupportsPresign, capable, rules_of
+from storage.base import Capability, ObjectReader, SupportsAbandonedUploads, SupportsPresign, capable
 from storage.errors import StorageError
+from storage.rules import rules_of
 from transfer import metrics
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.http.delivery import DeliveryPlan, DeliveryPolicy, Representation, plan_delivery

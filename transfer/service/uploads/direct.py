@@ -33,8 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Self
 
-from storage.base import Capability, PartUrl, Storage, StoredPart, SupportsDirectUpload, rules_of
+from storage.base import Capability, PartUrl, Storage, StoredPart, SupportsDirectUpload
 from storage.parts import part_count
+from storage.rules import rules_of
 from transfer.core.auth import Grant
 from transfer.core.ids import new_id
 from transfer.core.model.content import checksum_hex

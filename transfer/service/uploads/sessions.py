@@ -35,7 +35,8 @@ from typing import Any
 
 import xxhash
 
-from storage.base import Capability, ObjectInfo, Storage, SupportsWriteAtOffset, capable, rules_of
+from storage.base import Capability, ObjectInfo, Storage, SupportsWriteAtOffset, capable
+from storage.rules import rules_of
 from transfer.core.auth import TRUSTED, Grant
 from transfer.core.ids import new_id
 from transfer.core.model.content import checksum_hex

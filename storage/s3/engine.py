@@ -41,7 +41,7 @@ import httpx
 from storage.errors import BackendUnavailable, StorageError
 
 if TYPE_CHECKING:
-    from storage.s3 import S3Storage
+    from storage.s3.client import S3Client
 
 IfMatchForm = Literal["quoted", "unquoted", "ignored", "refused", "broken"]
 IF_MATCH_FORMS: dict[IfMatchForm, str] = {
@@ -162,7 +162,7 @@ class EngineProfile:
 class EngineProbe:
     """The probes of :class:`EngineProfile` on one bucket of ``storage``: :meth:`run` once."""
 
-    def __init__(self, storage: S3Storage) -> None:
+    def __init__(self, storage: S3Client) -> None:
         self.s = storage
         self.c = storage.client
         self.base = f"{storage.config.prefix}probe/{secrets.token_hex(8)}/"

@@ -77,7 +77,7 @@ def _flock(kind: int, offset: int, length: int) -> bytes:
 
 
 class _Host(Protocol):
-    """What the mixin needs of :class:`storage.local.LocalStorage`."""
+    """What the mixin needs of :class:`storage.local.store.LocalStorage`."""
 
     root: Path
     buffer_size: int

@@ -8,7 +8,9 @@ afterwards.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transfer.cli.console import CliError, _api_key
 from transfer.client.client import AsyncTransferClient
 from transfer.client.resolver import ResolveOptions
 
@@ -159,3 +162,18 @@ def render(report: dict[str, Any]) -> str:
             f"p99 {s['p99_ms']:.1f} ms",
         ]
     return "\n".join(lines)
+
+
+async def cmd_bench(args: argparse.Namespace) -> int:
+    try:
+        sizes = [parse_size(x) for x in args.sizes.split(",") if x.strip()]
+    except ValueError as exc:
+        raise CliError("invalid_request", f"--sizes: {exc}") from exc
+    own = Path(args.file) if args.file else None
+    if own is not None and not own.is_file():
+        raise CliError("invalid_request", f"{args.file}: no such file")
+    report = await run_bench(
+        args.server, sizes, own, args.connections, args.small, progress=not args.json, api_key=_api_key(args)
+    )
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return 0

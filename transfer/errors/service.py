@@ -1,0 +1,75 @@
+"""The service, its storage or a peer cannot answer now (5xx, timeouts), or answered something unusable."""
+
+from __future__ import annotations
+
+from transfer.errors.base import TransferError
+
+
+class ClientDisconnected(TransferError):
+    code = "client_disconnected"
+    status = 499
+
+
+class InsufficientStorage(TransferError):
+    code = "insufficient_storage"
+    status = 507
+
+
+class SigningKeysRequired(TransferError):
+    """The storage is read with credentials of its own (a bucket) and TRANSFER_SIGNING_KEYS is not set: the service
+    does not keep its URL signing key where those credentials reach (``transfer serve`` refuses to start)."""
+
+    code = "signing_keys_required"
+    status = 503
+
+
+class StorageUnavailable(TransferError):
+    code = "storage_unavailable"
+    status = 503
+
+
+class ShuttingDown(TransferError):
+    """The server stopped this request at the end of its shutdown grace; nothing of it was kept."""
+
+    code = "shutting_down"
+    status = 503
+
+
+class AssetsMissing(TransferError):
+    """A browser library the web page or the API docs need was not installed (``make install``)."""
+
+    code = "assets_missing"
+    status = 503
+
+
+class McpUnavailable(TransferError):
+    """``/mcp`` could not load the MCP binding (the SDK missing or broken in this install); the rest of the API
+    serves on. Nothing was started; the next call tries again."""
+
+    code = "mcp_unavailable"
+    status = 503
+
+
+class HeartbeatTimeout(TransferError):
+    code = "TP-TRA010"
+    status = 408
+
+
+class RequestTimeout(TransferError):
+    code = "request_timeout"
+    status = 408
+
+
+class UpstreamTimeout(TransferError):
+    code = "TP-TRA011"
+    status = 504
+
+
+class BridgeFailed(TransferError):
+    code = "TP-TRA002"
+    status = 502
+
+
+class RemoteError(TransferError):
+    code = "remote_error"
+    status = 502

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import httpx
 
 from transfer import __version__
+from transfer.cli_keys import add_key_commands
 from transfer.client.chunks import state_dir
 from transfer.client.client import DEFAULT_SERVER, AsyncTransferClient
 from transfer.client.dedup import AUTO_DEDUP_THRESHOLD
@@ -1063,6 +1064,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("name")
     k.add_argument("--scopes", default="upload,read", help="comma-separated: upload, read, admin")
     k.set_defaults(func=cmd_keys_new)
+    add_key_commands(keys, server_default)  # create, list, revoke, rotate: run-time keys (transfer.cli_keys)
 
     p = sub.add_parser("inspect", help="validate a descriptor and explain it")
     p.add_argument("descriptor", help="descriptor JSON file, or - for stdin")

@@ -56,7 +56,7 @@ from transfer.bindings.mcp_schemas import (
     tool_texts,
 )
 from transfer.core.agents.tp import Binding, validate_envelope
-from transfer.core.auth import Authenticator, Grant
+from transfer.core.auth import Grant
 from transfer.core.auth import Scope as KeyScope
 from transfer.core.model.content import (
     BundleItemRole,
@@ -80,11 +80,13 @@ from transfer.errors import (
     NotFound,
     TooLarge,
     TransferError,
+    Unauthenticated,
     UploadForbidden,
 )
 from transfer.service.container import Services
 from transfer.service.files.ingest import UploadRequest
 from transfer.service.files.service import LIST_DEFAULT, LIST_MAX
+from transfer.service.identity.directory import Identities
 from transfer.service.uploads.session_views import session_document
 from transfer.service.uploads.sessions import ChunkDigest
 
@@ -215,7 +217,7 @@ class McpBinding:
     def __init__(
         self,
         services: Services,
-        auth: Authenticator | None,
+        auth: Identities | None,
         *,
         http: bool,
         root: Path | None,
@@ -241,11 +243,15 @@ class McpBinding:
         return request if isinstance(request, Request) else None
 
     def grant(self, ctx: Context | None) -> Grant:
-        """The caller's key over HTTP; a local stdio caller may do everything."""
+        """The caller over HTTP (checked by the ``/mcp`` route before MCP saw the request, kept in its state); a
+        local stdio caller may do everything."""
+        if not (self.http and self.auth is not None):
+            return Grant(None)
         request = self._request(ctx)
-        if self.http and self.auth is not None:
-            return self.auth.authorizer(request.headers.get("authorization") if request else None)
-        return Grant(None)
+        grant = None if request is None else request.scope.get("state", {}).get("grant")
+        if not isinstance(grant, Grant):
+            raise Unauthenticated("this MCP call carries no checked caller")
+        return grant
 
     def authorize(self, ctx: Context | None, scope: KeyScope) -> None:
         self.grant(ctx)(scope)
@@ -598,7 +604,7 @@ class McpBinding:
 
 
 def build_mcp(
-    services: Services, auth: Authenticator | None, *, http: bool, root: Path | None, base_url: str | None = None
+    services: Services, auth: Identities | None, *, http: bool, root: Path | None, base_url: str | None = None
 ) -> MCPServer:
     """The MCP server with the tools that work on this host: over HTTP without an allowed directory there is no
     upload_file and resolve takes no path (they could only be refused). ``base_url``: where a stdio host serves
@@ -661,7 +667,7 @@ def _tp_tool(binding: McpBinding, message_type: str) -> Callable[..., Awaitable[
     return tool
 
 
-def mcp_http_app(services: Services, auth: Authenticator) -> tuple[ASGIApp, StreamableHTTPSessionManager]:
+def mcp_http_app(services: Services, auth: Identities) -> tuple[ASGIApp, StreamableHTTPSessionManager]:
     """The MCP tools over streamable HTTP: the ASGI app that serves ``/mcp`` and the session manager that must run
     (``async with manager.run()``) while it serves. API keys are checked before this app is called
     (:mod:`transfer.bindings.mcp_http`); each tool checks its own scope."""

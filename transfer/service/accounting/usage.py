@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -55,6 +55,18 @@ USAGE_PREFIX = "usage/"
 REMOVAL_LEASE = 600.0  # seconds a removal claim holds: a claimer that died frees the file for another removal then
 
 R = TypeVar("R")
+
+# the limits of an owner (its quota among them), whatever kind of identity it is: Identities.limits
+LimitsOf = Callable[[str | None], Awaitable[ApiKey | None]]
+
+
+def limits_from(keys: Mapping[str, ApiKey]) -> LimitsOf:
+    """The limits of a fixed set of keys by name (the keys of the settings, in tests and tools)."""
+
+    async def limits(owner: str | None) -> ApiKey | None:
+        return None if owner is None else keys.get(owner)
+
+    return limits
 
 
 def usage_key(owner: str | None) -> str:
@@ -159,17 +171,21 @@ class UsageLedger:
     """Per-key byte counts and quotas over one storage backend, exact across replicas (compare-and-set)."""
 
     def __init__(
-        self, records: RecordStore, keys: Mapping[str, ApiKey], *, clock: Callable[[], float] = time.time
+        self,
+        records: RecordStore,
+        keys: Mapping[str, ApiKey] | LimitsOf,
+        *,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.records = records
         self.storage = records.storage
         self.policy = records.policy
-        self.keys = keys
+        self.limits: LimitsOf = keys if callable(keys) else limits_from(keys)
         self.clock = clock
 
-    def quota_of(self, owner: str | None) -> int | None:
-        """The byte quota of ``owner``'s key (None: no quota)."""
-        key = self.keys.get(owner) if owner is not None else None
+    async def quota_of(self, owner: str | None) -> int | None:
+        """The byte quota of ``owner`` (None: no quota), read through the one interface of owners' limits."""
+        key = await self.limits(owner)
         return None if key is None else key.max_bytes
 
     def _decode(self, raw: Any) -> _Doc:
@@ -205,12 +221,12 @@ class UsageLedger:
     async def usage(self, owner: str | None) -> Usage:
         """``owner``'s usage as stored now (lapsed reservations left out)."""
         doc, _ = await self._read(owner)
-        return doc.usage(self.quota_of(owner))
+        return doc.usage(await self.quota_of(owner))
 
     async def reserve(self, owner: str | None, rid: str, nbytes: int, until: float) -> Usage:
         """Reserve ``nbytes`` for upload ``rid`` until ``until`` (QuotaExceeded if they do not fit); returns the
         usage with the reservation. Without a quota nothing is written: there is nothing to protect."""
-        quota = self.quota_of(owner)
+        quota = await self.quota_of(owner)
         if quota is None:
             return await self.usage(owner)
 
@@ -225,7 +241,7 @@ class UsageLedger:
         """Grow upload ``rid``'s reservation to ``nbytes`` (a reservation never shrinks here), before the bytes
         that take it there are stored: QuotaExceeded if they do not fit beside the key's other reservations.
         What an upload of unknown length holds as it grows. Without a quota nothing is written."""
-        quota = self.quota_of(owner)
+        quota = await self.quota_of(owner)
         if quota is None:
             return
 
@@ -239,7 +255,7 @@ class UsageLedger:
 
     async def available_to(self, owner: str | None, rid: str) -> int | None:
         """Bytes upload ``rid`` may still bring (its own reservation counted as its room); None: no quota."""
-        quota = self.quota_of(owner)
+        quota = await self.quota_of(owner)
         if quota is None:
             return None
         doc, _ = await self._read(owner)
@@ -247,7 +263,7 @@ class UsageLedger:
 
     async def release(self, owner: str | None, rid: str) -> None:
         """Forget upload ``rid``'s reservation (it ended without a file)."""
-        if self.quota_of(owner) is None:
+        if await self.quota_of(owner) is None:
             return
 
         def change(doc: _Doc) -> None:
@@ -273,7 +289,7 @@ class UsageLedger:
 
         ``durable=False``: the publish that follows flushes the charge to disk with itself
         (``flushes_earlier_writes``), before it answers."""
-        quota = self.quota_of(owner)
+        quota = await self.quota_of(owner)
 
         def change(doc: _Doc) -> bool:
             if until is not None and rid in doc.changes:
@@ -308,7 +324,7 @@ class UsageLedger:
     async def count_bytes(self, owner: str | None, nbytes: int) -> None:
         """Count ``nbytes`` about to be stored for ``owner`` that are no file (chunks kept for later versions):
         QuotaExceeded, and nothing changes, when they do not fit beside its files and reservations."""
-        quota = self.quota_of(owner)
+        quota = await self.quota_of(owner)
 
         def change(doc: _Doc) -> None:
             doc.usage(quota).require_room(nbytes)

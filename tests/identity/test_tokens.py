@@ -126,6 +126,7 @@ def test_each_bad_token_is_refused_with_its_own_code(service: Deployment, issuer
     assert httpx.get(f"{url}/v1/files", headers=bearer(good), timeout=30).status_code == 200
     header, payload, signature = good.split(".")
     claims = jwt.decode(good, options={"verify_signature": False})
+    at_jwt = {"typ": "at+jwt"}
 
     other_audience = issuer.token(AGENT, "https://elsewhere.example")
     status, code, challenge = refused(url, other_audience)
@@ -161,6 +162,10 @@ def test_each_bad_token_is_refused_with_its_own_code(service: Deployment, issuer
     issuer_key = jwt.PyJWK(issuer.keys[0]).key  # the issuer's own key, signing an ID-token-typed JWT
     id_token_typed = jwt.encode(claims, issuer_key, algorithm="RS256", headers={"kid": "key-1", "typ": "JWT"})
     assert refused(url, id_token_typed)[:2] == (401, "token_type_refused")
+    bound = jwt.encode(
+        {**claims, "cnf": {"jkt": "x"}}, issuer_key, algorithm="RS256", headers={"kid": "key-1", **at_jwt}
+    )
+    assert refused(url, bound)[:2] == (401, "token_type_refused")  # DPoP-bound: no bearer token
 
     future = jwt.encode(
         {**claims, "nbf": int(time.time()) + 600},

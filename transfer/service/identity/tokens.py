@@ -216,6 +216,10 @@ class TokenVerifier:
 
     def _caller(self, policy: IssuerPolicy, claims: dict[str, Any]) -> ApiKey:
         """The caller of verified ``claims``: owner from the owner claim, scopes from the scope claim."""
+        if "cnf" in claims:
+            # bound to a key the client must prove (DPoP, RFC 9449; mTLS, RFC 8705): accepted as a plain bearer
+            # token, the binding would mean nothing, so it is refused
+            raise TokenTypeRefused("the token is sender-constrained (cnf): this service accepts bearer tokens only")
         subject = claims.get(policy.owner_claim)
         if subject is None and policy.owner_claim == "sub":
             # a client's own token (client credentials) may carry no sub: its client is its subject (RFC 9068 §2.2)

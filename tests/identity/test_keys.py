@@ -54,6 +54,9 @@ def test_a_key_made_on_one_replica_works_on_all_and_its_revocation_reaches_all(t
         assert big.status_code == 413 and big.json()["error"]["code"] == "quota_exceeded"
         small = httpx.post(f"{urls[1]}/v1/files", content=b"x" * 10, headers={"authorization": f"Bearer {key}"})
         assert small.status_code == 201
+        time.sleep(BOUND + 0.1)  # what replica 0 cached of alice is stale: her limits are read from her record
+        usage = httpx.get(f"{urls[0]}/v1/admin/usage", headers={"authorization": f"Bearer {deploy.admin}"}).json()
+        assert usage["keys"]["alice"]["quota_bytes"] == 10 and usage["keys"]["alice"]["bytes_used"] == 10
         # what is stored: the hash, never the token
         stored = b"".join(p.read_bytes() for p in (tmp_path / "data").rglob("*") if p.is_file())
         assert key.encode() not in stored and token_hash(key).encode() in stored
@@ -90,9 +93,9 @@ def test_rotation_grace_expiry_and_refusals(tmp_path: Path) -> None:
         third = transfer(deploy, "rotate", "bob", replica=1)["key"]
         assert status(b, second) == (401, "unauthenticated") and status(b, third)[0] == 200
         # a key made with a lifetime expires on its own, with its own code
-        brief = transfer(deploy, "create", "carol", "--scopes", "read", "--expires-in", "1")["key"]
+        brief = transfer(deploy, "create", "carol", "--scopes", "read", "--expires-in", "4")["key"]
         assert status(a, brief)[0] == 200
-        time.sleep(1.2)
+        time.sleep(4.2)
         assert status(a, brief) == (401, "key_expired")
         # the scopes of a record hold: a read key cannot make keys, nor upload
         assert status(a, third, "/v1/admin/keys") == (403, "insufficient_scope")

@@ -1,5 +1,6 @@
 # The two commands of README.md (serve, test). All targets create ./.venv and install the project into it first.
-# install     the venv, the MCP Inspector CLI (pinned, into .cache/node), the web page's and /docs' browser libraries (npm ci in transfer/web, pinned by its
+# install     the venv, the MCP Inspector CLI (pinned, into .cache/node), oidc-provider and the MCP TypeScript SDK
+#             for the identity tests (pinned, into .cache/identity-node), the web page's and /docs' browser libraries (npm ci in transfer/web, pinned by its
 #             package-lock.json; never copied into the repository) and, for the browser test, Debian's chromium; for the
 #             S3 tests on Ceph 16.2 (devtools/ceph.py) Debian's Ceph monitor, OSD and RADOS Gateway, HAProxy for the
 #             replica tests (tests/ops/test_replicas_ceph.py), and debootstrap, which makes the Debian sid root that Ceph
@@ -15,6 +16,10 @@ STAMP := $(VENV)/.installed
 # the MCP Inspector CLI (tests/agents/test_mcp_inspector.py drives it), pinned, from the npm registry, into .cache/node
 INSPECTOR_VERSION := 2.12.0
 INSPECTOR := .cache/node/node_modules/.bin/mcp-inspector
+# the identity tests (tests/identity/): a certified OpenID Provider and the MCP TypeScript SDK's OAuth client, pinned
+IDENTITY_NODE := .cache/identity-node
+IDENTITY_PACKAGES := oidc-provider@9.13.3 @modelcontextprotocol/sdk@1.32.2
+IDENTITY_STAMP := $(IDENTITY_NODE)/.installed-9.13.3-1.32.2
 WEB := transfer/web
 WEB_STAMP := $(WEB)/node_modules/.installed
 
@@ -35,7 +40,12 @@ $(INSPECTOR):
 	command -v npm >/dev/null || (apt-get update && apt-get install -y npm)
 	npm install --prefix .cache/node --no-audit --no-fund --silent @modelcontextprotocol/inspector@$(INSPECTOR_VERSION)
 
-install: $(STAMP) $(WEB_STAMP) $(INSPECTOR)
+$(IDENTITY_STAMP):
+	command -v npm >/dev/null || (apt-get update && apt-get install -y npm)
+	npm install --prefix $(IDENTITY_NODE) --no-audit --no-fund --silent $(IDENTITY_PACKAGES)
+	touch $(IDENTITY_STAMP)
+
+install: $(STAMP) $(WEB_STAMP) $(INSPECTOR) $(IDENTITY_STAMP)
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
 	command -v radosgw >/dev/null && command -v ceph-osd >/dev/null || (apt-get update && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ceph-mon ceph-osd radosgw ceph-common)

@@ -26,7 +26,6 @@ from transfer.api.protocol.server import uvicorn_config
 from transfer.bindings.a2a import a2a_router
 from transfer.bindings.mcp_http import add_mcp_endpoint
 from transfer.bindings.tp import tp_http_router, tp_jsonrpc_router, tp_websocket_router
-from transfer.core.auth import Authenticator, parse_keys
 from transfer.service.container import Services
 from transfer.settings import Settings
 from transfer.web import web_router
@@ -46,8 +45,8 @@ def create_app(
     decides URL and record expiry, so tests can move time. The application's lifespan starts and closes
     ``services`` (shared with another host, such as stdio MCP, they stay open until both closed them)."""
     settings = settings or Settings()
-    auth = Authenticator(parse_keys(settings.api_keys or {}))
     services = services or Services.build(settings, storage, clock=clock)
+    auth = services.identities
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

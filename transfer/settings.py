@@ -165,6 +165,46 @@ class Settings(BaseSettings):
         description='JSON {"name": {"sha256": "<hex of the key>", "scopes": ["upload", "read", "admin"]}}; '
         "none: the service runs open (development only). `transfer keys new` makes one.",
     )
+    key_cache_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        le=300,
+        description="seconds a replica reuses what it read of a run-time key record (`transfer keys`): a key revoked "
+        "or rotated on one replica is refused on every other within this bound",
+    )
+    oauth_issuers: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="JSON list of trusted OAuth 2.1 authorization servers whose access tokens are accepted beside API "
+        'keys: [{"issuer": "https://id.example.com/realms/x", "scopes": {"upload": "files:write"}, ...}] (every '
+        "field: docs/IDENTITY.md). Tokens must name this service's resource identifier in aud (RFC 8707)",
+    )
+    oauth_resource: str | None = Field(
+        default=None,
+        description="this service's resource identifier (RFC 8707, RFC 9728): the aud its access tokens carry and "
+        "the resource of /.well-known/oauth-protected-resource; default: TRANSFER_PUBLIC_URL",
+    )
+    oauth_leeway: int = Field(default=30, ge=0, le=300, description="seconds of clock skew allowed on exp, nbf, iat")
+    oauth_token_cache_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=3600,
+        description="seconds a verified token (or an introspection answer) is reused without checking it again, never "
+        "past its exp: the bound on an opaque token's revocation at its issuer",
+    )
+    oauth_jwks_max_age: float = Field(
+        default=3600.0,
+        ge=60,
+        description="seconds an issuer's signing keys (JWKS) are kept until fetched anew",
+    )
+    oauth_jwks_min_interval: float = Field(
+        default=10.0,
+        ge=0,
+        description="least seconds between two fetches of one issuer's JWKS prompted by an unknown key id (a flood of "
+        "forged key ids costs at most one fetch per interval)",
+    )
+    oauth_http_timeout: float = Field(
+        default=5.0, gt=0, le=60, description="seconds for one call to an issuer (discovery, JWKS, introspection)"
+    )
     signing_key_id: str | None = Field(default=None, description="key id that signs new URLs (default: the first)")
     url_ttl: int = Field(default=3600, gt=0, le=MAX_URL_TTL, description="seconds a signed URL lives")
     default_download_method: DownloadMethod = DownloadMethod.GET
@@ -344,7 +384,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _closed_unless_loopback(self) -> Settings:
         # every caller of an open service is admin: beyond this host only when asked for by name
-        if not self.api_keys and not self.allow_open_mode and not is_loopback(self.host):
+        if not self.api_keys and not self.oauth_issuers and not self.allow_open_mode and not is_loopback(self.host):
             raise PydanticCustomError(
                 "open_mode_refused",
                 "no API keys (TRANSFER_API_KEYS) and TRANSFER_HOST={host} is not a loopback address: every caller "
@@ -414,6 +454,27 @@ class Settings(BaseSettings):
                 if self.api_keys is not None and name not in self.api_keys:
                     raise ValueError(f"TRANSFER_DEDUP_GROUPS: {group!r} names {name!r}, not a key of TRANSFER_API_KEYS")
                 seen[name] = group
+        return self
+
+    @field_validator("oauth_issuers")
+    @classmethod
+    def _issuers_are_wellformed(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        from transfer.core.oauth import parse_issuers
+
+        parse_issuers(v or [])  # malformed: refused here, named, rather than on the first token
+        return v
+
+    @model_validator(mode="after")
+    def _issuers_need_a_resource(self) -> Settings:
+        from transfer.core.oauth import check_url
+
+        if self.oauth_resource is not None:
+            check_url(self.oauth_resource, "TRANSFER_OAUTH_RESOURCE")
+        if self.oauth_issuers and not (self.oauth_resource or self.public_url):
+            raise ValueError(
+                "TRANSFER_OAUTH_ISSUERS needs this service's resource identifier, the audience its tokens carry: set "
+                "TRANSFER_OAUTH_RESOURCE (or TRANSFER_PUBLIC_URL)"
+            )
         return self
 
     @field_validator("public_url")

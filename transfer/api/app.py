@@ -28,6 +28,7 @@ from transfer.api.direct import direct_router
 from transfer.api.files import files_router, header_upload_options
 from transfer.api.health import health_router, observability_router
 from transfer.api.hotpath import HotPath, LeanApp
+from transfer.api.identity import identity_router
 from transfer.api.jobs import jobs_router
 from transfer.api.middleware import observability
 from transfer.api.middleware.limits import ControlBodyLimit, HeaderLimit
@@ -38,9 +39,10 @@ from transfer.api.resumable import EXPOSED_HEADERS as RESUMABLE_HEADERS
 from transfer.api.resumable import is_resumable_path, problem_response, resumable_router
 from transfer.api.sessions import sessions_router
 from transfer.api.tus import TusMiddleware, tus_router
-from transfer.core.auth import Authenticator, Scope
+from transfer.core.auth import Scope
 from transfer.errors import InvalidRequest, JsonTooDeep, TransferError, from_storage_error
 from transfer.service.container import Services
+from transfer.service.identity.directory import Identities
 from transfer.settings import Settings
 
 log = logging.getLogger("transfer.api")
@@ -123,7 +125,7 @@ def public_base_url(settings: Settings) -> Callable[[Request], str]:
 
 def rest_app(
     services: Services,
-    auth: Authenticator,
+    auth: Identities,
     *,
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
 ) -> FastAPI:
@@ -134,10 +136,12 @@ def rest_app(
     service = services.files
     sessions = services.sessions
     tus = services.tus
-    bearer = HTTPBearer(auto_error=False, description="an API key (`transfer keys new`)")
+    bearer = HTTPBearer(
+        auto_error=False, description="an API key (`transfer keys create`) or an OAuth access token for this service"
+    )
 
-    def grant_for(request: Request, credentials: HTTPAuthorizationCredentials | None, scope: Scope) -> None:
-        grant = auth.authorizer(None if credentials is None else f"Bearer {credentials.credentials}")
+    async def grant_for(request: Request, credentials: HTTPAuthorizationCredentials | None, scope: Scope) -> None:
+        grant = await auth.grant(None if credentials is None else f"Bearer {credentials.credentials}")
         grant(scope)
         request.state.grant = grant  # what the route's operations act as (see caller_of)
 
@@ -149,13 +153,13 @@ def rest_app(
             request: Request,
             credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
         ) -> None:
-            grant_for(request, credentials, scope)
+            await grant_for(request, credentials, scope)
 
         return Depends(check)
 
     async def authorize(request: Request, scope: Scope) -> None:
         """What ``needs(scope)`` checks, for the lean path (the same bearer parsing, the same grant)."""
-        grant_for(request, await bearer(request), scope)
+        await grant_for(request, await bearer(request), scope)
 
     app = LeanApp(
         title="Agent large-content transfer service",
@@ -208,6 +212,7 @@ def rest_app(
     app.include_router(direct_router(services.direct, service, base_url, needs))
     app.include_router(chunked_router(services.chunks, service, base_url, needs))
     app.include_router(admin_router(services, needs))
+    app.include_router(identity_router(auth, needs))
     app.include_router(bundles_router(services.bundles, base_url, needs))
     app.include_router(tus_router(tus, service, base_url, needs))
     app.include_router(resumable_router(tus, service, base_url, needs))

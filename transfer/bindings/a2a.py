@@ -37,9 +37,10 @@ from transfer.core.agents.a2a_protocol import (
     send_result,
     unsupported,
 )
-from transfer.core.auth import Authenticator, Grant
+from transfer.core.auth import Grant
 from transfer.errors import TransferError
 from transfer.service.container import Services
+from transfer.service.identity.directory import Identities
 
 log = logging.getLogger("transfer.a2a")
 
@@ -82,7 +83,7 @@ def dumps(response: dict[str, Any]) -> str:
     return json.dumps(response, separators=(",", ":"), ensure_ascii=True)
 
 
-def a2a_router(services: Services, auth: Authenticator, base_url: Callable[[Request], str]) -> APIRouter:
+def a2a_router(services: Services, auth: Identities, base_url: Callable[[Request], str]) -> APIRouter:
     router = APIRouter()
     settings = services.settings
 

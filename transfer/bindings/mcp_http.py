@@ -25,16 +25,16 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from transfer.api.app import error_response
-from transfer.core.auth import Authenticator
 from transfer.errors import McpUnavailable, ShuttingDown, TransferError
 
 if TYPE_CHECKING:
     from transfer.service.container import Services
+    from transfer.service.identity.directory import Identities
 
 log = logging.getLogger("transfer.mcp")
 
 
-def add_mcp_endpoint(app: FastAPI, services: Services, auth: Authenticator) -> None:
+def add_mcp_endpoint(app: FastAPI, services: Services, auth: Identities) -> None:
     """Serve the MCP tools at ``/mcp`` (streamable HTTP) of the app; API keys are checked before MCP sees it."""
     endpoint = LazyMcp(services, auth)
     endpoint.route = Route("/mcp", endpoint=endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
@@ -46,7 +46,7 @@ class LazyMcp:
     """An ASGI app (a class, so that Starlette routes to it raw): 401 without a valid key, else MCP, built on the
     first such request. Its session manager runs from then until :meth:`lifetime` ends."""
 
-    def __init__(self, services: Services, auth: Authenticator) -> None:
+    def __init__(self, services: Services, auth: Identities) -> None:
         self.services = services
         self.auth = auth
         self.inner: ASGIApp | None = None
@@ -58,9 +58,13 @@ class LazyMcp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope["route"] = self.route  # as FastAPI's routes set it: the observability middleware reads it at the end
         try:
-            if self.auth.enabled:
-                headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-                self.auth.authenticate(headers.get("authorization"))
+            authorization = None
+            for name, value in scope.get("headers", []):
+                if name.lower() == b"authorization":
+                    authorization = value.decode("latin-1")
+            # the caller, checked once per HTTP request (401 with the MCP authorization spec's challenge before MCP
+            # sees anything); the tools read it from the request's state, the access log names it
+            scope.setdefault("state", {})["grant"] = await self.auth.grant(authorization)
             inner = self.inner or await self._load()
         except TransferError as exc:
             await error_response(exc)(scope, receive, send)  # the API's error JSON, as every route answers it

@@ -57,7 +57,6 @@ from transfer.core.agents.tp import (
     tp_error,
     validate_envelope,
 )
-from transfer.core.auth import Authenticator
 from transfer.core.numerals import decimal
 from transfer.errors import (
     InvalidEnvelope,
@@ -76,6 +75,7 @@ from transfer.errors import (
 )
 from transfer.service.agents.tp import TPOutcome, receiver_topic
 from transfer.service.container import Services
+from transfer.service.identity.directory import Identities
 from transfer.service.jobs.progress import ProgressEvent
 
 JSON_TYPES = (MEDIA_TYPE, "application/json")
@@ -120,7 +120,7 @@ def job_notice(event: ProgressEvent, rid: str, sender: str, receiver: Any, bindi
     return make_envelope("resource_notify", payload, sender=sender, receiver=receiver, binding=binding, timestamp=now)
 
 
-def tp_http_router(services: Services, auth: Authenticator, base_url: Callable[[Request], str]) -> APIRouter:
+def tp_http_router(services: Services, auth: Identities, base_url: Callable[[Request], str]) -> APIRouter:
     """TP over HTTP: the REST binding (``/tp/v1/<area>/<verb>``, §9.5), the native HTTP binding (``POST /tp/v1``,
     §9.2.3), prompt embedding (``/tp/v1/prompt``) and the mailbox long poll (``/tp/v1/messages``)."""
     router = APIRouter()
@@ -133,7 +133,7 @@ def tp_http_router(services: Services, auth: Authenticator, base_url: Callable[[
         # the native mode (§9.2.3) fixes the media type and requires both headers; REST (§9.5.2) checks them when sent
         native = expected_type is None
         try:
-            authorize = auth.authorizer(request.headers.get("authorization"))
+            authorize = await auth.grant(request.headers.get("authorization"))
             check_media_type(request, (MEDIA_TYPE,) if native else JSON_TYPES)
             ref = request.headers.get("tp-contract-ref")
             mid = request.headers.get("tp-message-id")
@@ -199,7 +199,7 @@ def tp_http_router(services: Services, auth: Authenticator, base_url: Callable[[
     async def tp_prompt(request: Request) -> Response:
         related: str | None = None
         try:
-            authorize = auth.authorizer(request.headers.get("authorization"))
+            authorize = await auth.grant(request.headers.get("authorization"))
             check_media_type(request, ("text/plain", "text/markdown"))
             try:
                 text = (await read_capped(request, cap)).decode("utf-8")
@@ -227,7 +227,7 @@ def tp_http_router(services: Services, auth: Authenticator, base_url: Callable[[
         wait: Annotated[float, Query(ge=0, le=60, description="seconds to wait when nothing is there yet")] = 0,
     ) -> Response:
         try:
-            grant = auth.authorizer(request.headers.get("authorization"))
+            grant = await auth.grant(request.headers.get("authorization"))
             topic = receiver_topic(receiver)
             queue = tp.subscribe(topic)  # before the first look (which checks the key), so nothing slips between
             try:
@@ -259,7 +259,7 @@ def tp_http_router(services: Services, auth: Authenticator, base_url: Callable[[
     return router
 
 
-def tp_jsonrpc_router(services: Services, auth: Authenticator, base_url: Callable[[Request], str]) -> APIRouter:
+def tp_jsonrpc_router(services: Services, auth: Identities, base_url: Callable[[Request], str]) -> APIRouter:
     """TP over A2A JSON-RPC 2.0 (``POST /a2a``, §9.3), beside the A2A methods themselves."""
     router = APIRouter()
     tp = services.tp
@@ -278,7 +278,7 @@ def tp_jsonrpc_router(services: Services, auth: Authenticator, base_url: Callabl
     )
     async def a2a_jsonrpc(request: Request) -> Response:
         try:
-            authorize = auth.authorizer(request.headers.get("authorization"))
+            authorize = await auth.grant(request.headers.get("authorization"))
             check_media_type(request, ("application/json", "application/json-rpc"))
             raw = await read_capped(request, settings.max_json_body)
         except TransferError as exc:
@@ -363,7 +363,7 @@ def tp_jsonrpc_router(services: Services, auth: Authenticator, base_url: Callabl
     return router
 
 
-def tp_websocket_router(services: Services, auth: Authenticator) -> APIRouter:
+def tp_websocket_router(services: Services, auth: Identities) -> APIRouter:
     """TP over its native WebSocket (``/tp/v1``, subprotocol ``tp.v1``, §9.2): envelopes both ways, subscriptions."""
     router = APIRouter()
     tp = services.tp
@@ -379,7 +379,7 @@ def tp_websocket_router(services: Services, auth: Authenticator) -> APIRouter:
             await ws.send_denial_response(tp_error_response(exc))
             return
         try:
-            authorize = auth.authorizer(ws.headers.get("authorization"))
+            authorize = await auth.grant(ws.headers.get("authorization"))
         except TransferError as exc:
             await ws.send_denial_response(tp_error_response(exc))
             return

@@ -9,6 +9,10 @@ A key is a random bearer token (``tk_`` + 43 base64url characters, 256 bits). Th
 
 Signed URLs carry their own authorisation (one object, one method, until expiry) and need no key.
 With no keys configured the service runs open (development), and says so at start-up.
+
+A caller is an :class:`ApiKey`, whichever way it proved who it is: a key of ``TRANSFER_API_KEYS``, a run-time key
+record (``transfer keys create``) or an OAuth access token (its subject is the name): the name owns what the caller
+creates, and the limits travel with it. How each is looked up is :mod:`transfer.service.identity`.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ class ApiKey:
     max_bytes: int | None = None  # byte quota: original bytes of the files it stores (None: no quota)
     default_file_ttl: int | None = None  # seconds its files live when an upload asks for no lifetime
     max_file_ttl: int | None = None  # the longest lifetime an upload may ask for (None: the service's maximum)
+    via: str = "key"  # how the caller proved it: "key" (TRANSFER_API_KEYS), "record" (a key record), "token" (OAuth)
+    expires_at: float | None = None  # Unix seconds past which it is refused (a key record's or a token's expiry)
+    scope_names: tuple[tuple[str, str], ...] = ()  # a token's: service scope -> the token scope that grants it
 
     def allows(self, scope: Scope) -> bool:
         """Whether the key holds ``scope`` (admin holds every scope)."""
@@ -53,6 +60,10 @@ class ApiKey:
     def may_receive_as(self, identity: str) -> bool:
         """Whether the key may receive TP messages addressed to ``identity``."""
         return Scope.ADMIN in self.scopes or identity in self.tp_identities
+
+    def scope_name(self, scope: Scope) -> str:
+        """What the caller must hold to get ``scope``: the service's name, or for a token its issuer's."""
+        return dict(self.scope_names).get(scope.value, scope.value)
 
 
 def new_token() -> str:
@@ -112,9 +123,10 @@ class Grant:
     """What an authenticated caller may do: call it with a scope to check it (InsufficientScope otherwise)."""
 
     key: ApiKey | None  # None: keys are not configured (or a local caller, e.g. MCP over stdio)
+    resource_metadata: str | None = None  # RFC 9728 §5.1: where a refused client learns how to get a token
 
     def __call__(self, scope: Scope) -> None:
-        check_scope(self.key, scope)
+        check_scope(self.key, scope, self.resource_metadata)
 
     def may_receive_as(self, identity: str) -> bool:
         """Whether the caller may receive TP messages addressed to ``identity``."""
@@ -152,10 +164,20 @@ class Grant:
 TRUSTED = Grant(None)
 
 
-def check_scope(key: ApiKey | None, scope: Scope) -> None:
-    """Raise InsufficientScope unless ``key`` (None: no keys configured) holds ``scope``."""
+def check_scope(key: ApiKey | None, scope: Scope, resource_metadata: str | None = None) -> None:
+    """Raise InsufficientScope unless ``key`` (None: no keys configured) holds ``scope``, with the challenge of
+    RFC 6750 §3.1 naming the scope to ask for (a token's issuer's name for it: the MCP step-up flow)."""
     if key is not None and not key.allows(scope):
-        raise InsufficientScope(f"the key {key.name!r} lacks the {scope.value!r} scope", needed=scope.value)
+        name = key.scope_name(scope)
+        params = 'Bearer realm="transfer", error="insufficient_scope", scope="' + name.replace('"', "") + '"'
+        if resource_metadata:
+            params += f', resource_metadata="{resource_metadata}"'
+        caller = "the token of" if key.via == "token" else "the key"
+        raise InsufficientScope(
+            f"{caller} {key.name!r} lacks the {name!r} scope",
+            needed=scope.value,
+            headers={"www-authenticate": params},
+        )
 
 
 def _limit(name: str, spec: Mapping[str, object], field: str) -> int | None:

@@ -30,7 +30,8 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── ChunkLengthMismatch        400 chunk_length_mismatch
     │   ├── InvalidManifest            400 invalid_manifest      (chunked dedup: chunks not tiling the file, bad hash)
     │   │   └── ManifestSizeMismatch   400 manifest_size_mismatch (the chunks do not add up to the declared size)
-    │   └── ChunkNotInManifest         400 chunk_not_in_manifest (a chunk sent that the upload's manifest lacks)
+    │   ├── ChunkNotInManifest         400 chunk_not_in_manifest (a chunk sent that the upload's manifest lacks)
+    │   └── KeyRecordsRefused          400 key_records_refused   (run-time keys on a service that runs open)
     ├── IntegrityError                 422 integrity_error
     │   ├── DigestMismatch             422 digest_mismatch       (RFC 9530 Content-Digest / Repr-Digest)
     │   ├── ChecksumMismatch           422 checksum_mismatch     (descriptor checksum, SHA-256 of original bytes)
@@ -43,6 +44,18 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── QuotaExceeded              413 quota_exceeded        (the key's max_bytes; detail: quota, used, reserved)
     │   └── ManifestTooLarge           413 manifest_too_large    (more chunks or bytes than a manifest may name)
     ├── Unauthenticated                401 unauthenticated       (no, malformed or unknown API key)
+    │   ├── KeyExpired                 401 key_expired           (a key record past its expires_at)
+    │   └── InvalidToken               401 invalid_token         (an OAuth access token refused; RFC 6750 §3.1)
+    │       ├── TokenExpired           401 token_expired         (past exp, beyond the allowed clock skew)
+    │       ├── TokenNotYetValid       401 token_not_yet_valid   (nbf or iat in the future)
+    │       ├── TokenAudienceMismatch  401 token_audience_mismatch (aud does not name this service: RFC 8707)
+    │       ├── TokenSignatureInvalid  401 token_signature_invalid (tampered, or not signed by that key)
+    │       ├── TokenAlgorithmRefused  401 token_algorithm_refused (alg outside the allow-list: none, HS*, ...)
+    │       ├── TokenKeyUnknown        401 token_key_unknown     (no key of the issuer's JWKS signed it)
+    │       ├── TokenIssuerUnknown     401 token_issuer_unknown  (iss is not a trusted issuer)
+    │       ├── TokenTypeRefused       401 token_type_refused    (typ is not at+jwt: RFC 9068 §4)
+    │       ├── TokenMalformed         401 token_malformed       (not a JWT, or a required claim missing)
+    │       └── TokenInactive          401 token_inactive        (introspection: active false; RFC 7662 §2.2)
     ├── AccessDenied                   403 access_denied
     │   ├── InsufficientScope          403 insufficient_scope
     │   ├── UploadForbidden            403 forbidden             (tus: PATCH on a final upload; paths outside root)
@@ -67,6 +80,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── TooManyJobs                    429 too_many_jobs         (job streams waiting for their upload to start)
     ├── TooManySubscriptions           429 too_many_subscriptions (resource ids one WebSocket connection follows)
     ├── Conflict                       409 conflict
+    │   ├── KeyNameTaken               409 key_name_taken        (a key of that name exists: rotate it instead)
     │   ├── ChunkConflict              409 chunk_conflict        (other bytes already stored for that chunk)
     │   ├── VersionConflict            409 version_conflict      (a compare-and-set lost: the record changed)
     │   │   └── RecordBusy             503 record_busy           (a record kept changing past the retry policy;
@@ -91,6 +105,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── ShuttingDown                   503 shutting_down         (the grace after SIGTERM ran out; retry elsewhere)
     ├── AssetsMissing                  503 assets_missing        (web page / docs libraries not installed)
     ├── McpUnavailable                 503 mcp_unavailable       (/mcp: the MCP SDK could not be imported)
+    ├── IssuerUnavailable              503 issuer_unavailable    (a trusted issuer's metadata or keys unreachable)
     ├── HeartbeatTimeout               408 TP-TRA010             (WebSocket: two pongs missed)
     ├── RequestTimeout                 408 request_timeout       (header fields or body sent too slowly)
     ├── UpstreamTimeout                504 TP-TRA011             (server-side fetch timed out)
@@ -113,9 +128,21 @@ from transfer.errors.access import (
     DestinationRefused,
     EncryptedResourceRefused,
     InsufficientScope,
+    InvalidToken,
+    KeyExpired,
     NotFound,
     SignatureInvalid,
     TaskNotFound,
+    TokenAlgorithmRefused,
+    TokenAudienceMismatch,
+    TokenExpired,
+    TokenInactive,
+    TokenIssuerUnknown,
+    TokenKeyUnknown,
+    TokenMalformed,
+    TokenNotYetValid,
+    TokenSignatureInvalid,
+    TokenTypeRefused,
     ToolUnavailable,
     Unauthenticated,
     UploadForbidden,
@@ -167,6 +194,7 @@ from transfer.errors.requests import (
     InvalidManifest,
     InvalidRequest,
     JsonTooDeep,
+    KeyRecordsRefused,
     LifetimeTooLong,
     MalformedBody,
     ManifestSizeMismatch,
@@ -187,6 +215,7 @@ from transfer.errors.service import (
     ClientDisconnected,
     HeartbeatTimeout,
     InsufficientStorage,
+    IssuerUnavailable,
     McpUnavailable,
     RemoteError,
     RequestTimeout,
@@ -204,6 +233,7 @@ from transfer.errors.state import (
     DirectUploadUnsupported,
     FileExpired,
     Gone,
+    KeyNameTaken,
     PlanIncomplete,
     RecordBusy,
     SessionAborted,
@@ -223,6 +253,21 @@ from transfer.errors.translation import (
 )
 
 __all__ = [
+    "KeyExpired",
+    "InvalidToken",
+    "TokenExpired",
+    "TokenNotYetValid",
+    "TokenAudienceMismatch",
+    "TokenSignatureInvalid",
+    "TokenAlgorithmRefused",
+    "TokenKeyUnknown",
+    "TokenIssuerUnknown",
+    "TokenTypeRefused",
+    "TokenMalformed",
+    "TokenInactive",
+    "KeyRecordsRefused",
+    "IssuerUnavailable",
+    "KeyNameTaken",
     "AccessDenied",
     "AppendTooLarge",
     "AppendTooSmall",

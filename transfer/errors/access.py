@@ -12,6 +12,58 @@ class Unauthenticated(TransferError):
     status = 401
 
 
+class KeyExpired(Unauthenticated):
+    """A run-time API key (a key record) past the expiry it was created with, or past the grace of a rotation."""
+
+    code = "key_expired"
+
+
+class InvalidToken(Unauthenticated):
+    """An OAuth access token the service refuses (RFC 6750 §3.1 ``invalid_token``); the subclasses say why."""
+
+    code = "invalid_token"
+
+
+class TokenExpired(InvalidToken):
+    code = "token_expired"
+
+
+class TokenNotYetValid(InvalidToken):
+    code = "token_not_yet_valid"
+
+
+class TokenAudienceMismatch(InvalidToken):
+    code = "token_audience_mismatch"
+
+
+class TokenSignatureInvalid(InvalidToken):
+    code = "token_signature_invalid"
+
+
+class TokenAlgorithmRefused(InvalidToken):
+    code = "token_algorithm_refused"
+
+
+class TokenKeyUnknown(InvalidToken):
+    code = "token_key_unknown"
+
+
+class TokenIssuerUnknown(InvalidToken):
+    code = "token_issuer_unknown"
+
+
+class TokenTypeRefused(InvalidToken):
+    code = "token_type_refused"
+
+
+class TokenMalformed(InvalidToken):
+    code = "token_malformed"
+
+
+class TokenInactive(InvalidToken):
+    code = "token_inactive"
+
+
 class AccessDenied(TransferError):
     code = "access_denied"
     status = 403

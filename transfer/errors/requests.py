@@ -109,6 +109,10 @@ class ChunkNotInManifest(InvalidRequest):
     code = "chunk_not_in_manifest"
 
 
+class KeyRecordsRefused(InvalidRequest):
+    code = "key_records_refused"
+
+
 class LifetimeTooLong(InvalidRequest):
     """An upload asked for a lifetime (``expires_in``) above the maximum of its key or of the service: refused,
     not shortened, so a client never holds a descriptor that lives less than it asked for without knowing it."""

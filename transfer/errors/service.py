@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from transfer.errors.base import TransferError
 
 
@@ -40,6 +42,17 @@ class AssetsMissing(TransferError):
 
     code = "assets_missing"
     status = 503
+
+
+class IssuerUnavailable(TransferError):
+    """A trusted issuer's metadata, keys or introspection endpoint could not be reached (or answered nonsense): the
+    token may be fine; nothing is wrong with the request. 503 with ``Retry-After``."""
+
+    code = "issuer_unavailable"
+    status = 503
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None, **detail: Any) -> None:
+        super().__init__(message, headers={"Retry-After": "5", **(headers or {})}, **detail)
 
 
 class McpUnavailable(TransferError):

@@ -12,6 +12,10 @@ class Conflict(TransferError):
     status = 409
 
 
+class KeyNameTaken(Conflict):
+    code = "key_name_taken"
+
+
 class ChunkConflict(Conflict):
     code = "chunk_conflict"
 

@@ -70,9 +70,10 @@ async def list_files(
 
 
 async def usage_of_keys(services: Services) -> dict[str, dict[str, int | None]]:
-    """Usage of every configured key, and of files stored in open mode (``""``)."""
+    """Usage of every configured key and run-time key name, and of files stored in open mode (``""``)."""
     lifecycle = services.files.lifecycle
-    out = {name: (await lifecycle.usage.usage(name)).to_json() for name in sorted(lifecycle.keys)}
+    names = set(lifecycle.keys) | {str(entry["name"]) for entry in await services.identities.keys.list()}
+    out = {name: (await lifecycle.usage.usage(name)).to_json() for name in sorted(names)}
     out[""] = (await lifecycle.usage.usage(None)).to_json()
     return out
 

@@ -39,6 +39,7 @@ from transfer.service.backends import make_storage
 from transfer.service.files.bundles import BundleService
 from transfer.service.files.publisher import Publisher
 from transfer.service.files.service import FileService
+from transfer.service.identity.directory import Identities
 from transfer.service.jobs.imports import ImportService
 from transfer.service.jobs.journal import JobJournal
 from transfer.service.jobs.progress import Job, ProgressHub
@@ -89,6 +90,7 @@ class Services:
     direct: DirectService
     chunks: ChunkService
     uploads: UploadLifecycle
+    identities: Identities  # who calls (keys, key records, access tokens) and every owner's limits
     _users: int = 0  # hosts that started the set and have not closed it yet (stdio MCP + its HTTP server: two)
     _sweepers: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -100,7 +102,8 @@ class Services:
         backend operation counted in the metrics (:mod:`transfer.service.metered`)."""
         store = metered(storage or make_storage(settings))
         records = RecordStore(store)
-        terms = Lifecycle(records, settings, clock=clock)
+        identities = Identities(settings, records, clock=clock)
+        terms = Lifecycle(records, settings, clock=clock, limits=identities.limits)
         publisher = Publisher(records, settings, terms, clock=clock)
         files = FileService(settings, publisher, clock=clock)
         s = settings
@@ -162,6 +165,7 @@ class Services:
             direct=DirectService(store, settings, clock=clock, lifecycle=uploads, slots=slots["plans"]),
             chunks=ChunkService(ChunkStore(files, records, clock=clock), uploads, slots["chunked"], clock=clock),
             uploads=uploads,
+            identities=identities,
         )
 
     def maintenance(self) -> list[Sweep]:
@@ -187,6 +191,7 @@ class Services:
         await self.files.start()
         # an engine without atomic compare-and-set refuses replicas unless told this process runs alone
         require_replica_safe(self.files.storage, self.settings.single_replica)
+        await self.identities.start()
         self._sweepers = [
             asyncio.create_task(self._repeat(sweep), name=f"sweep:{sweep.name}") for sweep in self.maintenance()
         ]
@@ -231,6 +236,7 @@ class Services:
         await self.imports.close()
         await self.hub.close()
         await self.journal.close()
+        await self.identities.close()
         await self.files.close()
 
     async def job(self, job_id: str, base_url: str, caller: Grant, *, wait: bool = True) -> Job:

@@ -14,12 +14,13 @@ from pydantic import Field, WithJsonSchema
 from starlette.requests import Request
 
 from transfer.bindings.mcp_schemas import DESCRIPTOR_INPUT_SCHEMA
-from transfer.core.auth import Authenticator, Grant
+from transfer.core.auth import Grant
 from transfer.core.auth import Scope as KeyScope
 from transfer.core.model.content import normalize_checksum
 from transfer.core.numerals import JsonInt
-from transfer.errors import InvalidRequest, NotFound, TooLarge, TransferError, UploadForbidden
+from transfer.errors import InvalidRequest, NotFound, TooLarge, TransferError, Unauthenticated, UploadForbidden
 from transfer.service.container import Services
+from transfer.service.identity.directory import Identities
 
 # a JSON object checked by load_descriptor, published with a short schema (not the expanded union of the models)
 DescriptorArgument = Annotated[dict[str, Any], WithJsonSchema(DESCRIPTOR_INPUT_SCHEMA)]
@@ -38,7 +39,7 @@ class McpContext:
     def __init__(
         self,
         services: Services,
-        auth: Authenticator | None,
+        auth: Identities | None,
         *,
         http: bool,
         root: Path | None,
@@ -62,11 +63,15 @@ class McpContext:
         return request if isinstance(request, Request) else None
 
     def grant(self, ctx: Context | None) -> Grant:
-        """The caller's key over HTTP; a local stdio caller may do everything."""
+        """The caller over HTTP (checked by the ``/mcp`` route before MCP saw the request, kept in its state); a
+        local stdio caller may do everything."""
+        if not (self.http and self.auth is not None):
+            return Grant(None)
         request = self._request(ctx)
-        if self.http and self.auth is not None:
-            return self.auth.authorizer(request.headers.get("authorization") if request else None)
-        return Grant(None)
+        grant = None if request is None else request.scope.get("state", {}).get("grant")
+        if not isinstance(grant, Grant):
+            raise Unauthenticated("this MCP call carries no checked caller")
+        return grant
 
     def authorize(self, ctx: Context | None, scope: KeyScope) -> None:
         self.grant(ctx)(scope)

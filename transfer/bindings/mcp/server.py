@@ -41,9 +41,9 @@ from transfer.bindings.mcp_schemas import (
     inline_enum_refs,
     tool_texts,
 )
-from transfer.core.auth import Authenticator
 from transfer.errors import InvalidRequest, NotFound, TransferError
 from transfer.service.container import Services
+from transfer.service.identity.directory import Identities
 
 P = ParamSpec("P")
 
@@ -129,7 +129,7 @@ class McpBinding(UploadTools, SessionTools, FileTools, ResolveTools, TpTools):
 
 
 def build_mcp(
-    services: Services, auth: Authenticator | None, *, http: bool, root: Path | None, base_url: str | None = None
+    services: Services, auth: Identities | None, *, http: bool, root: Path | None, base_url: str | None = None
 ) -> MCPServer:
     """The MCP server with the tools that work on this host: over HTTP without an allowed directory there is no
     upload_file and resolve takes no path (they could only be refused). ``base_url``: where a stdio host serves
@@ -192,7 +192,7 @@ def _tp_tool(binding: McpBinding, message_type: str) -> Callable[..., Awaitable[
     return tool
 
 
-def mcp_http_app(services: Services, auth: Authenticator) -> tuple[ASGIApp, StreamableHTTPSessionManager]:
+def mcp_http_app(services: Services, auth: Identities) -> tuple[ASGIApp, StreamableHTTPSessionManager]:
     """The MCP tools over streamable HTTP: the ASGI app that serves ``/mcp`` and the session manager that must run
     (``async with manager.run()``) while it serves. API keys are checked before this app is called
     (:mod:`transfer.bindings.mcp_http`); each tool checks its own scope."""

@@ -27,7 +27,7 @@ from transfer.core.uploads.lifetimes import (
 )
 from transfer.errors import TransferError, storage_errors_translated
 from transfer.service.accounting.recordstore import RecordStore
-from transfer.service.accounting.usage import UsageLedger
+from transfer.service.accounting.usage import LimitsOf, UsageLedger, limits_from
 from transfer.settings import Settings
 
 log = logging.getLogger("transfer.lifecycle")
@@ -36,16 +36,25 @@ log = logging.getLogger("transfer.lifecycle")
 class Lifecycle:
     """Lifetimes, the expiry index and byte quotas of one service (shared by its upload engines)."""
 
-    def __init__(self, records: RecordStore, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        records: RecordStore,
+        settings: Settings,
+        *,
+        clock: Callable[[], float] = time.time,
+        limits: LimitsOf | None = None,
+    ) -> None:
         self.storage = records.storage
         self.settings = settings
         self.clock = clock
-        self.keys = parse_keys(settings.api_keys or {})
-        self.usage = UsageLedger(records, self.keys, clock=clock, shards=settings.usage_shards)
+        self.keys = parse_keys(settings.api_keys or {})  # the keys of the settings (usage reports list them)
+        # every owner's limits through one interface (Identities.limits: environment keys, key records, tokens)
+        self.limits: LimitsOf = limits or limits_from(self.keys)
+        self.usage = UsageLedger(records, self.limits, clock=clock, shards=settings.usage_shards)
 
-    def policy(self, owner: str | None) -> LifetimePolicy:
+    async def policy(self, owner: str | None) -> LifetimePolicy:
         """The lifetime rules that apply to the files of ``owner``."""
-        key = self.keys.get(owner) if owner is not None else None
+        key = await self.limits(owner)
         return LifetimePolicy(
             key_default=None if key is None else key.default_file_ttl,
             key_max=None if key is None else key.max_file_ttl,
@@ -53,10 +62,10 @@ class Lifecycle:
             service_max=self.settings.max_file_ttl,
         )
 
-    def lifetime(self, owner: str | None, requested: int | None) -> int | None:
+    async def lifetime(self, owner: str | None, requested: int | None) -> int | None:
         """Seconds a new file of ``owner`` lives from its publication (None: until deleted); LifetimeTooLong when
         ``requested`` is above the key's or the service's maximum."""
-        return self.policy(owner).lifetime(requested)
+        return (await self.policy(owner)).lifetime(requested)
 
     def expiry(self, published: datetime, lifetime: int | None) -> datetime | None:
         """When a file published at ``published`` with ``lifetime`` seconds expires (None: never)."""
@@ -66,7 +75,7 @@ class Lifecycle:
         """Before a byte of upload ``rid`` is read: reserve its ``declared`` size (QuotaExceeded when it does not
         fit). Returns the most bytes it may bring (None: no quota): its declared size, or for an upload of unknown
         length what the key has left now (the charge at publication checks again, exactly)."""
-        if self.usage.quota_of(owner) is None:
+        if await self.usage.quota_of(owner) is None:
             return None
         if declared is not None:
             await self.usage.reserve(owner, rid, declared, until)
@@ -86,7 +95,7 @@ class Lifecycle:
 
     async def reserve(self, owner: str | None, rid: str, nbytes: int, until: float) -> None:
         """Set upload ``rid``'s reservation to ``nbytes`` (lower it to what a PATCH of unknown length stored)."""
-        if self.usage.quota_of(owner) is not None:
+        if await self.usage.quota_of(owner) is not None:
             await self.usage.reserve(owner, rid, nbytes, until)
 
     async def release(self, owner: str | None, rid: str) -> None:

@@ -66,7 +66,7 @@ import contextlib
 import hashlib
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -94,6 +94,18 @@ GATHERS = 4  # times a change that lacks room in its shard gathers allotment bef
 MOVE_MEMORY = 3600.0  # seconds a shard remembers a move it was given (a late retry of it finds it given)
 
 R = TypeVar("R")
+
+# the limits of an owner (its quota among them), whatever kind of identity it is: Identities.limits
+LimitsOf = Callable[[str | None], Awaitable[ApiKey | None]]
+
+
+def limits_from(keys: Mapping[str, ApiKey]) -> LimitsOf:
+    """The limits of a fixed set of keys by name (the keys of the settings, in tests and tools)."""
+
+    async def limits(owner: str | None) -> ApiKey | None:
+        return None if owner is None else keys.get(owner)
+
+    return limits
 
 
 def usage_key(owner: str | None) -> str:
@@ -292,7 +304,7 @@ class UsageLedger:
     def __init__(
         self,
         records: RecordStore,
-        keys: Mapping[str, ApiKey],
+        keys: Mapping[str, ApiKey] | LimitsOf,
         *,
         clock: Callable[[], float] = time.time,
         shards: int = SHARDS,
@@ -300,14 +312,14 @@ class UsageLedger:
         self.records = records
         self.storage: Storage = records.storage
         self.policy = records.policy
-        self.keys = keys
+        self.limits: LimitsOf = keys if callable(keys) else limits_from(keys)
         self.clock = clock
         self.shards = shards
         self._counts: dict[str | None, int] = {}  # owner -> how many shards its usage has (see _count)
 
-    def quota_of(self, owner: str | None) -> int | None:
-        """The byte quota of ``owner``'s key (None: no quota)."""
-        key = self.keys.get(owner) if owner is not None else None
+    async def quota_of(self, owner: str | None) -> int | None:
+        """The byte quota of ``owner`` (None: no quota), read through the one interface of owners' limits."""
+        key = await self.limits(owner)
         return None if key is None else key.max_bytes
 
     async def _count(self, owner: str | None) -> int:
@@ -324,8 +336,8 @@ class UsageLedger:
             self._counts[owner] = count
         return count
 
-    def _decoder(self, owner: str | None, shard: int, count: int) -> Callable[[Any], _Doc]:
-        quota = self.quota_of(owner)
+    async def _decoder(self, owner: str | None, shard: int, count: int) -> Callable[[Any], _Doc]:
+        quota = await self.quota_of(owner)
 
         def decode(raw: Any) -> _Doc:
             share = None if quota is None else share_of(quota, shard, count)
@@ -347,8 +359,8 @@ class UsageLedger:
         try:
             raw, etag = await self.records.read(shard_key(owner, shard))
         except NotFound:
-            return self._decoder(owner, shard, count)({}), None
-        return self._decoder(owner, shard, count)(raw), etag
+            return (await self._decoder(owner, shard, count))({}), None
+        return (await self._decoder(owner, shard, count))(raw), etag
 
     async def _read_all(self, owner: str | None) -> list[tuple[_Doc, str | None]]:
         count = await self._count(owner)
@@ -369,7 +381,7 @@ class UsageLedger:
 
         await self.records.update(
             shard_key(owner, shard),
-            self._decoder(owner, shard, await self._count(owner)),
+            await self._decoder(owner, shard, await self._count(owner)),
             change,
             _Doc.to_json,
             absent={},
@@ -405,8 +417,8 @@ class UsageLedger:
         async with self._gathering(owner):
             await self._gather_held(owner, target, need)
 
-    def _refusal(self, owner: str | None, shards: list[tuple[_Doc, str | None]], need: int) -> QuotaExceeded:
-        quota = self.quota_of(owner)
+    async def _refusal(self, owner: str | None, shards: list[tuple[_Doc, str | None]], need: int) -> QuotaExceeded:
+        quota = await self.quota_of(owner)
         assert quota is not None
         used = sum(doc.used for doc, _ in shards)
         reserved = sum(doc.reserved() for doc, _ in shards)
@@ -438,7 +450,7 @@ class UsageLedger:
                 await self.storage.delete(key)
 
     async def _gather_held(self, owner: str | None, target: int, need: int) -> None:
-        quota = self.quota_of(owner)
+        quota = await self.quota_of(owner)
         assert quota is not None
         shards = await self._read_all(owner)
         now = self.clock()
@@ -455,7 +467,7 @@ class UsageLedger:
         free = {s: doc.room() or 0 for s, (doc, _) in enumerate(shards) if s != target}
         # signed: a shard over its own allotment (its quota lowered since) takes its excess from what others hold
         if sum(free.values()) < need:
-            raise self._refusal(owner, shards, need)
+            raise await self._refusal(owner, shards, need)
         # at least an even share of what is free: a shard that gathers once keeps enough for a while
         count = len(shards)
         left = max(need, min(sum(max(0, room) for room in free.values()) // count, quota // count))
@@ -507,13 +519,13 @@ class UsageLedger:
             used=sum(doc.used for doc, _ in shards),
             files=sum(doc.files for doc, _ in shards),
             reserved=sum(doc.reserved() for doc, _ in shards),
-            quota=self.quota_of(owner),
+            quota=await self.quota_of(owner),
         )
 
     async def reserve(self, owner: str | None, rid: str, nbytes: int, until: float) -> None:
         """Reserve ``nbytes`` for upload ``rid`` until ``until`` (QuotaExceeded if they do not fit). Without a
         quota nothing is written: there is nothing to protect."""
-        if self.quota_of(owner) is None:
+        if await self.quota_of(owner) is None:
             return
 
         def change(doc: _Doc) -> None:
@@ -526,7 +538,7 @@ class UsageLedger:
         """Grow upload ``rid``'s reservation to ``nbytes`` (a reservation never shrinks here), before the bytes
         that take it there are stored: QuotaExceeded if they do not fit beside the key's other reservations.
         What an upload of unknown length holds as it grows. Without a quota nothing is written."""
-        if self.quota_of(owner) is None:
+        if await self.quota_of(owner) is None:
             return
 
         def change(doc: _Doc) -> None:
@@ -541,7 +553,7 @@ class UsageLedger:
         """Bytes upload ``rid`` may still bring (its own reservation counted as its room); None: no quota. With
         ``at_least``: answered from ``rid``'s own shard (one read) when its allotment has that much room, else from
         every shard."""
-        quota = self.quota_of(owner)
+        quota = await self.quota_of(owner)
         if quota is None:
             return None
         if at_least is not None:
@@ -556,7 +568,7 @@ class UsageLedger:
 
     async def release(self, owner: str | None, rid: str) -> None:
         """Forget upload ``rid``'s reservation (it ended without a file)."""
-        if self.quota_of(owner) is None:
+        if await self.quota_of(owner) is None:
             return
 
         def change(doc: _Doc) -> None:

@@ -105,7 +105,7 @@ class BundleService:
         stored file the caller may see, or ``{"id"?, "role", "content": <inline Text/JSON/Code object>}``.
         ``expires_in``: seconds it lives (the file rules: LifetimeTooLong above the maximum). Its record's bytes
         are charged to the key first (QuotaExceeded when they do not fit). Returns the bundle id."""
-        lifetime = self.lifecycle.lifetime(caller.owner, expires_in)
+        lifetime = await self.lifecycle.lifetime(caller.owner, expires_in)
         if not items:
             raise InvalidRequest("a bundle needs at least one item")
         limit = self.files.settings.max_bundle_items

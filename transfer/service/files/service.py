@@ -185,7 +185,7 @@ class FileService:
         lifecycle = self.lifecycle
         # the intent checked and its lifetime granted before a byte is read
         self.publisher.check_intent(request.intent)
-        lifetime = lifecycle.lifetime(request.owner, request.intent.lifetime)
+        lifetime = await lifecycle.lifetime(request.owner, request.intent.lifetime)
         request = replace(request, intent=replace(request.intent, lifetime=lifetime))
         file_id = file_id or new_file_id()
         if body_pending and with_body is None and request.checksum and request.expected_size is not None:

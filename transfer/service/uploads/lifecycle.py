@@ -116,11 +116,11 @@ class UploadLifecycle:
 
     # -- the file it makes ---------------------------------------------------------------------------------------
 
-    def settle(self, owner: str | None, intent: FileIntent) -> FileIntent:
+    async def settle(self, owner: str | None, intent: FileIntent) -> FileIntent:
         """``intent`` as the upload keeps it: every field checked by the publisher's one rule (whatever the door), the
         lifetime granted against the key's and the service's policy (LifetimeTooLong above the maximum)."""
         self.publisher.check_intent(intent)
-        return replace(intent, lifetime=self.terms.lifetime(owner, intent.lifetime))
+        return replace(intent, lifetime=await self.terms.lifetime(owner, intent.lifetime))
 
     def candidate(self, record: UploadRecord, *, size: int, sha256: str, head: bytes, source: str) -> Candidate:
         """What ``record``'s upload hands the publisher: its bytes' size, SHA-256 and first bytes, and its intent."""
@@ -158,7 +158,7 @@ class UploadLifecycle:
         at once). ``prepare``: the door's work before the record exists (it may change the record),
         undone by ``undo`` if the record cannot be written; ``then``: its work once the record exists (if it fails,
         the record goes again)."""
-        record = replace(record, intent=self.settle(record.owner, record.intent))
+        record = replace(record, intent=await self.settle(record.owner, record.intent))
         if known is not None:
             sha256, size = known
             candidate = self.candidate(record, size=size, sha256=sha256, head=b"", source=f"{kind.name} (shared)")

@@ -47,11 +47,13 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── InsufficientScope          403 insufficient_scope
     │   ├── UploadForbidden            403 forbidden             (tus: PATCH on a final upload; paths outside root)
     │   ├── DestinationRefused         403 destination_refused   (server-side fetch to a private/loopback address)
+    │   ├── UploadRefused              403 upload_refused        (the pre-upload hook said no; detail: reason)
     │   ├── EncryptedResourceRefused   403 TP-TRA031             (prompt embedding carries no encrypted resource)
     │   ├── CrossSiteRefused           403 cross_site_refused    (a browser request from another site, not allowed)
     │   ├── SignatureInvalid           403 signature_invalid
     │   └── UrlExpired                 403 url_expired
     ├── NotFound                       404 not_found
+    │   ├── EventsDisabled             404 events_disabled       (/v1/events, subscriptions: TRANSFER_EVENTS is off)
     │   ├── ToolUnavailable            404 TP-TRA021             (MCP tool for that message type)
     │   └── TaskNotFound               404 task_not_found        (A2A task: unknown, or another key's)
     ├── MethodNotAllowed               405 method_not_allowed
@@ -89,6 +91,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── StorageUnavailable             503 storage_unavailable
     ├── SigningKeysRequired            503 signing_keys_required (storage shared beyond this host, no configured key)
     ├── ShuttingDown                   503 shutting_down         (the grace after SIGTERM ran out; retry elsewhere)
+    ├── HookUnavailable                503 hook_unavailable      (the pre-upload hook failed or timed out; fail closed)
     ├── AssetsMissing                  503 assets_missing        (web page / docs libraries not installed)
     ├── McpUnavailable                 503 mcp_unavailable       (/mcp: the MCP SDK could not be imported)
     ├── HeartbeatTimeout               408 TP-TRA010             (WebSocket: two pongs missed)
@@ -381,6 +384,13 @@ class DestinationRefused(AccessDenied):
     code = "destination_refused"
 
 
+class UploadRefused(AccessDenied):
+    """The deployment's pre-upload hook refused the upload before a byte was stored; its reason is the message (and
+    ``detail["reason"]``)."""
+
+    code = "upload_refused"
+
+
 class EncryptedResourceRefused(AccessDenied):
     code = "TP-TRA031"
 
@@ -388,6 +398,12 @@ class EncryptedResourceRefused(AccessDenied):
 class NotFound(TransferError):
     code = "not_found"
     status = 404
+
+
+class EventsDisabled(NotFound):
+    """Events are not recorded on this deployment (``TRANSFER_EVENTS`` is off): no stream, no subscriptions."""
+
+    code = "events_disabled"
 
 
 class ToolUnavailable(NotFound):
@@ -580,6 +596,14 @@ class ShuttingDown(TransferError):
     """The server stopped this request at the end of its shutdown grace; nothing of it was kept."""
 
     code = "shutting_down"
+    status = 503
+
+
+class HookUnavailable(TransferError):
+    """The pre-upload hook did not answer usably (down, slow, an error, nonsense) and the deployment fails closed
+    (``TRANSFER_HOOK_ON_FAILURE=deny``): nothing was stored; the same request may succeed later."""
+
+    code = "hook_unavailable"
     status = 503
 
 

@@ -68,6 +68,7 @@ class Screening:
     checksum: str | None
 
     def to_json(self, now: float) -> dict[str, Any]:
+        """The request body the hook is sent at ``now``."""
         i = self.intent
         data = {
             "upload_id": self.upload_id,

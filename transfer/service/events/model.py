@@ -87,11 +87,13 @@ class Check:
     state: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """The check as its entry stores it."""
         doc = {"file": self.file, "sha256": self.sha256, "gone": self.gone, "record": self.record, "state": self.state}
         return {k: v for k, v in doc.items() if v not in (None, False)}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Check:
+        """The check an entry stores."""
         return cls(
             file=doc.get("file"),
             sha256=doc.get("sha256"),
@@ -131,10 +133,12 @@ class Target:
     error: str = ""
 
     def to_json(self) -> list[Any]:
+        """The target as its entry stores it: ``[attempts, due, since, error]``."""
         return [self.attempts, self.due, self.since, self.error]
 
     @classmethod
     def from_json(cls, raw: Any) -> Target:
+        """The target an entry stores."""
         attempts, due, since, error = raw
         return cls(int(attempts), float(due), float(since), str(error))
 
@@ -172,6 +176,7 @@ class Entry:
         return min((t.due for t in self.targets.values()), default=float("inf"))
 
     def to_json(self) -> dict[str, Any]:
+        """The entry as its outbox record stores it."""
         e = self.event
         doc: dict[str, Any] = {
             "v": 1,
@@ -192,6 +197,7 @@ class Entry:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Entry:
+        """The entry an outbox record stores."""
         event = Event(
             id=str(doc["id"]),
             type=EventType(doc["type"]),
@@ -225,6 +231,7 @@ class DeadLetter:
     failed: Mapping[str, Target] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        """The dead letter as its record stores it."""
         return {
             "id": self.event.id,
             "type": self.event.type.value,
@@ -236,6 +243,7 @@ class DeadLetter:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> DeadLetter:
+        """The dead letter a record stores."""
         entry = Entry.from_json(doc)
         failed = doc.get("failed") or {}
         return cls(entry.event, {k: Target.from_json(v) for k, v in failed.items()})

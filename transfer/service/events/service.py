@@ -120,6 +120,8 @@ class EventService(EventSink):
         size: int | None,
         checksum: str | None,
     ) -> FileIntent:
+        """The hook's decision (see :meth:`EventSink.screen`); a lifetime it sets is kept within the maximum of the
+        key and of the service."""
         if not self.hook.enabled:
             return intent
         screening = Screening(upload_id, owner, door, intent, size, checksum)
@@ -140,6 +142,7 @@ class EventService(EventSink):
         return None if dropped else event.id
 
     async def publishing(self, record: FileRecord, *, upload_id: str, door: str, durable: bool) -> str | None:
+        """``file.published`` staged, checked by the file's existence with its SHA-256 (see the base)."""
         if not self.enabled:
             return None
         kind = EventType.FILE_PUBLISHED
@@ -148,6 +151,7 @@ class EventService(EventSink):
         return await self._stage(event, Check(file=record.id, sha256=record.sha256), durable=durable)
 
     async def removing(self, record: FileRecord, *, expired: bool) -> str | None:
+        """``file.deleted`` or ``file.expired`` staged, checked by the file's absence (see the base)."""
         if not self.enabled:
             return None
         kind = EventType.FILE_EXPIRED if expired else EventType.FILE_DELETED
@@ -162,6 +166,7 @@ class EventService(EventSink):
         return None if dropped else eid
 
     async def aborting(self, record: UploadRecord, *, kind: str, key: str) -> str | None:
+        """``upload.aborted`` staged, checked by the upload record's state (see the base)."""
         if not self.enabled:
             return None
         t = EventType.UPLOAD_ABORTED
@@ -175,10 +180,12 @@ class EventService(EventSink):
         return await self._stage(event, Check(record=key, state="aborted"))
 
     def made(self, event_id: str | None) -> None:
+        """Hand ``event_id`` to this process's delivery workers now."""
         if event_id is not None and self.enabled:
             self.dispatcher.confirmed(event_id)
 
     async def quota_exceeded(self, error: QuotaExceeded, *, subject: str, owner: str | None, door: str) -> None:
+        """``quota.exceeded`` recorded (its change, the refusal, is made: nothing to check) and sent."""
         if not self.enabled:
             return
         t = EventType.QUOTA_EXCEEDED

@@ -64,6 +64,7 @@ class Subscription:
         return [s for s, retired in self.secrets if retired is None or retired > now]
 
     def to_json(self) -> dict[str, Any]:
+        """The subscription as its record stores it (secrets included)."""
         return {
             "id": self.id,
             "url": self.url,
@@ -76,6 +77,7 @@ class Subscription:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Subscription:
+        """The subscription a record stores."""
         types, owners = doc.get("types"), doc.get("owners")
         return cls(
             id=str(doc["id"]),
@@ -105,6 +107,7 @@ class Subscription:
 
 
 def subscription_key(sid: str) -> str:
+    """Where subscription ``sid`` is kept."""
     return SUBSCRIPTIONS + sid
 
 

@@ -316,7 +316,7 @@ class McpBinding:
             store_encoding=storage_encoding(encoding),
         )
         files = self.services.files
-        record = await files.upload(_read_file(full, self.settings.buffer_size), request)
+        record = await files.upload(_read_file(full, self.settings.buffer_size), request, source="mcp")
         return await files.describe_json(record, self.base_url(ctx), ttl=ttl)
 
     async def upload_content(
@@ -346,7 +346,7 @@ class McpBinding:
             expected_size=len(raw),
         )
         files = self.services.files
-        record = await files.upload(_one(raw), request)
+        record = await files.upload(_one(raw), request, source="mcp")
         return await files.describe_json(record, self.base_url(ctx), ttl=ttl)
 
     async def open_session(

@@ -64,6 +64,7 @@ class Dispatcher:
         happened: Checker,
         grace: Callable[[Entry], float],
         clock: Callable[[], float] = time.time,
+        wall: Callable[[], float] = time.time,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.outbox = outbox
@@ -72,7 +73,8 @@ class Dispatcher:
         self.settings = settings
         self.happened = happened
         self.grace = grace
-        self.clock = clock
+        self.clock = clock  # the service's: how old a staged event is (its timestamp is on it)
+        self.wall = wall  # real time: leases, retries and their ages (a receiver comes back in real time)
         self.holder = new_id("p_")  # this process, in leases
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
@@ -127,7 +129,7 @@ class Dispatcher:
     async def look(self) -> int:
         """List the outbox and queue every event due that nobody here works on; how many were delivered (to every
         subscription that wanted them) since the last look. The delivery loop's sweep."""
-        now = self.clock()
+        now = self.wall()
         for event_id in await self.outbox.ids():
             if event_id in self._busy or self._next.get(event_id, 0.0) > now:
                 continue
@@ -150,10 +152,10 @@ class Dispatcher:
                 await self.process(event_id)
             except TransferError as exc:
                 log.warning("event %s not delivered now (retried at the next look): %s", event_id, exc)
-                self._later(event_id, self.clock() + RECHECK)
+                self._later(event_id, self.wall() + RECHECK)
             except Exception:  # a bug must not end the worker for the process's lifetime
                 log.exception("event %s: delivery failed unexpectedly (a bug)", event_id)
-                self._later(event_id, self.clock() + RECHECK)
+                self._later(event_id, self.wall() + RECHECK)
             finally:
                 self._busy.discard(event_id)
 
@@ -161,7 +163,7 @@ class Dispatcher:
 
     async def process(self, event_id: str) -> None:
         """Take event ``event_id`` from the outbox (if due and held by nobody) and deliver it."""
-        now = self.clock()
+        now, age_now = self.wall(), self.clock()
         entry = await self.outbox.read(event_id)
         if entry is None:
             self._confirmed.discard(event_id)
@@ -169,12 +171,13 @@ class Dispatcher:
             return
         mine = event_id in self._confirmed
         if entry.staged and not mine:
-            if now - entry.event.created < STAGED_SETTLE:
-                self._later(event_id, entry.event.created + STAGED_SETTLE)
+            age = age_now - entry.event.created
+            if age < STAGED_SETTLE:
+                self._later(event_id, now + STAGED_SETTLE - age)
                 return
             assert entry.check is not None
             if not await self.happened(entry.check):
-                if now - entry.event.created > self.grace(entry):
+                if age > self.grace(entry):
                     log.info("event %s dropped: its change never happened", event_id)
                     await self.outbox.remove(event_id)
                 else:
@@ -232,7 +235,7 @@ class Dispatcher:
         assert self._client is not None
         event = entry.event
         body = event.body()
-        now = self.clock()
+        now = self.wall()
         headers = {
             "content-type": "application/json",
             "user-agent": "agent-transfer-webhooks",
@@ -257,7 +260,7 @@ class Dispatcher:
 
     async def _settle(self, claimed: Entry, results: dict[str, str | None]) -> None:
         """Record the results of one round by compare-and-set; bury what is past its age; delete what is done."""
-        now = self.clock()
+        now = self.wall()
         s = self.settings
         dead: dict[str, Target] = {}
 

@@ -83,9 +83,7 @@ class EventService(EventSink):
         self.clock = clock
         self.hook = PreUploadHook(settings, transport=transport)
         self.outbox = Outbox(records, limit=settings.events_outbox_limit)
-        self.subscriptions = Subscriptions(
-            records, self.hook.policy, limit=settings.max_event_subscriptions, clock=clock
-        )
+        self.subscriptions = Subscriptions(records, self.hook.policy, limit=settings.max_event_subscriptions)
         self.feed = Feed(records, retention=settings.events_feed_retention, clock=clock)
         self.dispatcher = Dispatcher(
             self.outbox,

@@ -166,7 +166,7 @@ class Subscriptions:
         policy: DestinationPolicy,
         *,
         limit: int,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.time,  # real time: secrets retire as deliveries are made
     ) -> None:
         self.records = records
         self.storage = records.storage

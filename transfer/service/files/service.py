@@ -182,7 +182,8 @@ class FileService:
         declares ``checksum`` and ``size`` of content its key already stores, the file is published sharing those
         bytes and the body is never read. ``file_id``: the id the file gets (an upload authorisation's, derived from
         its id; a fresh one otherwise). ``screened``: the deployment's pre-upload hook allowed this upload already
-        (an upload authorisation's, when it was opened); otherwise it is asked here, before a byte is read."""
+        (an upload authorisation's, when it was opened); otherwise it is asked here, before a byte is read (with
+        ``with_body``: once the body's fields have come, before anything is published)."""
         s = self.settings
         lifecycle = self.lifecycle
         # the intent checked and its lifetime granted before a byte is read
@@ -191,19 +192,24 @@ class FileService:
         request = replace(request, intent=replace(request.intent, lifetime=lifetime))
         file_id = file_id or new_file_id()
         events = self.publisher.events
-        if not screened:  # the deployment's pre-upload hook: it may refuse, or set lifetime and metadata
-            declared_size = request.expected_size
-            if declared_size is None and request.body_encoding is ContentEncoding.NONE:
-                declared_size = request.declared_length
+
+        async def screen(request: UploadRequest, size: int | None) -> UploadRequest:
+            """The deployment's pre-upload hook: it may refuse, or set lifetime and metadata."""
             intent = await events.screen(
                 upload_id=file_id,
                 owner=request.owner,
                 door=source,
                 intent=request.intent,
-                size=declared_size,
+                size=size,
                 checksum=request.checksum,
             )
-            request = replace(request, intent=intent)
+            return replace(request, intent=intent)
+
+        if not screened and with_body is None:  # before a byte is read
+            declared_size = request.expected_size
+            if declared_size is None and request.body_encoding is ContentEncoding.NONE:
+                declared_size = request.declared_length
+            request = await screen(request, declared_size)
         if body_pending and with_body is None and request.checksum and request.expected_size is not None:
             known = await self.publisher.publish_known(
                 request_candidate(
@@ -241,6 +247,9 @@ class FileService:
                     room=room,
                     source=source,
                     with_body=with_body,
+                    # a form's fields (its file name) come with its body: the hook is asked once they have come,
+                    # before anything is published
+                    screen=screen if not screened and with_body is not None else None,
                 )
         except BaseException as exc:
             if room is not None and declared is not None:

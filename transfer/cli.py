@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import httpx
 
 from transfer import __version__
+from transfer.cli_events import add_event_commands
 from transfer.client.chunks import state_dir
 from transfer.client.client import DEFAULT_SERVER, AsyncTransferClient
 from transfer.client.dedup import AUTO_DEDUP_THRESHOLD
@@ -1063,6 +1064,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("name")
     k.add_argument("--scopes", default="upload,read", help="comma-separated: upload, read, admin")
     k.set_defaults(func=cmd_keys_new)
+
+    add_event_commands(sub, lambda p: _service_options(p, server_default))  # subscriptions, events
 
     p = sub.add_parser("inspect", help="validate a descriptor and explain it")
     p.add_argument("descriptor", help="descriptor JSON file, or - for stdin")

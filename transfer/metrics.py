@@ -108,3 +108,27 @@ def record_race(key: str, *, busy: bool) -> None:
 
 def s3_retried(operation: str) -> None:
     s3_retries.labels(operation).inc()
+
+
+# hooks and events (transfer.service.events): labels are the service's own event types, hook outcomes and delivery
+# outcomes, a bounded set
+hook_calls = Counter(
+    "transfer_hook_calls", "pre-upload hook calls, by outcome (allow, deny, error, timeout)", ["outcome"]
+)
+hook_duration = Histogram(
+    "transfer_hook_duration_seconds",
+    "time the pre-upload hook took to answer",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+events_recorded = Counter("transfer_events_recorded", "events written to the outbox, by type", ["type"])
+events_dropped = Counter(
+    "transfer_events_dropped",
+    "events not recorded because the outbox held events_outbox_limit already, by type",
+    ["type"],
+)
+event_deliveries = Counter(
+    "transfer_event_deliveries",
+    "webhook delivery attempts, by outcome (delivered, failed, dead: retried past events_max_age)",
+    ["outcome"],
+)
+events_waiting = Gauge("transfer_events_waiting", "events in the outbox at the last look (every replica's)")

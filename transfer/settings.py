@@ -359,6 +359,64 @@ class Settings(BaseSettings):
         default=4 << 20, ge=1 << 10, description="largest content carried inside one MCP message (bytes, chunks)"
     )
 
+    # hooks and events (docs/HOOKS.md)
+    hook_url: str | None = Field(
+        default=None,
+        description="pre-upload hook: an HTTP(S) URL asked, before any upload stores a byte, whether to allow it "
+        "(its answer may also set the file's lifetime and metadata); none: every upload is allowed",
+    )
+    hook_timeout: float = Field(default=5.0, gt=0, le=60, description="seconds the pre-upload hook may take")
+    hook_on_failure: Literal["deny", "allow"] = Field(
+        default="deny",
+        description="what a pre-upload hook that times out, fails or answers nonsense decides: deny (503 "
+        "hook_unavailable, the upload is refused) or allow",
+    )
+    hook_secret: str | None = Field(
+        default=None,
+        description="whsec_ secret the pre-upload hook's requests are signed with (Standard Webhooks), so that the "
+        "hook knows they come from this service",
+    )
+    hooks_allow_networks: list[str] = Field(
+        default_factory=list,
+        description="JSON list of CIDRs the pre-upload hook and webhook subscriptions may reach although private or "
+        'loopback, e.g. ["10.1.0.0/16"] (every other such address is refused, as for server-side fetches)',
+    )
+    events: bool = Field(
+        default=False,
+        description="record file and upload events (file.published, file.deleted, file.expired, upload.aborted, "
+        "quota.exceeded) in the outbox, deliver them to webhook subscriptions and stream them on /v1/events",
+    )
+    events_max_age: float = Field(
+        default=24 * 3600.0,
+        gt=0,
+        description="seconds an event is retried for a subscription that does not take it; then it is dead-lettered",
+    )
+    events_retry_base: float = Field(
+        default=5.0, gt=0, description="seconds before the first retry of a failed delivery (doubling each time)"
+    )
+    events_retry_max: float = Field(default=600.0, gt=0, description="longest wait between two delivery attempts")
+    events_timeout: float = Field(default=10.0, gt=0, le=120, description="seconds a webhook receiver may take")
+    events_concurrency: int = Field(default=8, ge=1, le=256, description="deliveries in flight per process")
+    events_lease: float = Field(
+        default=60.0, gt=0, description="seconds a replica holds an event it is delivering (then another may)"
+    )
+    events_scan_interval: float = Field(
+        default=2.0, gt=0, description="seconds between looks at the outbox for events due (any replica's)"
+    )
+    events_outbox_limit: int = Field(
+        default=100_000,
+        ge=1,
+        description="events waiting in the outbox at most; above it new events are dropped and counted "
+        "(transfer_events_dropped_total)",
+    )
+    events_feed_retention: float = Field(
+        default=24 * 3600.0, gt=0, description="seconds /v1/events keeps an event for a stream that resumes"
+    )
+    max_event_subscriptions: int = Field(default=100, ge=1, le=10_000, description="webhook subscriptions at most")
+    max_event_streams: int = Field(
+        default=256, ge=1, description="/v1/events streams open at once per process (more: 429)"
+    )
+
     @field_validator("signing_keys")
     @classmethod
     def _signing_keys_are_secret(cls, v: dict[str, str] | None) -> dict[str, str] | None:

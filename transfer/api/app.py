@@ -25,6 +25,7 @@ from transfer.api.authorized import authorized_router
 from transfer.api.bundles import bundles_router
 from transfer.api.chunked import chunked_router
 from transfer.api.direct import direct_router
+from transfer.api.events import events_router
 from transfer.api.files import files_router, header_upload_options
 from transfer.api.health import health_router, observability_router
 from transfer.api.hotpath import HotPath, LeanApp
@@ -213,6 +214,7 @@ def rest_app(
     app.include_router(chunked_router(services.chunks, service, base_url, needs))
     app.include_router(admin_router(services, needs))
     app.include_router(identity_router(auth, needs))
+    app.include_router(events_router(services, needs))
     app.include_router(bundles_router(services.bundles, base_url, needs))
     app.include_router(tus_router(tus, service, base_url, needs))
     app.include_router(resumable_router(tus, service, base_url, needs))

@@ -37,6 +37,7 @@ from transfer.api.responses import AsciiJSONResponse
 from transfer.api.tus import PREFIX as TUS_PREFIX
 from transfer.api.tus import TUS_VERSION
 from transfer.core.auth import Scope as KeyScope
+from transfer.service.events.hook import CLIENT_ADDRESS
 
 Authorize = Callable[[Request, KeyScope], Awaitable[None]]
 UploadOptionsOf = Callable[[Request], Awaitable[Any]]
@@ -56,6 +57,8 @@ class LeanApp(FastAPI):
     hot_path: HotPath | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        client = scope.get("client")
+        CLIENT_ADDRESS.set(str(client[0]) if client else None)  # what the pre-upload hook is told (every request)
         hot = self.hot_path
         if hot is not None:
             handler = hot.match(scope)

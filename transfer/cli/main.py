@@ -15,6 +15,7 @@ from transfer import __version__
 from transfer.cli.admin import cmd_files_ls, cmd_files_rm, cmd_files_usage, cmd_gc, cmd_usage_repair
 from transfer.cli.bench import cmd_bench
 from transfer.cli.console import CliError, CliParser, _service_options
+from transfer.cli.events import add_event_commands
 from transfer.cli.keyrecords import add_key_commands
 from transfer.cli.keys import cmd_keys_new
 from transfer.cli.listing import cmd_ls, cmd_session_descriptor, cmd_status, cmd_usage
@@ -261,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--scopes", default="upload,read", help="comma-separated: upload, read, admin")
     k.set_defaults(func=cmd_keys_new)
     add_key_commands(keys, server_default)  # create, list, revoke, rotate: run-time keys (transfer.cli.keyrecords)
+
+    add_event_commands(sub, lambda p: _service_options(p, server_default))  # subscriptions, events
 
     p = sub.add_parser("inspect", help="validate a descriptor and explain it")
     p.add_argument("descriptor", help="descriptor JSON file, or - for stdin")

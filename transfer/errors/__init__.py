@@ -60,11 +60,13 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── InsufficientScope          403 insufficient_scope
     │   ├── UploadForbidden            403 forbidden             (tus: PATCH on a final upload; paths outside root)
     │   ├── DestinationRefused         403 destination_refused   (server-side fetch to a private/loopback address)
+    │   ├── UploadRefused              403 upload_refused        (the pre-upload hook said no; detail: reason)
     │   ├── EncryptedResourceRefused   403 TP-TRA031             (prompt embedding carries no encrypted resource)
     │   ├── CrossSiteRefused           403 cross_site_refused    (a browser request from another site, not allowed)
     │   ├── SignatureInvalid           403 signature_invalid
     │   └── UrlExpired                 403 url_expired
     ├── NotFound                       404 not_found
+    │   ├── EventsDisabled             404 events_disabled       (/v1/events, subscriptions: TRANSFER_EVENTS is off)
     │   ├── ToolUnavailable            404 TP-TRA021             (MCP tool for that message type)
     │   └── TaskNotFound               404 task_not_found        (A2A task: unknown, or another key's)
     ├── MethodNotAllowed               405 method_not_allowed
@@ -103,6 +105,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── StorageUnavailable             503 storage_unavailable
     ├── SigningKeysRequired            503 signing_keys_required (storage shared beyond this host, no configured key)
     ├── ShuttingDown                   503 shutting_down         (the grace after SIGTERM ran out; retry elsewhere)
+    ├── HookUnavailable                503 hook_unavailable      (the pre-upload hook failed or timed out; fail closed)
     ├── AssetsMissing                  503 assets_missing        (web page / docs libraries not installed)
     ├── McpUnavailable                 503 mcp_unavailable       (/mcp: the MCP SDK could not be imported)
     ├── IssuerUnavailable              503 issuer_unavailable    (a trusted issuer's metadata or keys unreachable)
@@ -127,6 +130,7 @@ from transfer.errors.access import (
     CrossSiteRefused,
     DestinationRefused,
     EncryptedResourceRefused,
+    EventsDisabled,
     InsufficientScope,
     InvalidToken,
     KeyExpired,
@@ -146,6 +150,7 @@ from transfer.errors.access import (
     ToolUnavailable,
     Unauthenticated,
     UploadForbidden,
+    UploadRefused,
     UrlExpired,
 )
 from transfer.errors.base import TransferError
@@ -214,6 +219,7 @@ from transfer.errors.service import (
     BridgeFailed,
     ClientDisconnected,
     HeartbeatTimeout,
+    HookUnavailable,
     InsufficientStorage,
     IssuerUnavailable,
     McpUnavailable,
@@ -253,6 +259,9 @@ from transfer.errors.translation import (
 )
 
 __all__ = [
+    "UploadRefused",
+    "EventsDisabled",
+    "HookUnavailable",
     "KeyExpired",
     "InvalidToken",
     "TokenExpired",

@@ -99,6 +99,13 @@ class DestinationRefused(AccessDenied):
     code = "destination_refused"
 
 
+class UploadRefused(AccessDenied):
+    """The deployment's pre-upload hook refused the upload before a byte was stored; its reason is the message (and
+    ``detail["reason"]``)."""
+
+    code = "upload_refused"
+
+
 class EncryptedResourceRefused(AccessDenied):
     code = "TP-TRA031"
 
@@ -106,6 +113,12 @@ class EncryptedResourceRefused(AccessDenied):
 class NotFound(TransferError):
     code = "not_found"
     status = 404
+
+
+class EventsDisabled(NotFound):
+    """Events are not recorded on this deployment (``TRANSFER_EVENTS`` is off): no stream, no subscriptions."""
+
+    code = "events_disabled"
 
 
 class ToolUnavailable(NotFound):

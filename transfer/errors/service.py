@@ -37,6 +37,14 @@ class ShuttingDown(TransferError):
     status = 503
 
 
+class HookUnavailable(TransferError):
+    """The pre-upload hook did not answer usably (down, slow, an error, nonsense) and the deployment fails closed
+    (``TRANSFER_HOOK_ON_FAILURE=deny``): nothing was stored; the same request may succeed later."""
+
+    code = "hook_unavailable"
+    status = 503
+
+
 class AssetsMissing(TransferError):
     """A browser library the web page or the API docs need was not installed (``make install``)."""
 

@@ -36,6 +36,7 @@ from transfer.service.accounting.slots import OpenSlots
 from transfer.service.agents.a2a import A2AService
 from transfer.service.agents.tp import TPService
 from transfer.service.backends import make_storage
+from transfer.service.events.service import EventService
 from transfer.service.files.bundles import BundleService
 from transfer.service.files.publisher import Publisher
 from transfer.service.files.service import FileService
@@ -91,6 +92,7 @@ class Services:
     chunks: ChunkService
     uploads: UploadLifecycle
     identities: Identities  # who calls (keys, key records, access tokens) and every owner's limits
+    events: EventService
     _users: int = 0  # hosts that started the set and have not closed it yet (stdio MCP + its HTTP server: two)
     _sweepers: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -105,6 +107,8 @@ class Services:
         identities = Identities(settings, records, clock=clock)
         terms = Lifecycle(records, settings, clock=clock, limits=identities.limits)
         publisher = Publisher(records, settings, terms, clock=clock)
+        events = EventService(records, settings, terms, clock=clock)  # the pre-upload hook, the event outbox
+        publisher.events = events  # every publication, removal, abort and quota refusal is told to it
         files = FileService(settings, publisher, clock=clock)
         s = settings
         slots = {  # a key's open uploads, one counter per folder (tus and sessions share theirs)
@@ -166,6 +170,7 @@ class Services:
             chunks=ChunkService(ChunkStore(files, records, clock=clock), uploads, slots["chunked"], clock=clock),
             uploads=uploads,
             identities=identities,
+            events=events,
         )
 
     def maintenance(self) -> list[Sweep]:
@@ -180,6 +185,16 @@ class Services:
             Sweep("tp_mailboxes", every, self.tp.sweep_mailboxes),
             Sweep("expired_bundles", every, self.bundles.sweep_expired_bundles),
             Sweep("chunks", every, self.chunks.store.sweep_chunks),
+            *self.events_maintenance(),
+        ]
+
+    def events_maintenance(self) -> list[Sweep]:
+        """The delivery loop's look at the outbox and the feed's retention, when events are on."""
+        if not self.settings.events:
+            return []
+        return [
+            Sweep("events", self.settings.events_scan_interval, self.events.dispatcher.look),
+            Sweep("event_feed", max(self.settings.session_gc_interval, 60.0), self.events.feed.sweep),
         ]
 
     async def start(self) -> None:
@@ -192,6 +207,7 @@ class Services:
         # an engine without atomic compare-and-set refuses replicas unless told this process runs alone
         require_replica_safe(self.files.storage, self.settings.single_replica)
         await self.identities.start()
+        self.events.start()
         self._sweepers = [
             asyncio.create_task(self._repeat(sweep), name=f"sweep:{sweep.name}") for sweep in self.maintenance()
         ]
@@ -231,6 +247,7 @@ class Services:
         for task in sweepers:
             task.cancel()
         await asyncio.gather(*sweepers, return_exceptions=True)
+        await self.events.close()
         await self.tp.close()
         await self.chunks.close()
         await self.imports.close()

@@ -52,7 +52,7 @@ class UploadTools(McpContext):
             store_encoding=storage_encoding(encoding),
         )
         files = self.services.files
-        record = await files.upload(_read_file(full, self.settings.buffer_size), request)
+        record = await files.upload(_read_file(full, self.settings.buffer_size), request, source="mcp")
         return await files.describe_json(record, self.base_url(ctx), ttl=ttl)
 
     async def upload_content(
@@ -82,7 +82,7 @@ class UploadTools(McpContext):
             expected_size=len(raw),
         )
         files = self.services.files
-        record = await files.upload(_one(raw), request)
+        record = await files.upload(_one(raw), request, source="mcp")
         return await files.describe_json(record, self.base_url(ctx), ttl=ttl)
 
     async def authorize_upload(

@@ -108,6 +108,7 @@ class FileIntent:
     role: FileRole | None = None
     description: str | None = None
     lifetime: int | None = None
+    metadata: Mapping[str, str] | None = None  # what the deployment's pre-upload hook gave the file
 
     def to_json(self) -> dict[str, Any]:
         """The intent as a record stores it (fields that are not set are left out)."""
@@ -118,6 +119,7 @@ class FileIntent:
             "role": None if self.role is None else self.role.value,
             "description": self.description,
             "lifetime": self.lifetime,
+            "metadata": None if not self.metadata else dict(self.metadata),
         }
         return {k: v for k, v in doc.items() if v is not None}
 
@@ -127,6 +129,7 @@ class FileIntent:
         doc = doc or {}
         role = doc.get("role")
         lifetime = doc.get("lifetime")
+        metadata = doc.get("metadata")
         return cls(
             name=_text(doc.get("name")),
             content_type=_text(doc.get("content_type")),
@@ -134,6 +137,7 @@ class FileIntent:
             role=FileRole(role) if role else None,
             description=_text(doc.get("description")),
             lifetime=int(lifetime) if isinstance(lifetime, int | float) else None,
+            metadata={str(k): str(v) for k, v in metadata.items()} if isinstance(metadata, dict) else None,
         )
 
 

@@ -132,7 +132,7 @@ class A2AService:
             checksum=part.checksum,
             expected_size=part.size,
         )
-        return await self.files.upload(_pieces(data), request)
+        return await self.files.upload(_pieces(data), request, source="a2a")
 
     async def _discard(self, stored: list[FileRecord]) -> None:
         for record in stored:

@@ -205,13 +205,16 @@ async def ingest(
     room: int | None = None,
     source: str = "upload",
     with_body: Callable[[UploadRequest], UploadRequest] | None = None,
+    screen: Callable[[UploadRequest, int], Awaitable[UploadRequest]] | None = None,
 ) -> tuple[FileRecord, bytes | None]:
     """Stream ``body`` into storage as file ``file_id`` and hand it, verified, to ``publisher`` (which publishes
     it by committing the writer). ``room``: the most original bytes the owner's quota allows (QuotaExceeded
     beyond, before reading when a size is declared); the request's intent is settled already. Returns the record,
     and the original bytes when the whole file fits in the sniffed head (``SNIFF_BYTES``), which the pipeline
     holds anyway: an inline descriptor of a small file needs no read back. ``request`` is only read;
-    ``with_body(request)``: the request completed by what came with the body (a form's fields), once it ended."""
+    ``with_body(request)``: the request completed by what came with the body (a form's fields), once it ended;
+    ``screen(request, size)``: then the deployment's pre-upload hook, asked before anything is published (a form's
+    file name comes with its body)."""
     publisher.check_intent(request.intent)
     # reject before reading a byte (RFC 9110 §15.5.14); the body as sent is held to the limit in any coding
     if request.declared_length is not None and request.declared_length > max_size:
@@ -293,6 +296,8 @@ async def ingest(
 
         if with_body is not None:
             request = with_body(request)
+        if screen is not None:  # refused: the writer is aborted below, nothing was published
+            request = await screen(request, digests.size)
         _verify(request, digests, received)
         head = bytes(digests.head)
         original_hex = digests.original.hexdigest()

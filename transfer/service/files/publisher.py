@@ -50,6 +50,7 @@ from transfer.errors import (
 )
 from transfer.service.accounting.lifecycle import Lifecycle
 from transfer.service.accounting.recordstore import RecordStore
+from transfer.service.events.sink import NO_EVENTS, EventSink
 from transfer.service.files.documents import index_file, unindex_file
 from transfer.service.files.records import FileRecord, object_key
 from transfer.service.files.shared import SharedContent
@@ -105,6 +106,7 @@ class Publisher:
         self.settings = settings
         self.lifecycle = lifecycle
         self.clock = clock
+        self.events: EventSink = NO_EVENTS  # what is told of each publication and removal (set by the container)
         self.shared = SharedContent(
             records,
             min_size=settings.dedup_min_size,
@@ -135,11 +137,13 @@ class Publisher:
         publication checks again, exactly."""
         room = await self.lifecycle.room_for(owner, upload_id, at_least=size)
         if room is not None and size > room:
-            raise QuotaExceeded(
+            refusal = QuotaExceeded(
                 f"the {size} bytes of {what} go beyond the {room} bytes this key's quota has room for; {retry}",
                 room=room,
                 requested=size,
             )
+            await self.events.quota_exceeded(refusal, subject=upload_id, owner=owner, door="upload")
+            raise refusal
 
     def now(self) -> datetime:
         """The service clock as a record's timestamp (whole seconds, UTC)."""
@@ -175,6 +179,7 @@ class Publisher:
             expires_at=self.lifecycle.expiry(created, intent.lifetime),
             content=c.content,
             shared_as=None if c.content is not None else self.shared.key_for(c.owner, c.sha256, c.size, c.encoding),
+            metadata=dict(intent.metadata) if intent.metadata else None,
         )
 
     async def publish(self, candidate: Candidate, place: Callable[[FileRecord], Awaitable[object]]) -> FileRecord:
@@ -188,14 +193,25 @@ class Publisher:
                 key, durable = expiry_key(record.expires_at, record.id), not candidate.flushed_by_place
                 async with self.storage.create(key, size_hint=0, durable=durable) as writer:
                     await writer.commit({})
-        until = candidate.republishable_until
-        charged = await self.lifecycle.usage.charge(
-            record.owner,
-            candidate.upload_id,
-            record.size,
-            until=None if until is None else until + CHARGE_MARK_GRACE,
-            durable=not candidate.flushed_by_place,
+        # its event staged before the file exists, in the id its file gives it: a crash after the placing loses it
+        # not, and a second completion of the same upload writes no second event
+        staged = await self.events.publishing(
+            record, upload_id=candidate.upload_id, door=candidate.source, durable=not candidate.flushed_by_place
         )
+        until = candidate.republishable_until
+        try:
+            charged = await self.lifecycle.usage.charge(
+                record.owner,
+                candidate.upload_id,
+                record.size,
+                until=None if until is None else until + CHARGE_MARK_GRACE,
+                durable=not candidate.flushed_by_place,
+            )
+        except QuotaExceeded as exc:
+            await self.events.quota_exceeded(
+                exc, subject=candidate.upload_id, owner=record.owner, door=candidate.source
+            )
+            raise
         try:
             await place(record)
         except BaseException:
@@ -216,6 +232,7 @@ class Publisher:
             raise
         await self.shared.track(record, candidate.head[:SNIFF_BYTES])
         await index_file(self.storage, record)
+        self.events.made(staged)
         return record
 
     async def publish_known(self, candidate: Candidate) -> FileRecord | None:
@@ -261,15 +278,17 @@ class Publisher:
                 pass  # unknown: the reference stays, and the sweep drops it once the file is known to be missing
             raise
 
-    async def unpublish(self, record: FileRecord) -> bool:
-        """The one way a file goes (delete, expiry sweep, a completion that lost its upload to an abort): True for
-        the one caller that removed it, False for every other (:meth:`Lifecycle.remove_charged`: claimed, removed,
-        refunded once); then it leaves its expiry index and its owner's file index."""
+    async def unpublish(self, record: FileRecord, *, expired: bool = False) -> bool:
+        """The one way a file goes (delete, expiry sweep — ``expired`` —, a completion that lost its upload to an
+        abort): True for the one caller that removed it, False for every other (:meth:`Lifecycle.remove_charged`:
+        claimed, removed, refunded once); then it leaves its expiry index and its owner's file index."""
         shared = self.shared
         content: str | None = None
+        staged: str | None = None
 
         async def move_shared_bytes() -> None:  # bytes other files share leave its object before it goes
-            nonlocal content
+            nonlocal content, staged
+            staged = await self.events.removing(record, expired=expired)  # by the one claimer, before it goes
             content = await shared.before_removal(record)
 
         removed = await self.lifecycle.remove_charged(
@@ -277,6 +296,7 @@ class Publisher:
         )
         if not removed:
             return False
+        self.events.made(staged)
         if content is not None:  # a pointer's reference goes after its file
             try:
                 await shared.after_removal(content, record)

@@ -60,6 +60,8 @@ class FileRecord:
     # of, fixed at publication (its scope then), so that its removal finds the record even after its key changed
     # sharing group; None: not shared, or published before this field (its key's own scope)
     shared_as: str | None = None
+    # what the deployment's pre-upload hook gave the file (descriptors carry it in their metadata); None: nothing
+    metadata: dict[str, str] | None = None
 
     def to_metadata(self) -> dict[str, str]:
         """ASCII-only string metadata (fits S3 user metadata)."""
@@ -73,6 +75,8 @@ class FileRecord:
             del doc["content"]  # the records of files with bytes of their own stay as they were
         if self.shared_as is None:
             del doc["shared_as"]
+        if self.metadata is None:
+            del doc["metadata"]
         doc["v"] = RECORD_VERSION
         return {RECORD_KEY: json.dumps(doc, ensure_ascii=True, separators=(",", ":"))}
 

@@ -43,6 +43,7 @@ from transfer.errors import (
     InvalidRequest,
     MethodNotAllowed,
     NotFound,
+    QuotaExceeded,
     SignatureInvalid,
     StorageUnavailable,
     TransferError,
@@ -173,6 +174,7 @@ class FileService:
         with_body: Callable[[UploadRequest], UploadRequest] | None = None,
         body_pending: bool = False,
         file_id: str | None = None,
+        screened: bool = False,
     ) -> FileRecord:
         """Store a streamed body; published only once every declared digest and size has been verified (through
         the one publisher: its fields checked there, whichever door it came by). ``request`` is only read;
@@ -180,7 +182,9 @@ class FileService:
         ``body_pending``: no byte of the body has been asked for yet (``Expect: 100-continue``): if the request
         declares ``checksum`` and ``size`` of content its key already stores, the file is published sharing those
         bytes and the body is never read. ``file_id``: the id the file gets (an upload authorisation's, derived from
-        its id; a fresh one otherwise)."""
+        its id; a fresh one otherwise). ``screened``: the deployment's pre-upload hook allowed this upload already
+        (an upload authorisation's, when it was opened); otherwise it is asked here, before a byte is read (with
+        ``with_body``: once the body's fields have come, before anything is published)."""
         s = self.settings
         lifecycle = self.lifecycle
         # the intent checked and its lifetime granted before a byte is read
@@ -188,6 +192,25 @@ class FileService:
         lifetime = await lifecycle.lifetime(request.owner, request.intent.lifetime)
         request = replace(request, intent=replace(request.intent, lifetime=lifetime))
         file_id = file_id or new_file_id()
+        events = self.publisher.events
+
+        async def screen(request: UploadRequest, size: int | None) -> UploadRequest:
+            """The deployment's pre-upload hook: it may refuse, or set lifetime and metadata."""
+            intent = await events.screen(
+                upload_id=file_id,
+                owner=request.owner,
+                door=source,
+                intent=request.intent,
+                size=size,
+                checksum=request.checksum,
+            )
+            return replace(request, intent=intent)
+
+        if not screened and with_body is None:  # before a byte is read
+            declared_size = request.expected_size
+            if declared_size is None and request.body_encoding is ContentEncoding.NONE:
+                declared_size = request.declared_length
+            request = await screen(request, declared_size)
         if body_pending and with_body is None and request.checksum and request.expected_size is not None:
             known = await self.publisher.publish_known(
                 request_candidate(
@@ -205,7 +228,11 @@ class FileService:
         declared = request.expected_size
         if declared is None and request.body_encoding is ContentEncoding.NONE:
             declared = request.declared_length
-        room = await lifecycle.admit(request.owner, file_id, declared, self.clock() + s.quota_reservation_ttl)
+        try:
+            room = await lifecycle.admit(request.owner, file_id, declared, self.clock() + s.quota_reservation_ttl)
+        except QuotaExceeded as exc:
+            await events.quota_exceeded(exc, subject=file_id, owner=request.owner, door=source)
+            raise
         try:
             with storage_errors_translated():
                 record, original = await ingest(
@@ -221,10 +248,15 @@ class FileService:
                     room=room,
                     source=source,
                     with_body=with_body,
+                    # a form's fields (its file name) come with its body: the hook is asked once they have come,
+                    # before anything is published
+                    screen=screen if not screened and with_body is not None else None,
                 )
-        except BaseException:
+        except BaseException as exc:
             if room is not None and declared is not None:
                 await lifecycle.release_after_failure(request.owner, file_id)
+            if isinstance(exc, QuotaExceeded):  # a body past the room the quota left (its length was not declared)
+                await events.quota_exceeded(exc, subject=file_id, owner=request.owner, door=source)
             raise
         if original is not None:
             self._remember_original(record.id, original)
@@ -303,7 +335,7 @@ class FileService:
                 continue
             if not is_expired(record.expires_at, now):
                 continue  # later in the current hour
-            if await self.publisher.unpublish(record):
+            if await self.publisher.unpublish(record, expired=True):
                 removed += 1  # by this sweep: another replica's sweep (or a delete) may have taken it first
         return removed
 
@@ -425,7 +457,7 @@ class FileService:
         """The fields of :meth:`describe`'s descriptor (every key the url-mode renderer takes, in url mode)."""
         s = self.settings
         ttl = min(ttl or s.url_ttl, MAX_URL_TTL)
-        metadata = {"file_id": record.id}
+        metadata = {**(record.metadata or {}), "file_id": record.id}  # the hook's, then the service's own
         if record.expires_at is not None:
             # the seed's FileContent has no field for the file's own expiry: it travels in the metadata the seed
             # leaves for extensions, and no URL claims to work past it

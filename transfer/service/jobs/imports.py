@@ -135,7 +135,7 @@ class ImportService:
         if descriptor.type is TransferMode.INLINE:
             assert descriptor.data is not None
             data = pybase64.b64decode(descriptor.data, validate=False)
-            return await self.files.upload(_one(data, job), request)
+            return await self.files.upload(_one(data, job), request, source="import")
         encoding = descriptor.encoding or ContentEncoding.NONE
         if encoding is ContentEncoding.BASE64:
             raise InvalidDescriptor("base64 encoding is for inline data only")
@@ -160,7 +160,7 @@ class ImportService:
                 body = response.aiter_raw()
                 if job is not None:
                     body = counted(body, job)
-                return await self.files.upload(body, request)
+                return await self.files.upload(body, request, source="import")
         except httpx.InvalidURL as exc:  # a redirect, or a URL built without the descriptor's validation
             raise InvalidDescriptor(f"the resource's URL cannot be fetched: {exc}") from None
         except httpx.TimeoutException as exc:

@@ -266,7 +266,9 @@ class Authorizations:
             # through FileService.upload: the key's quota and the file's lifetime apply as to any upload
             request = UploadRequest(intent=grant.intent, owner=grant.owner, declared_length=content_length)
             bounded = _bounded(body, grant.max_size)
-            return await self.files.upload(bounded, request, source="authorization", file_id=file_id_for(grant.id))
+            return await self.files.upload(
+                bounded, request, source="authorization", file_id=file_id_for(grant.id), screened=True
+            )
 
         if grant.state is UploadState.COMPLETED:
             raise Conflict(f"authorization {aid} was already used")

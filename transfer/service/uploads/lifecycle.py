@@ -42,6 +42,7 @@ from transfer.core.uploads.state import ENDED, FileIntent, UploadEvent, UploadRe
 from transfer.errors import (
     InsufficientStorage,
     NotFound,
+    QuotaExceeded,
     SessionCompleted,
     StorageUnavailable,
     TransferError,
@@ -159,6 +160,16 @@ class UploadLifecycle:
         undone by ``undo`` if the record cannot be written; ``then``: its work once the record exists (if it fails,
         the record goes again)."""
         record = replace(record, intent=await self.settle(record.owner, record.intent))
+        # the deployment's pre-upload hook, before anything is stored: it may refuse, or set lifetime and metadata
+        intent = await self.publisher.events.screen(
+            upload_id=record.id,
+            owner=record.owner,
+            door=kind.name,
+            intent=record.intent,
+            size=reserve if reserve is not None else None if known is None else known[1],
+            checksum=None if known is None else known[0],
+        )
+        record = replace(record, intent=intent)
         if known is not None:
             sha256, size = known
             candidate = self.candidate(record, size=size, sha256=sha256, head=b"", source=f"{kind.name} (shared)")
@@ -170,7 +181,11 @@ class UploadLifecycle:
                 return done
         owner, uid = record.owner, record.id
         if reserving:
-            await self.terms.admit(owner, uid, reserve, record.expires_at)
+            try:
+                await self.terms.admit(owner, uid, reserve, record.expires_at)
+            except QuotaExceeded as exc:
+                await self.publisher.events.quota_exceeded(exc, subject=uid, owner=owner, door=kind.name)
+                raise
         try:
             async with self._slot(kind, owner if slot else None, uid):
                 if prepare is not None:
@@ -386,7 +401,14 @@ class UploadLifecycle:
                 published = await self.published(record)
                 if published is not None:  # a completion published it and has not recorded it yet: it won
                     record = await self._completed(kind, record, published, None, self.clock())
-            return await self._end(kind, record, UploadEvent.ABORT)
+            events = self.publisher.events
+            # its event staged before the compare-and-set that aborts it (an abort refused leaves it to be dropped)
+            staged = None
+            if record.state_at(self.clock()) is UploadState.OPEN:
+                staged = await events.aborting(record, kind=kind.name, key=kind.key(record.id, record.owner))
+            done = await self._end(kind, record, UploadEvent.ABORT)
+            events.made(staged)
+            return done
 
     async def _end(self, kind: UploadKind[R], record: R, event: UploadEvent, leftovers: Sequence[str] = ()) -> R:
         """End ``record``'s upload without a file (ABORT, EXPIRE) by compare-and-set; then what it held goes: its

@@ -21,6 +21,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   ├── MalformedBody              400 malformed_body
     │   ├── UnsupportedEncoding        415 unsupported_encoding
     │   ├── HostNotAllowed             400 host_not_allowed      (Host not in the allow-list: URLs are built from it)
+    │   ├── InvalidHost                400 invalid_host          (HTTP/1.1: no Host or several, RFC 9112 §3.2)
     │   ├── InconsistentUploadLength   400 inconsistent_upload_length (IETF resumable upload: lengths disagree)
     │   ├── ChunkOutOfRange            400 chunk_out_of_range
     │   ├── LifetimeTooLong            400 expires_in_too_long   (a file lifetime above the key's or service's max)
@@ -83,6 +84,8 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── InsufficientStorage            507 insufficient_storage
     ├── StorageUnavailable             503 storage_unavailable
     ├── ShuttingDown                   503 shutting_down         (the grace after SIGTERM ran out; retry elsewhere)
+    ├── TooManyConnections             503 too_many_connections  (the process's or the client address's connection
+    │                                                             limit; detail.limit; Retry-After)
     ├── AssetsMissing                  503 assets_missing        (web page / docs libraries not installed)
     ├── McpUnavailable                 503 mcp_unavailable       (/mcp: the MCP SDK could not be imported)
     ├── HeartbeatTimeout               408 TP-TRA010             (WebSocket: two pongs missed)
@@ -185,6 +188,12 @@ class UnsupportedEncoding(InvalidRequest):
 
 class HostNotAllowed(InvalidRequest):
     code = "host_not_allowed"
+
+
+class InvalidHost(InvalidRequest):
+    """An HTTP/1.1 request without a ``Host`` header field or with more than one (RFC 9112 §3.2: 400)."""
+
+    code = "invalid_host"
 
 
 class ChunkOutOfRange(InvalidRequest):
@@ -531,6 +540,14 @@ class ShuttingDown(TransferError):
     """The server stopped this request at the end of its shutdown grace; nothing of it was kept."""
 
     code = "shutting_down"
+    status = 503
+
+
+class TooManyConnections(TransferError):
+    """The server holds as many connections as it allows (``detail.limit``: ``process`` or ``client``, the client
+    address's share); the connection is closed after this answer. Retry later (``Retry-After``)."""
+
+    code = "too_many_connections"
     status = 503
 
 

@@ -163,6 +163,7 @@ class Seen:
     last_stream: int | None = None
     resets: dict[int, int] = field(default_factory=dict)
     headers: set[int] = field(default_factory=set)
+    status: dict[int, int] = field(default_factory=dict)  # the :status of each stream's response
     data: dict[int, int] = field(default_factory=dict)  # bytes of DATA per stream
     ended: set[int] = field(default_factory=set)
     closed: bool = False
@@ -176,6 +177,7 @@ class RawH2:
         self.port = port
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout, source_address=(source, 0))
         self.hpack = Encoder()
+        self.decoder = hpack.Decoder()
         self.seen = Seen()
         self.inbox = b""
         values = {INITIAL_WINDOW_SIZE: window} if window is not None else {}
@@ -237,8 +239,11 @@ class RawH2:
                 self.seen.last_stream = parsed.last_stream_id
             elif isinstance(parsed, RstStreamFrame):
                 self.seen.resets[parsed.stream_id] = parsed.error_code
-            elif isinstance(parsed, HeadersFrame):
+            elif isinstance(parsed, HeadersFrame):  # (the server sends no CONTINUATION: its blocks are small)
                 self.seen.headers.add(parsed.stream_id)
+                fields = dict(self.decoder.decode(parsed.data, raw=True))
+                if b":status" in fields:
+                    self.seen.status[parsed.stream_id] = int(fields[b":status"])
                 if "END_STREAM" in parsed.flags:
                     self.seen.ended.add(parsed.stream_id)
             elif isinstance(parsed, SettingsFrame) and "ACK" not in parsed.flags:

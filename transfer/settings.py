@@ -281,6 +281,24 @@ class Settings(BaseSettings):
     tp_max_subscriptions: int = Field(
         default=1000, ge=1, description="resource ids one WebSocket connection may follow (more: closed with 1008)"
     )
+    tp_max_subscriptions_per_key: int = Field(
+        default=10_000,
+        ge=1,
+        description="TP WebSocket subscriptions (topics: two per resource id followed, one per sender inbox) one API "
+        "key may hold over all its connections (more: the connection is closed with 1008 too_many_subscriptions)",
+    )
+    tp_max_subscriptions_total: int = Field(
+        default=100_000, ge=1, description="TP WebSocket subscriptions (topics) this process holds, all keys together"
+    )
+    tp_max_websockets_per_key: int = Field(
+        default=100,
+        ge=1,
+        description="TP WebSocket connections one API key may hold at once (more: the handshake is refused, 503 "
+        "too_many_connections)",
+    )
+    tp_max_websockets: int = Field(
+        default=1000, ge=1, description="TP WebSocket connections this process holds at once, all keys together"
+    )
     tp_mailbox_ttl: int = Field(default=24 * 3600, gt=0, description="seconds an undelivered TP message is kept")
     tp_mailbox_max_messages: int = Field(
         default=1000, ge=1, description="undelivered TP messages kept per receiver (more: 429 mailbox_full)"

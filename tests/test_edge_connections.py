@@ -173,3 +173,47 @@ def test_a_flood_of_connections_past_the_limit_is_not_held_open(tmp_path: Path) 
                 sock.close()
         assert server.wait_fds(base_fds, 5) <= base_fds
         assert httpx.get(f"{server.url}/healthz", timeout=10).status_code == 200
+
+
+@pytest.mark.slow
+def test_clients_that_take_nothing_do_not_hold_the_shutdown(tmp_path: Path) -> None:
+    """With the default send timeout (60 s) and a shutdown grace of 25 s: an HTTP/1.1 reader stalled on a
+    zero-copy download, one on a copied download, and an HTTP/2 connection with 100 download streams and no window
+    are still connected when SIGTERM comes. The process exits within 3 s anyway: once shutting down, a response
+    that makes no progress for 1 s is not waited for (before: the whole grace). Bound: ~6 s."""
+    from tests.edge import RawH2 as H2
+
+    with serve(tmp_path) as server:
+        target = signed_target(server, 64 * MiB)
+        head = f"GET {target} HTTP/1.1\r\nHost: localhost\r\n"
+        stalled = [
+            raw_request(server.port, head + "\r\n", rcvbuf=4096),
+            raw_request(server.port, head + "Range: bytes=0-33554431,33554500-67108863\r\n\r\n", rcvbuf=4096),
+        ]
+        h2 = H2(server.port, window=0)
+        for _ in range(100):
+            h2.open_stream(target)
+        try:
+            time.sleep(1.5)  # all of them stalled by now
+            took = server.stop()
+        finally:
+            for sock in stalled:
+                answer_of(sock)
+            h2.close()
+        assert took < 3, took
+
+
+def test_a_request_head_past_its_limit_is_answered_431_before_it_ends(tmp_path: Path) -> None:
+    """A head that does not end (a header value of 1 MiB and counting): httptools held all of it until the head
+    completed or the header timeout (30 s) ran out, whatever its size. Now 431 headers_too_large once it passes
+    max_header_size + 16 KiB (80 KiB; counted from the second socket read of the head, so at most one read of 256 KiB
+    more), and the connection closes. Bound: ~2 s."""
+    with serve(tmp_path) as server:
+        sock = raw_request(server.port, "GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Long: ")
+        try:
+            sock.sendall(b"a" * (1 << 20))  # past the limit, even counted from the second read on
+        except OSError:
+            pass  # closed on us after the answer
+        answer = answer_of(sock)
+        status, error = status_and_error(answer)
+        assert (status, error["code"]) == (431, "headers_too_large"), answer[:300]

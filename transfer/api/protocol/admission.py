@@ -108,6 +108,7 @@ class ConnectionLimits:
     def punish(self, address: str | None) -> None:
         """``address`` (not a trusted proxy's) broke an HTTP/2 bound: no new connection from it for ``penalty``
         seconds."""
+        address = self._client(address)
         if address is None or self.penalty <= 0:
             return
         now = self.clock()

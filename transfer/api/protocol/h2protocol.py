@@ -8,8 +8,9 @@ flow control, bounds and answers this service needs (the listener and the socket
   before reading the next frame: one stalled upload stopped every stream of its connection). The connection window
   (``h2_connection_window``) bounds the request bytes one connection makes the server hold.
 - response bytes: at most ``h2_send_buffer`` per connection wait for the client's window, and none longer than
-  ``http_send_timeout`` without progress (:mod:`transfer.api.protocol.h2streams`); a stalled stream is reset with
-  ``CANCEL`` and its application sees ``http.disconnect``.
+  ``http_send_timeout`` without progress (:mod:`transfer.api.protocol.h2streams`), ``SHUTDOWN_STALL`` once the
+  server is shutting down (the drain waits for transfers, not for clients that take nothing); a stalled stream
+  is reset with ``CANCEL`` and its application sees ``http.disconnect``.
 - ``SETTINGS_MAX_CONCURRENT_STREAMS`` = ``h2_max_streams``, counted as streams whose application still runs (a
   stream the client reset is still running until its application sees the disconnect, which is what rapid reset
   exploits; Go's server counts the same way). A HEADERS frame past the limit is refused with ``REFUSED_STREAM``
@@ -42,7 +43,7 @@ import h2.settings
 import h2.stream
 import priority.priority
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.events import Closed, Event, RawData
+from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.events import Body, EndBody, Request
 from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.typing import AppWrapper, ASGIReceiveCallable, ASGISendCallable, Scope
@@ -59,6 +60,7 @@ log = logging.getLogger("transfer.ops")
 SEND_BATCH = 256 << 10  # response bytes framed per socket write, at most
 COALESCE = 4 << 20  # bytes of body frames joined into one piece for the application, at most
 MAX_WINDOW = 2**31 - 1  # RFC 9113 §6.9.1
+SHUTDOWN_STALL = 1.0  # seconds a response may make no progress once the server shuts down (else http_send_timeout)
 MAX_FRAME = 1 << 20  # DATA frames up to 1 MiB (RFC 9113 §6.5.2 allows 16 MiB; default 16 KiB): fewer per upload
 
 
@@ -429,7 +431,15 @@ class FlowControlledH2(H2Protocol):
             # nobody will take these bytes: free them and release the application's send (it sees the disconnect)
             await buffer.close()
             self._forget_buffer(stream_id, buffer)
+        known = stream_id in self.streams
         await super()._close_stream(stream_id)
+        if known and not self.closed and self.idle:
+            # the last stream ended by a reset (the client's, or a send timeout's): Hypercorn said "idle" only when
+            # an application ended its stream, so the keep-alive timer (or, shutting down, the close) never came
+            if self.context.terminated.is_set():
+                self.connection.close_connection()
+                await self._flush()
+            await self.send(Updated(idle=True))
 
     def _reset(self, stream_id: int) -> bool:
         closed_by = self.connection._stream_closed_by(stream_id)
@@ -460,18 +470,21 @@ class FlowControlledH2(H2Protocol):
         self._sweep = None
         if self.closed:
             return
-        deadline = time.monotonic() - self.options.send_timeout
+        stall = self.options.send_timeout
+        if self.context.terminated.is_set():  # shutting down: a response that makes no progress is not waited for
+            stall = min(stall, SHUTDOWN_STALL)
+        deadline = time.monotonic() - stall
         stalled = [
             sid
             for sid, buffer in self.stream_buffers.items()
             if isinstance(buffer, OutboundBuffer) and buffer.stalled and buffer.progress < deadline
         ]
         if stalled:
-            self.task_group.spawn(self.expire_stalled, stalled)
+            self.task_group.spawn(self.expire_stalled, stalled, stall)
         self._arm_sweep()
 
-    async def expire_stalled(self, stream_ids: list[int]) -> None:
-        """Reset (``CANCEL``) streams whose response made no progress for ``send_timeout`` seconds."""
+    async def expire_stalled(self, stream_ids: list[int], stall: float) -> None:
+        """Reset (``CANCEL``) streams whose response made no progress for ``stall`` seconds."""
         for stream_id in stream_ids:
             try:
                 self.connection.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
@@ -487,6 +500,6 @@ class FlowControlledH2(H2Protocol):
             "HTTP/2 client %s: %d stream(s) reset after %g s without taking response bytes",
             self._who(),
             len(stream_ids),
-            self.options.send_timeout,
+            stall,
         )
         await self._flush()

@@ -33,7 +33,7 @@ from transfer.api.middleware.limits import MinRate
 from transfer.api.protocol import zerocopy
 from transfer.api.protocol.admission import Ticket
 from transfer.api.protocol.informational import InformationalProtocol
-from transfer.errors import InvalidHost, RequestTimeout, TransferError
+from transfer.errors import HeadersTooLarge, InvalidHost, RequestTimeout, TransferError
 from transfer.settings import Settings
 
 HEARTBEAT_CLOSE_REASON = json.dumps(
@@ -93,6 +93,11 @@ def _timeout_body(message: str) -> bytes:
     return _error_body(RequestTimeout(message))
 
 
+SHUTDOWN_STALL = 1.0  # seconds a response may make no progress once the server shuts down (else send_timeout)
+HEAD_LINE = 16 << 10  # bytes of a request line, besides the header fields (a signed URL is a few hundred)
+LINGER, LINGER_BYTES = 1.0, 4 << 20  # after an answer that ends the connection (HeadTimeoutProtocol._answer_and_close)
+
+
 class _HostRule(Exception):
     """Raised inside the parser's callback: the request breaks RFC 9112 §3.2 (the parser stops there)."""
 
@@ -107,9 +112,13 @@ class HeadTimeoutProtocol(InformationalProtocol):
 
     header_timeout: float = 30.0
     send_timeout: float | None = None
+    head_limit: int = (64 << 10) + HEAD_LINE  # bytes of one request head (max_header_size and its request line)
     ticket: Ticket | None = None  # the connection's place in the limits (transfer.api.protocol.admission)
     _head_timer: asyncio.TimerHandle | None = None
     _bad_host: int | None = None  # how many Host fields the refused request had
+    _in_head = False  # a request head has begun and is not complete
+    _head_bytes = 0  # bytes read while it was under way (from the read after the one it began in)
+    _stall_check: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -117,10 +126,33 @@ class HeadTimeoutProtocol(InformationalProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._in_head = True
+        self._head_bytes = 0
         if self._head_timer is None:  # the first request's clock started with the connection
             self._arm_head_timer()
 
+    def data_received(self, data: bytes) -> None:
+        if self._lingering:  # answered and closing: what the client still sends is dropped (see _answer_and_close)
+            self._lingering -= len(data)
+            if self._lingering <= 0:
+                self.transport.close()
+            return
+        # httptools holds a head's bytes (a header value of any length) until the head is complete, and has no
+        # limit of its own: the header timeout alone would let a client send as much as it can in that time
+        counting = self._in_head
+        super().data_received(data)
+        if self._in_head and not self.transport.is_closing():
+            if counting:  # the read the head began in may hold the end of the previous request: not counted
+                self._head_bytes += len(data)
+            if self._head_bytes > self.head_limit:
+                self._in_head = False
+                error = HeadersTooLarge(
+                    f"request head over {self.head_limit} bytes (header fields and request line)", limit=self.head_limit
+                )
+                self._answer_and_close(b"431 Request Header Fields Too Large", error)
+
     def on_headers_complete(self) -> None:
+        self._in_head = False
         self._disarm_head_timer()
         if self.parser.get_http_version() == "1.1":
             hosts = sum(1 for name, _ in self.headers if name == b"host")
@@ -148,18 +180,61 @@ class HeadTimeoutProtocol(InformationalProtocol):
             + ("none was sent" if self._bad_host == 0 else f"{self._bad_host} were sent"),
             host_fields=self._bad_host,
         )
+        self._answer_and_close(b"400 Bad Request", error)
+
+    _lingering = 0  # bytes still to drop before the socket closes, after an answer that ends the connection
+
+    def _answer_and_close(self, status: bytes, error: TransferError) -> None:
+        """Answer and end the connection, lingering: the answer and a FIN go out, what the client is still sending
+        is read and dropped for up to ``LINGER`` seconds or ``LINGER_BYTES``, then the socket closes. Closed at once
+        with its bytes unread, the kernel would answer them with a reset, which can destroy the answer before the
+        client reads it (nginx's lingering close)."""
         body = _error_body(error)
         self.transport.write(
-            b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n"
-            + b"content-length: "
+            b"HTTP/1.1 "
+            + status
+            + b"\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: "
             + str(len(body)).encode("ascii")
             + b"\r\n\r\n"
             + body
         )
-        self.transport.close()
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self._lingering = LINGER_BYTES
+        self.loop.call_later(LINGER, self.transport.close)
+
+    def shutdown(self) -> None:
+        """uvicorn's (close when idle, else after the response), and a response whose reader takes nothing during
+        ``SHUTDOWN_STALL`` seconds is not waited for: its connection is aborted (the shutdown's grace is for
+        transfers, not for a client that stopped reading)."""
+        super().shutdown()
+        if self.cycle is not None and not self.cycle.response_complete and not self.transport.is_closing():
+            self._stall_check = self.loop.call_later(SHUTDOWN_STALL, self._abort_if_stalled, self._progress())
+
+    def _progress(self) -> tuple[bool, int, int]:
+        """(waiting for the client, bytes it has still to take from the transport, zero-copy bytes sent so far)."""
+        cycle = self.cycle
+        waiting = self.flow.write_paused or bool(getattr(cycle, "zero_copy_active", False))
+        return waiting, self.transport.get_write_buffer_size(), getattr(cycle, "zero_copy_sent", 0)
+
+    def _abort_if_stalled(self, before: tuple[bool, int, int]) -> None:
+        self._stall_check = None
+        if self.transport.is_closing() or self.cycle is None or self.cycle.response_complete:
+            return
+        now = self._progress()
+        if before[0] and now[0] and now[1] >= before[1] and now[2] == before[2]:  # waited all along, nothing taken
+            self.logger.info("shutting down: aborting a response whose client takes no bytes")
+            self.transport.abort()
+            return
+        self._stall_check = self.loop.call_later(SHUTDOWN_STALL, self._abort_if_stalled, now)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()
+        if self._stall_check is not None:
+            self._stall_check.cancel()
+            self._stall_check = None
         if self.ticket is not None:
             self.ticket.release()
             self.ticket = None
@@ -222,11 +297,14 @@ def head_timeout_protocol(
     body_grace: float = 30.0,
     body_min_rate: float = 0.0,
     send_timeout: float | None = None,
+    max_header_size: int = 64 << 10,
 ) -> type[HeadTimeoutProtocol]:
     """The protocol class with these deadlines: ``header_timeout`` for each head, the body rule of
     :class:`BodyRateGuard` for the rest of a body the application answered without reading
-    (:mod:`transfer.api.protocol.bodyread`), and ``send_timeout`` (None: none) for a response's reader."""
+    (:mod:`transfer.api.protocol.bodyread`), ``send_timeout`` (None: none) for a response's reader, and
+    ``max_header_size`` for the header fields of a head (its request line may add ``HEAD_LINE``)."""
     attributes = {
+        "head_limit": max_header_size + HEAD_LINE,
         "header_timeout": header_timeout,
         "discard_grace": body_grace,
         "discard_min_rate": body_min_rate,
@@ -319,6 +397,7 @@ def uvicorn_config(app: Any, settings: Settings, *, host: str, port: int, **kwar
             body_grace=settings.http_body_grace,
             body_min_rate=settings.http_body_min_rate,
             send_timeout=settings.http_send_timeout,
+            max_header_size=settings.max_header_size,
         ),
         ws=TPWebSocketProtocol,
         ws_ping_interval=settings.tp_ping_interval,

@@ -120,11 +120,16 @@ async def _drained(transport: asyncio.Transport, timeout: float | None) -> None:
 
 
 async def send_file(
-    transport: asyncio.Transport, fd: int, offset: int, count: int, timeout: float | None = None
+    transport: asyncio.Transport,
+    fd: int,
+    offset: int,
+    count: int,
+    timeout: float | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> None:
     """Send ``count`` bytes of ``fd`` from ``offset`` on the transport's socket with sendfile(2); raises
     :class:`_Gone` when the connection closes first, :class:`_Stalled` when the socket takes no bytes for
-    ``timeout`` seconds (None: no limit)."""
+    ``timeout`` seconds (None: no limit). ``progress`` is told each call's bytes."""
     await _drained(transport, timeout)
     sock = transport.get_extra_info("socket")
     if sock is None:
@@ -152,6 +157,8 @@ async def send_file(
                 raise OSError(errno.EIO, "file shorter than the response's content-length")
             offset += sent
             count -= sent
+            if progress is not None:
+                progress(sent)
     finally:
         if not transport.is_closing():
             poller.forget(sock_fd)
@@ -190,8 +197,13 @@ def enable(cycle: Any, *, send_timeout: float | None = None) -> None:
             raise RuntimeError("Response content longer than Content-Length")
         if cycle.disconnected:
             return
+
+        def sent(size: int) -> None:
+            cycle.zero_copy_sent = getattr(cycle, "zero_copy_sent", 0) + size
+
+        cycle.zero_copy_active = True
         try:
-            await send_file(transport, fd, offset, count, send_timeout)
+            await send_file(transport, fd, offset, count, send_timeout, sent)
         except _Stalled:
             aborted = True
             metrics.send_timeouts.labels("http1").inc()
@@ -208,6 +220,8 @@ def enable(cycle: Any, *, send_timeout: float | None = None) -> None:
             aborted = True
             transport.close()
             raise
+        finally:
+            cycle.zero_copy_active = False
         cycle.expected_content_length -= count
         await plain_send({"type": "http.response.body", "body": b"", "more_body": message.get("more_body", False)})
 

@@ -4,6 +4,8 @@ edge with a clock the test moves."""
 
 from __future__ import annotations
 
+import asyncio
+
 import h2.exceptions
 import pytest
 
@@ -19,7 +21,7 @@ from transfer.api.protocol.h2guard import (
     RateBudget,
 )
 from transfer.errors import TooManyConnections, TooManySubscriptions
-from transfer.service.subscriptions import SubscriptionLedger
+from transfer.service.subscriptions import Outbox, SubscriptionLedger
 
 
 class Clock:
@@ -185,3 +187,17 @@ def test_the_subscription_ledger_per_key_and_per_process() -> None:
     ledger.subscribe("b")
     ledger.connect("c")
     assert ledger.held_by_key == {"b": 2} and ledger.open_by_key == {"a": 1, "b": 1, "c": 1}
+
+
+@pytest.mark.anyio
+async def test_a_websocket_outbox_is_bounded_in_size_dropping_notifies_and_holding_answers() -> None:
+    outbox = Outbox(limit=100)
+    for n in range(30):
+        outbox.drop_in(f"{n:04d}" * 5)  # 20 characters each: the oldest go
+    assert outbox.size <= 100 and list(outbox.items) == [f"{n:04d}" * 5 for n in range(25, 30)]
+    waiting = asyncio.ensure_future(outbox.put("x" * 20))  # an answer waits for room instead
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    assert await outbox.get() == "0025" * 5
+    await asyncio.wait_for(waiting, 1)
+    assert outbox.items[-1] == "x" * 20 and outbox.size == 100

@@ -76,6 +76,7 @@ from transfer.errors import (
 )
 from transfer.service.container import Services
 from transfer.service.progress import ProgressEvent
+from transfer.service.subscriptions import OUTBOX_BYTES, Outbox
 from transfer.service.tp import TPOutcome, receiver_topic
 
 JSON_TYPES = (MEDIA_TYPE, "application/json")
@@ -393,7 +394,7 @@ def tp_websocket_router(services: Services, auth: Authenticator) -> APIRouter:
     async def _serve_websocket(ws: WebSocket, authorize: Grant, owner: str) -> None:
         await ws.accept(subprotocol=WEBSOCKET_SUBPROTOCOL)
         base = settings.public_url or str(ws.base_url).rstrip("/").replace("ws", "http", 1)
-        outbox: asyncio.Queue[str] = asyncio.Queue(maxsize=1000)
+        outbox = Outbox(max(OUTBOX_BYTES, 2 * cap))
         tasks: set[asyncio.Task[None]] = set()
         topics: set[str] = set()
 
@@ -403,11 +404,9 @@ def tp_websocket_router(services: Services, auth: Authenticator) -> APIRouter:
             task.add_done_callback(tasks.discard)
 
         def deliver(raw: bytes) -> None:
-            """Every topic of this connection delivers here: a full outbox loses its oldest envelope, as a
+            """Every topic of this connection delivers here: a full outbox loses its oldest envelopes, as a
             subscriber's queue did (a connection that does not read loses notifies, not the service memory)."""
-            if outbox.full():
-                outbox.get_nowait()
-            outbox.put_nowait(raw.decode("utf-8"))
+            outbox.drop_in(raw.decode("utf-8"))
 
         # What one connection may accumulate is bounded: the resource ids it follows (each a relay topic and a job
         # topic, and a follower task for a job) and the sender inboxes it hears; past the bound it is closed with

@@ -7,7 +7,8 @@ hundred bytes (a connection delivers every topic into its one outbox; there is n
 let go when its connection closes.
 
 - per key: ``tp_max_websockets_per_key`` connections, ``tp_max_subscriptions_per_key`` subscriptions;
-- per process: ``tp_max_websockets`` connections, ``tp_max_subscriptions_total`` subscriptions.
+- per process: ``tp_max_websockets`` connections, ``tp_max_subscriptions_total`` subscriptions;
+- per connection: what waits to be sent, ``OUTBOX_BYTES`` (:class:`Outbox`).
 
 Callers without a key (the service runs open) count as one key. A connection past a limit is refused at the
 handshake (``too_many_connections``); a subscription past one closes its connection with 1008 and
@@ -16,6 +17,8 @@ handshake (``too_many_connections``); a subscription past one closes its connect
 
 from __future__ import annotations
 
+import asyncio
+import collections
 from dataclasses import dataclass, field
 
 from transfer.errors import TooManyConnections, TooManySubscriptions
@@ -87,3 +90,55 @@ class SubscriptionLedger:
             counts[key] = left
         else:
             counts.pop(key, None)
+
+
+OUTBOX_BYTES = 4 << 20  # characters of envelopes waiting to go out on one connection (at least two of the largest)
+
+
+class Outbox:
+    """What waits to go out on one WebSocket connection, at most ``limit`` characters (and 1,000 envelopes):
+    answers to the client's own messages wait for room (:meth:`put`: the connection stops reading its messages
+    meanwhile), notifies published to its subscriptions drop the oldest waiting instead (:meth:`drop_in`: a
+    publisher never waits for a slow subscriber). A count alone let 1,000 relayed envelopes of up to 1 MiB each wait
+    for a client that does not read."""
+
+    def __init__(self, limit: int, count: int = 1000) -> None:
+        self.limit = limit
+        self.count = count
+        self.items: collections.deque[str] = collections.deque()
+        self.size = 0
+        self._ready = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def _full(self) -> bool:
+        return self.size >= self.limit or len(self.items) >= self.count
+
+    def _append(self, text: str) -> None:
+        self.items.append(text)
+        self.size += len(text)
+        self._ready.set()
+        if self._full():
+            self._room.clear()
+
+    async def put(self, text: str) -> None:
+        """Queue ``text`` once there is room."""
+        while self._full():
+            await self._room.wait()
+        self._append(text)
+
+    def drop_in(self, text: str) -> None:
+        """Queue ``text`` now, dropping the oldest waiting envelopes to make room."""
+        while self.items and (self.size + len(text) > self.limit or len(self.items) >= self.count):
+            self.size -= len(self.items.popleft())
+        self._append(text)
+
+    async def get(self) -> str:
+        while not self.items:
+            self._ready.clear()
+            await self._ready.wait()
+        text = self.items.popleft()
+        self.size -= len(text)
+        if not self._full():
+            self._room.set()
+        return text

@@ -201,3 +201,36 @@ async def test_a_websocket_outbox_is_bounded_in_size_dropping_notifies_and_holdi
     assert await outbox.get() == "0025" * 5
     await asyncio.wait_for(waiting, 1)
     assert outbox.items[-1] == "x" * 20 and outbox.size == 100
+
+
+def test_the_limits_docs_security_states_are_the_settings_defaults() -> None:
+    """docs/SECURITY.md "Limits and timeouts": every row names settings and their defaults; a default changed in
+    the code and not on the page (or the reverse) fails here."""
+    import json as _json
+    import re
+    from pathlib import Path
+
+    from transfer.settings import Settings
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "SECURITY.md").read_text()
+    table = page.split("### Limits and timeouts", 1)[1].split("\n\n", 2)[1]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    assert len(rows) >= 18
+    units = {"KiB": 1 << 10, "MiB": 1 << 20}
+
+    def value(text: str) -> object:
+        text = text.strip().strip("`")
+        if text.startswith("["):
+            return _json.loads(text)
+        number, _, unit = text.partition(" ")
+        return int(number) * units[unit] if unit else _json.loads(number)
+
+    for row in rows:
+        names_cell, defaults_cell = row.split("|")[1:3]
+        names = re.findall(r"`([a-z0-9_]+)`", names_cell)
+        defaults = [value(v) for v in re.split(r",\s*(?![^\[]*\])", defaults_cell)]
+        assert len(names) == len(defaults), row
+        for name, stated in zip(names, defaults, strict=True):
+            field = Settings.model_fields[name]
+            default = field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
+            assert stated == default, (name, stated, default)

@@ -40,6 +40,7 @@ class SubscriptionLedger:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SubscriptionLedger:
+        """The limits ``settings`` name (``tp_max_websockets*``, ``tp_max_subscriptions_*``), nothing counted yet."""
         return cls(
             settings.tp_max_websockets_per_key,
             settings.tp_max_websockets,
@@ -134,6 +135,7 @@ class Outbox:
         self._append(text)
 
     async def get(self) -> str:
+        """The oldest envelope waiting (once there is one)."""
         while not self.items:
             self._ready.clear()
             await self._ready.wait()

@@ -88,7 +88,7 @@ class H2Connection:
         self.ticket = ticket
         self.transport = transport
         self.reader = asyncio.StreamReader(limit=MAX_RECV, loop=self.loop)
-        protocol = asyncio.StreamReaderProtocol(self.reader, loop=self.loop)
+        protocol = self._stream_protocol = asyncio.StreamReaderProtocol(self.reader, loop=self.loop)
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
         self.writer = asyncio.StreamWriter(transport, protocol, self.reader, self.loop)
@@ -151,10 +151,11 @@ class H2Connection:
             async with self.send_lock:
                 try:
                     self.writer.write(event.data)
-                    # the client's socket must keep taking bytes (a client that stops reading altogether, window
-                    # or not); drain() alone would wait for it for ever, holding every stream of the connection
-                    async with asyncio.timeout(self.options.send_timeout):
-                        await self.writer.drain()
+                    if getattr(self._stream_protocol, "_paused", True):  # over the high-water mark: wait for the client
+                        # it must keep taking bytes (a client that stops reading altogether, window or not);
+                        # drain() alone would wait for it for ever, holding every stream of the connection
+                        async with asyncio.timeout(self.options.send_timeout):
+                            await self.writer.drain()
                 except TimeoutError:
                     metrics.send_timeouts.labels("h2_connection").inc()
                     log.info(

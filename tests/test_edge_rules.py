@@ -234,3 +234,13 @@ def test_the_limits_docs_security_states_are_the_settings_defaults() -> None:
             field = Settings.model_fields[name]
             default = field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
             assert stated == default, (name, stated, default)
+
+
+def test_trusted_proxies_must_be_networks() -> None:
+    from pydantic import ValidationError
+
+    from transfer.settings import Settings
+
+    with pytest.raises(ValidationError, match="not a network"):
+        Settings(trusted_proxies=["10.0.0.0/8", "proxy.example"])
+    assert Settings(trusted_proxies=["10.1.2.3", "fd00::/8"]).trusted_proxies == ["10.1.2.3", "fd00::/8"]

@@ -369,6 +369,18 @@ class Settings(BaseSettings):
                 seen[name] = group
         return self
 
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        for net in v:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"not a network (CIDR) of proxies: {net!r}") from exc
+        return v
+
     @field_validator("public_url")
     @classmethod
     def _strip_slash(cls, v: str | None) -> str | None:

@@ -72,6 +72,30 @@ record_races = Counter(
 signed_url_rejections = Counter("transfer_signed_url_rejections", "signed download URLs refused, by reason", ["reason"])
 ready = Gauge("transfer_ready", "1 while /readyz answers 200 (last evaluation), else 0")
 draining = Gauge("transfer_draining", "1 from SIGTERM until the process exits")
+# the connection layer (transfer.api.protocol; docs/SECURITY.md "Connection limits")
+connections_open = Gauge(
+    "transfer_connections_open", "client connections held now (HTTP/1.1, HTTP/2, WebSocket; counted at accept)"
+)
+connections_refused = Counter(
+    "transfer_connections_refused",
+    "connections refused at accept, by the limit reached (process: http_max_connections; client: "
+    "http_max_connections_per_client)",
+    ["limit"],
+)
+h2_abuse = Counter(
+    "transfer_h2_abuse",
+    "HTTP/2 connections ended with GOAWAY(ENHANCE_YOUR_CALM), by the bound broken (header_block, header_list, "
+    "reset, settings, ping, priority, empty_data)",
+    ["kind"],
+)
+h2_refused_streams = Counter(
+    "transfer_h2_refused_streams", "HTTP/2 streams refused (REFUSED_STREAM) past the concurrent-stream limit"
+)
+send_timeouts = Counter(
+    "transfer_send_timeouts",
+    "responses ended because their reader took no bytes for http_send_timeout, by protocol (http1, h2, h2_connection)",
+    ["protocol"],
+)
 
 
 def sweep_ran(sweep: str, removed: int, *, ok: bool = True) -> None:

@@ -130,6 +130,55 @@ class Settings(BaseSettings):
         le=2**31 - 1,
         description="bytes of request bodies one HTTP/2 connection may have in flight, all streams together",
     )
+    # connection-layer bounds (transfer.api.protocol; docs/SECURITY.md "Connection limits")
+    http_send_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        description="seconds a response may wait for its reader to take more bytes (nginx's send_timeout): then "
+        "an HTTP/1.1 connection is closed and an HTTP/2 stream reset (CANCEL), and the file it was sending closed",
+    )
+    http_max_connections: int = Field(
+        default=1000,
+        ge=1,
+        description="client connections (HTTP/1.1, HTTP/2, WebSocket) this process holds at once; one more is "
+        "answered 503 too_many_connections (HTTP/2: on its first stream, then GOAWAY) and closed",
+    )
+    http_max_connections_per_client: int = Field(
+        default=32,
+        ge=0,
+        description="connections one client address may hold at once (0: no limit; the address of a proxy in "
+        "trusted_proxies is not counted: its connections carry many clients)",
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=lambda: ["127.0.0.0/8", "::1/128"],
+        description="JSON list of the networks (CIDRs) of proxies in front of this service: connections from them "
+        "are exempt from http_max_connections_per_client (only http_max_connections holds them)",
+    )
+    h2_send_buffer: int = Field(
+        default=16 << 20,
+        ge=1 << 20,
+        description="bytes of responses one HTTP/2 connection may hold while its client's flow-control window is "
+        "closed; further responses wait to start (and are reset after http_send_timeout)",
+    )
+    h2_reset_allowance: int = Field(
+        default=100,
+        ge=10,
+        description="streams one HTTP/2 connection may reset (RST_STREAM from the client, or refused past "
+        "h2_max_streams) beyond the responses it let complete; more: GOAWAY(ENHANCE_YOUR_CALM) and closed "
+        "(rapid reset, CVE-2023-44487)",
+    )
+    h2_abuse_penalty: float = Field(
+        default=10.0,
+        ge=0,
+        description="seconds a client address whose HTTP/2 connection was ended with GOAWAY(ENHANCE_YOUR_CALM) "
+        "is refused new connections (closed at once; addresses in trusted_proxies never are; 0: no penalty)",
+    )
+    h2_max_control_frames_per_second: int = Field(
+        default=200,
+        ge=10,
+        description="SETTINGS, PING, PRIORITY and empty DATA frames (each kind counted on its own) one HTTP/2 "
+        "connection may send per second, with a burst of as many; more: GOAWAY(ENHANCE_YOUR_CALM) and closed",
+    )
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     allow_open_mode: bool = Field(
@@ -326,6 +375,24 @@ class Settings(BaseSettings):
     tp_pong_timeout: float = Field(default=10.0, gt=0, description="time allowed for each pong (TP: 10 s)")
     tp_max_subscriptions: int = Field(
         default=1000, ge=1, description="resource ids one WebSocket connection may follow (more: closed with 1008)"
+    )
+    tp_max_subscriptions_per_key: int = Field(
+        default=10_000,
+        ge=1,
+        description="TP WebSocket subscriptions (topics: two per resource id followed, one per sender inbox) one API "
+        "key may hold over all its connections (more: the connection is closed with 1008 too_many_subscriptions)",
+    )
+    tp_max_subscriptions_total: int = Field(
+        default=100_000, ge=1, description="TP WebSocket subscriptions (topics) this process holds, all keys together"
+    )
+    tp_max_websockets_per_key: int = Field(
+        default=100,
+        ge=1,
+        description="TP WebSocket connections one API key may hold at once (more: the handshake is refused, 503 "
+        "too_many_connections)",
+    )
+    tp_max_websockets: int = Field(
+        default=1000, ge=1, description="TP WebSocket connections this process holds at once, all keys together"
     )
     tp_mailbox_ttl: int = Field(default=24 * 3600, gt=0, description="seconds an undelivered TP message is kept")
     tp_mailbox_max_messages: int = Field(
@@ -534,6 +601,18 @@ class Settings(BaseSettings):
                 "TRANSFER_OAUTH_RESOURCE (or TRANSFER_PUBLIC_URL)"
             )
         return self
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        for net in v:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"not a network (CIDR) of proxies: {net!r}") from exc
+        return v
 
     @field_validator("public_url")
     @classmethod

@@ -57,6 +57,7 @@ from transfer.core.agents.tp import (
     tp_error,
     validate_envelope,
 )
+from transfer.core.auth import Grant
 from transfer.core.numerals import decimal
 from transfer.errors import (
     InvalidEnvelope,
@@ -73,6 +74,7 @@ from transfer.errors import (
     UnsupportedMediaType,
     UnsupportedMessageType,
 )
+from transfer.service.agents.subscriptions import OUTBOX_BYTES, Outbox
 from transfer.service.agents.tp import TPOutcome, receiver_topic
 from transfer.service.container import Services
 from transfer.service.identity.directory import Identities
@@ -380,27 +382,37 @@ def tp_websocket_router(services: Services, auth: Identities) -> APIRouter:
             return
         try:
             authorize = await auth.grant(ws.headers.get("authorization"))
+            owner = authorize.owner or ""  # without keys, every caller counts as one key
+            tp.ledger.connect(owner)  # connections per key and per process (transfer.service.agents.subscriptions)
         except TransferError as exc:
             await ws.send_denial_response(tp_error_response(exc))
             return
+        try:
+            await _serve_websocket(ws, authorize, owner)
+        finally:
+            tp.ledger.disconnect(owner)
+
+    async def _serve_websocket(ws: WebSocket, authorize: Grant, owner: str) -> None:
         await ws.accept(subprotocol=WEBSOCKET_SUBPROTOCOL)
         base = settings.public_url or str(ws.base_url).rstrip("/").replace("ws", "http", 1)
-        outbox: asyncio.Queue[str] = asyncio.Queue(maxsize=1000)
+        outbox = Outbox(max(OUTBOX_BYTES, 2 * cap))
         tasks: set[asyncio.Task[None]] = set()
-        topics: dict[str, asyncio.Queue[bytes]] = {}
+        topics: set[str] = set()
 
         def spawn(coro: Any) -> None:
             task = asyncio.create_task(coro)
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
-        async def pump(queue: asyncio.Queue[bytes]) -> None:
-            while True:
-                await outbox.put((await queue.get()).decode("utf-8"))
+        def deliver(raw: bytes) -> None:
+            """Every topic of this connection delivers here: a full outbox loses its oldest envelopes, as a
+            subscriber's queue did (a connection that does not read loses notifies, not the service memory)."""
+            outbox.drop_in(raw.decode("utf-8"))
 
         # What one connection may accumulate is bounded: the resource ids it follows (each a relay topic and a job
-        # topic with a pump task, and a follower task for a job) and the sender inboxes it hears; past the bound it
-        # is closed with 1008 and a TPError naming the limit, not grown (60,000 ids once took 480 MiB).
+        # topic, and a follower task for a job) and the sender inboxes it hears; past the bound it is closed with
+        # 1008 and a TPError naming the limit, not grown (60,000 ids once took 480 MiB). Across connections the
+        # key's and the process's subscriptions are bounded too (tp.ledger).
         max_topics = 2 * settings.tp_max_subscriptions + MAX_INBOXES
         followed: set[str] = set()
 
@@ -408,8 +420,9 @@ def tp_websocket_router(services: Services, auth: Identities) -> APIRouter:
             if topic not in topics:
                 if len(topics) >= max_topics:
                     raise TooManySubscriptions(f"one connection follows at most {settings.tp_max_subscriptions} ids")
-                topics[topic] = tp.subscribe(topic)
-                spawn(pump(topics[topic]))
+                tp.ledger.subscribe(owner)
+                topics.add(topic)
+                tp.listen(topic, deliver)
 
         def follow_once(rid: str, receiver: Any) -> None:
             if rid not in followed:  # one follower per job, however often it is named
@@ -498,8 +511,9 @@ def tp_websocket_router(services: Services, auth: Identities) -> APIRouter:
         finally:
             # Subscriptions go first and cannot be skipped: they are what publishers hold on to. Then the tasks, from
             # a snapshot: each finished task removes itself from ``tasks`` (done callback) while we wait for it.
-            for topic, queue in topics.items():
-                tp.unsubscribe(topic, queue)
+            for topic in topics:
+                tp.unsubscribe(topic, deliver)
+            tp.ledger.unsubscribe(owner, len(topics))
             topics.clear()
             running = list(tasks)
             for task in running:

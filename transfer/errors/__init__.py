@@ -22,6 +22,7 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     │   │   └── JsonTooDeep            400 json_too_deep         (JSON nested past transfer.core.jsontext.MAX_DEPTH)
     │   ├── UnsupportedEncoding        415 unsupported_encoding
     │   ├── HostNotAllowed             400 host_not_allowed      (Host not in the allow-list: URLs are built from it)
+    │   ├── InvalidHost                400 invalid_host          (HTTP/1.1: no Host or several, RFC 9112 §3.2)
     │   ├── InconsistentUploadLength   400 inconsistent_upload_length (IETF resumable upload: lengths disagree)
     │   ├── AppendTooSmall             400 append_too_small      (IETF resumable upload: below min-append-size)
     │   ├── UploadBelowMinSize         400 upload_below_min_size (IETF resumable upload: incomplete, below min-size)
@@ -105,6 +106,8 @@ error body rebuilds the same exception type from its ``code`` (see :func:`error_
     ├── StorageUnavailable             503 storage_unavailable
     ├── SigningKeysRequired            503 signing_keys_required (storage shared beyond this host, no configured key)
     ├── ShuttingDown                   503 shutting_down         (the grace after SIGTERM ran out; retry elsewhere)
+    ├── TooManyConnections             503 too_many_connections  (the process's or the client address's connection
+    │                                                             limit; detail.limit; Retry-After)
     ├── HookUnavailable                503 hook_unavailable      (the pre-upload hook failed or timed out; fail closed)
     ├── AssetsMissing                  503 assets_missing        (web page / docs libraries not installed)
     ├── McpUnavailable                 503 mcp_unavailable       (/mcp: the MCP SDK could not be imported)
@@ -196,6 +199,7 @@ from transfer.errors.requests import (
     InvalidDescriptor,
     InvalidDigestHeader,
     InvalidEnvelope,
+    InvalidHost,
     InvalidManifest,
     InvalidRequest,
     JsonTooDeep,
@@ -228,6 +232,7 @@ from transfer.errors.service import (
     ShuttingDown,
     SigningKeysRequired,
     StorageUnavailable,
+    TooManyConnections,
     UpstreamTimeout,
 )
 from transfer.errors.state import (
@@ -259,6 +264,8 @@ from transfer.errors.translation import (
 )
 
 __all__ = [
+    "InvalidHost",
+    "TooManyConnections",
     "UploadRefused",
     "EventsDisabled",
     "HookUnavailable",

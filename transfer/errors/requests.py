@@ -87,6 +87,12 @@ class HostNotAllowed(InvalidRequest):
     code = "host_not_allowed"
 
 
+class InvalidHost(InvalidRequest):
+    """An HTTP/1.1 request without a ``Host`` header field or with more than one (RFC 9112 §3.2: 400)."""
+
+    code = "invalid_host"
+
+
 class ChunkOutOfRange(InvalidRequest):
     code = "chunk_out_of_range"
 

@@ -45,6 +45,14 @@ class HookUnavailable(TransferError):
     status = 503
 
 
+class TooManyConnections(TransferError):
+    """The server holds as many connections as it allows (``detail.limit``: ``process`` or ``client``, the client
+    address's share); the connection is closed after this answer. Retry later (``Retry-After``)."""
+
+    code = "too_many_connections"
+    status = 503
+
+
 class AssetsMissing(TransferError):
     """A browser library the web page or the API docs need was not installed (``make install``)."""
 

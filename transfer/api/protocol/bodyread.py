@@ -29,6 +29,11 @@ An answer sent before the ``100 Continue`` a request with ``Expect: 100-continue
 ``Connection: close`` and ends the connection: the client may send the body then or not at all, so the next bytes
 could be either (uvicorn kept the connection, and read the client's next request as that body).
 
+A response whose reader takes no bytes for ``send_timeout`` seconds (the transport's buffer stays over its high-water
+mark: uvicorn's ``send`` waited for it with no deadline) ends its connection, whose unsent bytes are dropped with it
+(``abort``: a ``close`` would wait to flush them to the client that takes nothing); the application sees
+``http.disconnect``. nginx's ``send_timeout``: a timeout between two successive writes, not for the whole response.
+
 Everything else is uvicorn's own behaviour, unchanged: ``100 Continue`` on the first ``receive`` (RFC 9110 §10.1.1),
 ``http.disconnect`` once the client has gone or the response is complete.
 """
@@ -36,13 +41,17 @@ Everything else is uvicorn's own behaviour, unchanged: ``100 Continue`` on the f
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from typing import Any
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from transfer import metrics
 from transfer.api.middleware.limits import MinRate
+
+log = logging.getLogger("transfer.ops")
 
 # bytes waiting for the application at which the socket stops being read: one socket read or a few small ones.
 # Held per connection while an upload waits (e.g. for an S3 part buffer), so 32 paused uploads hold ~2-8 MiB here,
@@ -57,6 +66,7 @@ class BodyCycle(RequestResponseCycle):
 
     pieces: deque[bytes]
     queued: int
+    send_timeout: float | None = None  # set by the protocol (transfer.api.protocol.server.HeadTimeoutProtocol)
 
     def start_body(self) -> None:
         self.pieces = deque()
@@ -73,6 +83,8 @@ class BodyCycle(RequestResponseCycle):
             # never, so what comes next cannot be told apart from a request; the answer says Connection: close
             # and the connection ends with it (RFC 9110 §10.1.1, RFC 9112 §9.6)
             self.keep_alive = False
+        if self.send_timeout is not None and self.flow.write_paused and not self.disconnected:
+            await drain_within(self, self.send_timeout)
         await super().send(message)
 
     async def receive(self) -> Any:
@@ -96,6 +108,20 @@ class BodyCycle(RequestResponseCycle):
             pieces.clear()
         self.queued = 0
         return {"type": "http.request", "body": body, "more_body": self.more_body}
+
+
+async def drain_within(cycle: RequestResponseCycle, timeout: float) -> None:
+    """Wait for ``cycle``'s transport to take its buffered bytes; after ``timeout`` seconds without that, drop them
+    and the connection (module docstring), and the cycle counts as disconnected."""
+    try:
+        async with asyncio.timeout(timeout):
+            await cycle.flow.drain()
+    except TimeoutError:
+        metrics.send_timeouts.labels("http1").inc()
+        client = cycle.scope.get("client")
+        log.info("HTTP/1.1 client %s took no bytes for %g s: connection closed", client and client[0], timeout)
+        cycle.disconnected = True
+        cycle.transport.abort()
 
 
 class BodyProtocol(HttpToolsProtocol):

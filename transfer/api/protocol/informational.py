@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from transfer.api.protocol.bodyread import BodyCycle, BodyProtocol
+from transfer.api.protocol.bodyread import BodyCycle, BodyProtocol, drain_within
 
 EXTENSION = "http.response.informational"
 
@@ -53,7 +53,12 @@ class InformationalCycle(BodyCycle):
         if self.disconnected or self.transport.is_closing():
             return
         if self.flow.write_paused:
-            await self.flow.drain()
+            if self.send_timeout is None:
+                await self.flow.drain()
+            else:
+                await drain_within(self, self.send_timeout)
+            if self.disconnected:
+                return
         self.transport.write(head)
 
 

@@ -31,8 +31,9 @@ from websockets.protocol import State
 
 from transfer.api.middleware.limits import MinRate
 from transfer.api.protocol import zerocopy
+from transfer.api.protocol.admission import Ticket
 from transfer.api.protocol.informational import InformationalProtocol
-from transfer.errors import RequestTimeout
+from transfer.errors import HeadersTooLarge, InvalidHost, RequestTimeout, TransferError
 from transfer.settings import Settings
 
 HEARTBEAT_CLOSE_REASON = json.dumps(
@@ -44,6 +45,13 @@ class TPWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's websockets protocol with TP's heartbeat rule: close 1008 + TPError after two missed pongs."""
 
     missed_pongs = 0
+    ticket: Ticket | None = None  # the connection's place in the limits, handed on at the upgrade
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.ticket is not None:
+            self.ticket.release()
+            self.ticket = None
+        super().connection_lost(exc)
 
     def handle_pong(self, event: Any) -> None:
         if self.pending_ping_payload is not None and bytes(event.data) == self.pending_ping_payload:
@@ -77,17 +85,40 @@ class TPWebSocketProtocol(WebSocketsSansIOProtocol):
         self.transport.close()
 
 
+def _error_body(error: TransferError) -> bytes:
+    return json.dumps(error.to_payload(), separators=(",", ":")).encode("ascii")
+
+
 def _timeout_body(message: str) -> bytes:
-    return json.dumps(RequestTimeout(message).to_payload(), separators=(",", ":")).encode("ascii")
+    return _error_body(RequestTimeout(message))
+
+
+SHUTDOWN_STALL = 1.0  # seconds a response may make no progress once the server shuts down (else send_timeout)
+HEAD_LINE = 16 << 10  # bytes of a request line, besides the header fields (a signed URL is a few hundred)
+LINGER, LINGER_BYTES = 1.0, 4 << 20  # after an answer that ends the connection (HeadTimeoutProtocol._answer_and_close)
+
+
+class _HostRule(Exception):
+    """Raised inside the parser's callback: the request breaks RFC 9112 §3.2 (the parser stops there)."""
 
 
 class HeadTimeoutProtocol(InformationalProtocol):
     """uvicorn's httptools protocol with a deadline for each request head (set ``header_timeout`` in a subclass:
-    :func:`head_timeout_protocol`), and the zero-copy send extension on every request
-    (:mod:`transfer.api.protocol.zerocopy`)."""
+    :func:`head_timeout_protocol`), the zero-copy send extension on every request
+    (:mod:`transfer.api.protocol.zerocopy`), a send timeout on every response (``send_timeout``: a response whose
+    reader takes no bytes for that long closes the connection, :class:`transfer.api.protocol.bodyread.BodyCycle`),
+    and the Host rule of RFC 9112 §3.2 (an HTTP/1.1 request with no ``Host`` or several: ``400 invalid_host`` with a
+    JSON error body, and the connection closes)."""
 
     header_timeout: float = 30.0
+    send_timeout: float | None = None
+    head_limit: int = (64 << 10) + HEAD_LINE  # bytes of one request head (max_header_size and its request line)
+    ticket: Ticket | None = None  # the connection's place in the limits (transfer.api.protocol.admission)
     _head_timer: asyncio.TimerHandle | None = None
+    _bad_host: int | None = None  # how many Host fields the refused request had
+    _in_head = False  # a request head has begun and is not complete
+    _head_bytes = 0  # bytes read while it was under way (from the read after the one it began in)
+    _stall_check: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -95,20 +126,118 @@ class HeadTimeoutProtocol(InformationalProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._in_head = True
+        self._head_bytes = 0
         if self._head_timer is None:  # the first request's clock started with the connection
             self._arm_head_timer()
 
+    def data_received(self, data: bytes) -> None:
+        if self._lingering:  # answered and closing: what the client still sends is dropped (see _answer_and_close)
+            self._lingering -= len(data)
+            if self._lingering <= 0:
+                self.transport.close()
+            return
+        # httptools holds a head's bytes (a header value of any length) until the head is complete, and has no
+        # limit of its own: the header timeout alone would let a client send as much as it can in that time
+        counting = self._in_head
+        super().data_received(data)
+        if self._in_head and not self.transport.is_closing():
+            if counting:  # the read the head began in may hold the end of the previous request: not counted
+                self._head_bytes += len(data)
+            if self._head_bytes > self.head_limit:
+                self._in_head = False
+                error = HeadersTooLarge(
+                    f"request head over {self.head_limit} bytes (header fields and request line)", limit=self.head_limit
+                )
+                self._answer_and_close(b"431 Request Header Fields Too Large", error)
+
     def on_headers_complete(self) -> None:
+        self._in_head = False
         self._disarm_head_timer()
+        if self.parser.get_http_version() == "1.1":
+            hosts = sum(1 for name, _ in self.headers if name == b"host")
+            if hosts != 1:  # RFC 9112 §3.2: "400 (Bad Request) ... lacks a Host header field ... or more than one"
+                self._bad_host = hosts
+                raise _HostRule
         before = self.cycle
         super().on_headers_complete()
-        # a new request (not an upgrade): its task has not run yet, so it sees the extension. Never over TLS:
-        # sendfile(2) would write the file's plain bytes past the encryption (transfer.api.protocol.tls)
-        if self.cycle is not None and self.cycle is not before and self.transport.get_extra_info("sslcontext") is None:
-            zerocopy.enable(self.cycle)
+        cycle = self.cycle
+        if cycle is not None and cycle is not before:  # a new request (not an upgrade); its task has not run yet
+            cycle.send_timeout = self.send_timeout  # type: ignore[attr-defined]  # read by BodyCycle.send
+            # the zero-copy extension, never over TLS: sendfile(2) would write the file's plain bytes past the
+            # encryption (transfer.api.protocol.tls)
+            if self.transport.get_extra_info("sslcontext") is None:
+                zerocopy.enable(cycle, send_timeout=self.send_timeout)
+
+    def send_400_response(self, msg: str) -> None:
+        """The Host rule's 400 with a JSON error body; any other request the parser refused gets uvicorn's own
+        answer (``tests/test_body_smuggling.py`` holds the framing of those to stock uvicorn's byte for byte)."""
+        if self._bad_host is None:
+            super().send_400_response(msg)
+            return
+        error = InvalidHost(
+            "an HTTP/1.1 request carries exactly one Host header field (RFC 9112 §3.2); "
+            + ("none was sent" if self._bad_host == 0 else f"{self._bad_host} were sent"),
+            host_fields=self._bad_host,
+        )
+        self._answer_and_close(b"400 Bad Request", error)
+
+    _lingering = 0  # bytes still to drop before the socket closes, after an answer that ends the connection
+
+    def _answer_and_close(self, status: bytes, error: TransferError) -> None:
+        """Answer and end the connection, lingering: the answer and a FIN go out, what the client is still sending
+        is read and dropped for up to ``LINGER`` seconds or ``LINGER_BYTES``, then the socket closes. Closed at once
+        with its bytes unread, the kernel would answer them with a reset, which can destroy the answer before the
+        client reads it (nginx's lingering close)."""
+        body = _error_body(error)
+        self.transport.write(
+            b"HTTP/1.1 "
+            + status
+            + b"\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: "
+            + str(len(body)).encode("ascii")
+            + b"\r\n\r\n"
+            + body
+        )
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self._lingering = LINGER_BYTES
+        self.loop.call_later(LINGER, self.transport.close)
+
+    def shutdown(self) -> None:
+        """uvicorn's (close when idle, else after the response), and a response whose reader takes nothing during
+        ``SHUTDOWN_STALL`` seconds is not waited for: its connection is aborted (the shutdown's grace is for
+        transfers, not for a client that stopped reading)."""
+        super().shutdown()
+        if self.cycle is not None and not self.cycle.response_complete and not self.transport.is_closing():
+            self._stall_check = self.loop.call_later(SHUTDOWN_STALL, self._abort_if_stalled, self._progress())
+
+    def _progress(self) -> tuple[bool, int, int]:
+        """(waiting for the client, bytes it has still to take from the transport, zero-copy bytes sent so far)."""
+        cycle = self.cycle
+        waiting = self.flow.write_paused or bool(getattr(cycle, "zero_copy_active", False))
+        return waiting, self.transport.get_write_buffer_size(), getattr(cycle, "zero_copy_sent", 0)
+
+    def _abort_if_stalled(self, before: tuple[bool, int, int]) -> None:
+        self._stall_check = None
+        if self.transport.is_closing() or self.cycle is None or self.cycle.response_complete:
+            return
+        now = self._progress()
+        if before[0] and now[0] and now[1] >= before[1] and now[2] == before[2]:  # waited all along, nothing taken
+            self.logger.info("shutting down: aborting a response whose client takes no bytes")
+            self.transport.abort()
+            return
+        self._stall_check = self.loop.call_later(SHUTDOWN_STALL, self._abort_if_stalled, now)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()
+        if self._stall_check is not None:
+            self._stall_check.cancel()
+            self._stall_check = None
+        if self.ticket is not None:
+            self.ticket.release()
+            self.ticket = None
         super().connection_lost(exc)
 
     _upgrade_waiting = False  # a WebSocket upgrade came in while an earlier request's response was still due
@@ -120,7 +249,14 @@ class HeadTimeoutProtocol(InformationalProtocol):
             self._upgrade_waiting = True
             self.flow.pause_reading()  # the parser has stopped at the upgrade: nothing more to read till then
             return
+        self._switch_to_websocket()
+
+    def _switch_to_websocket(self) -> None:
         super().handle_websocket_upgrade()
+        protocol = self.transport.get_protocol()
+        if protocol is not self and self.ticket is not None:  # the WebSocket protocol now holds the connection
+            protocol.ticket = self.ticket  # type: ignore[attr-defined]
+            self.ticket = None
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -128,7 +264,7 @@ class HeadTimeoutProtocol(InformationalProtocol):
             self._upgrade_waiting = False
             if not self.transport.is_closing():
                 self._unset_keepalive_if_required()  # armed just now for an idle connection: this one is upgrading
-                super().handle_websocket_upgrade()
+                self._switch_to_websocket()
 
     def _arm_head_timer(self) -> None:
         self._head_timer = self.loop.call_later(self.header_timeout, self._head_timed_out)
@@ -156,12 +292,24 @@ class HeadTimeoutProtocol(InformationalProtocol):
 
 
 def head_timeout_protocol(
-    header_timeout: float, *, body_grace: float = 30.0, body_min_rate: float = 0.0
+    header_timeout: float,
+    *,
+    body_grace: float = 30.0,
+    body_min_rate: float = 0.0,
+    send_timeout: float | None = None,
+    max_header_size: int = 64 << 10,
 ) -> type[HeadTimeoutProtocol]:
-    """The protocol class with these deadlines: ``header_timeout`` for each head, and the body rule of
+    """The protocol class with these deadlines: ``header_timeout`` for each head, the body rule of
     :class:`BodyRateGuard` for the rest of a body the application answered without reading
-    (:mod:`transfer.api.protocol.bodyread`)."""
-    attributes = {"header_timeout": header_timeout, "discard_grace": body_grace, "discard_min_rate": body_min_rate}
+    (:mod:`transfer.api.protocol.bodyread`), ``send_timeout`` (None: none) for a response's reader, and
+    ``max_header_size`` for the header fields of a head (its request line may add ``HEAD_LINE``)."""
+    attributes = {
+        "head_limit": max_header_size + HEAD_LINE,
+        "header_timeout": header_timeout,
+        "discard_grace": body_grace,
+        "discard_min_rate": body_min_rate,
+        "send_timeout": send_timeout,
+    }
     return type("HeadTimeoutProtocol", (HeadTimeoutProtocol,), attributes)
 
 
@@ -245,7 +393,11 @@ def uvicorn_config(app: Any, settings: Settings, *, host: str, port: int, **kwar
         port=port,
         loop="uvloop",
         http=head_timeout_protocol(
-            settings.http_header_timeout, body_grace=settings.http_body_grace, body_min_rate=settings.http_body_min_rate
+            settings.http_header_timeout,
+            body_grace=settings.http_body_grace,
+            body_min_rate=settings.http_body_min_rate,
+            send_timeout=settings.http_send_timeout,
+            max_header_size=settings.max_header_size,
         ),
         ws=TPWebSocketProtocol,
         ws_ping_interval=settings.tp_ping_interval,

@@ -16,6 +16,11 @@ right after checking that the transport is still open, so the descriptor cannot 
 A full socket buffer waits for writability on one ``epoll`` instance per event loop (uvloop refuses ``add_writer``
 on a descriptor its transport owns; an epoll descriptor it does not own is fine).
 
+A client that takes no bytes for ``send_timeout`` seconds (the socket stays full, or the transport's own buffer does
+not shrink) ends the connection (``abort``) and the application sees ``http.disconnect``, so its file is closed:
+the zero-copy path waited on writability with no deadline, holding the file and the socket for as long as the
+client kept its receive window shut.
+
 ``sendfile`` copies from the page cache inside the kernel on the calling thread (asyncio's own ``loop.sendfile``
 does the same on its loop); each call is capped at ``CHUNK`` bytes so one call never holds the loop for long.
 """
@@ -24,11 +29,16 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import select
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from transfer import metrics
+
+log = logging.getLogger("transfer.ops")
 
 EXTENSION = "http.response.zerocopysend"
 CHUNK = 8 << 20  # bytes per sendfile call at most: bounds the time one call holds the event loop
@@ -88,20 +98,39 @@ class _Gone(Exception):
     """The connection closed (client gone, or the server closed it) before the body was sent."""
 
 
-async def _drained(transport: asyncio.Transport) -> None:
-    """Until the transport's own buffer is empty: what it holds must reach the socket before sendfile writes."""
+class _Stalled(_Gone):
+    """The client took no bytes for the send timeout."""
+
+
+async def _drained(transport: asyncio.Transport, timeout: float | None) -> None:
+    """Until the transport's own buffer is empty: what it holds must reach the socket before sendfile writes.
+    :class:`_Stalled` when it does not shrink for ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
     delay = 0.0005
-    while transport.get_write_buffer_size():
+    smallest, since = transport.get_write_buffer_size(), loop.time()
+    while size := transport.get_write_buffer_size():
         if transport.is_closing():
             raise _Gone
+        if size < smallest:
+            smallest, since = size, loop.time()
+        elif timeout is not None and loop.time() - since > timeout:
+            raise _Stalled
         await asyncio.sleep(delay)
         delay = min(delay * 2, 0.05)
 
 
-async def send_file(transport: asyncio.Transport, fd: int, offset: int, count: int) -> None:
+async def send_file(
+    transport: asyncio.Transport,
+    fd: int,
+    offset: int,
+    count: int,
+    timeout: float | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> None:
     """Send ``count`` bytes of ``fd`` from ``offset`` on the transport's socket with sendfile(2); raises
-    :class:`_Gone` when the connection closes first."""
-    await _drained(transport)
+    :class:`_Gone` when the connection closes first, :class:`_Stalled` when the socket takes no bytes for
+    ``timeout`` seconds (None: no limit). ``progress`` is told each call's bytes."""
+    await _drained(transport, timeout)
     sock = transport.get_extra_info("socket")
     if sock is None:
         raise _Gone
@@ -114,7 +143,11 @@ async def send_file(transport: asyncio.Transport, fd: int, offset: int, count: i
             try:
                 sent = os.sendfile(sock_fd, fd, offset, min(count, CHUNK))
             except BlockingIOError:
-                await poller.wait(sock_fd)
+                try:
+                    async with asyncio.timeout(timeout):
+                        await poller.wait(sock_fd)
+                except TimeoutError:
+                    raise _Stalled from None
                 continue
             except OSError as exc:
                 if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.EBADF, errno.ENOTCONN):
@@ -124,14 +157,17 @@ async def send_file(transport: asyncio.Transport, fd: int, offset: int, count: i
                 raise OSError(errno.EIO, "file shorter than the response's content-length")
             offset += sent
             count -= sent
+            if progress is not None:
+                progress(sent)
     finally:
         if not transport.is_closing():
             poller.forget(sock_fd)
 
 
-def enable(cycle: Any) -> None:
-    """Give a uvicorn httptools request-response cycle the zero-copy send extension (see the module docstring).
-    Call before its ASGI task first runs (the task reads ``cycle.send`` when it starts)."""
+def enable(cycle: Any, *, send_timeout: float | None = None) -> None:
+    """Give a uvicorn httptools request-response cycle the zero-copy send extension (see the module docstring),
+    with ``send_timeout`` for its client (None: none). Call before its ASGI task first runs (the task reads
+    ``cycle.send`` when it starts)."""
     scope = cycle.scope
     scope.setdefault("extensions", {})[EXTENSION] = {}
     plain_send: Callable[[Any], Awaitable[None]] = cycle.send
@@ -161,8 +197,20 @@ def enable(cycle: Any) -> None:
             raise RuntimeError("Response content longer than Content-Length")
         if cycle.disconnected:
             return
+
+        def sent(size: int) -> None:
+            cycle.zero_copy_sent = getattr(cycle, "zero_copy_sent", 0) + size
+
+        cycle.zero_copy_active = True
         try:
-            await send_file(transport, fd, offset, count)
+            await send_file(transport, fd, offset, count, send_timeout, sent)
+        except _Stalled:
+            aborted = True
+            metrics.send_timeouts.labels("http1").inc()
+            client = scope.get("client")
+            log.info("HTTP/1.1 client %s took no bytes for %g s: connection closed", client and client[0], send_timeout)
+            transport.abort()  # close() would wait to flush what the client does not take
+            return
         except _Gone:
             aborted = True
             transport.close()
@@ -172,6 +220,8 @@ def enable(cycle: Any) -> None:
             aborted = True
             transport.close()
             raise
+        finally:
+            cycle.zero_copy_active = False
         cycle.expected_content_length -= count
         await plain_send({"type": "http.response.body", "body": b"", "more_body": message.get("more_body", False)})
 

@@ -62,6 +62,7 @@ from transfer.errors import (
     UnsupportedMessageType,
     storage_errors_translated,
 )
+from transfer.service.agents.subscriptions import SubscriptionLedger
 from transfer.service.files.records import FileRecord, is_file_id
 from transfer.service.files.service import FileService
 from transfer.service.jobs.imports import ImportService
@@ -157,8 +158,10 @@ class TPService:
         self.imports = imports
         self.settings = files.settings
         self.clock = clock
-        self._topics: dict[str, set[asyncio.Queue[bytes]]] = {}
+        # each topic's subscribers: a long poll's queue, or a WebSocket connection's delivery into its outbox
+        self._topics: dict[str, set[asyncio.Queue[bytes] | Callable[[bytes], None]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self.ledger = SubscriptionLedger.from_settings(self.settings)  # WebSocket subscribers across connections
 
     @property
     def storage(self) -> Storage:
@@ -523,22 +526,31 @@ class TPService:
         self._topics.setdefault(topic, set()).add(queue)
         return queue
 
-    def unsubscribe(self, topic: str, queue: asyncio.Queue[bytes]) -> None:
-        """Stop delivering ``topic`` to ``queue``."""
+    def listen(self, topic: str, deliver: Callable[[bytes], None]) -> None:
+        """Call ``deliver`` with each raw envelope published on ``topic`` from now on (it must not block: a
+        WebSocket connection puts it in its outbox). One set entry per topic, no queue or task of its own."""
+        self._topics.setdefault(topic, set()).add(deliver)
+
+    def unsubscribe(self, topic: str, subscriber: asyncio.Queue[bytes] | Callable[[bytes], None]) -> None:
+        """Stop delivering ``topic`` to ``subscriber`` (a queue of :meth:`subscribe`, a ``deliver`` of
+        :meth:`listen`)."""
         subscribers = self._topics.get(topic)
         if subscribers is not None:
-            subscribers.discard(queue)
+            subscribers.discard(subscriber)
             if not subscribers:
                 del self._topics[topic]
 
     def publish(self, topic: str, raw: bytes) -> None:
         """Hand ``raw`` to every subscriber of ``topic``; a full queue loses its oldest envelope."""
-        for queue in list(self._topics.get(topic, ())):
+        for subscriber in list(self._topics.get(topic, ())):
+            if not isinstance(subscriber, asyncio.Queue):
+                subscriber(raw)
+                continue
             try:
-                queue.put_nowait(raw)
+                subscriber.put_nowait(raw)
             except asyncio.QueueFull:  # a subscriber that does not read loses the oldest, not the service
-                queue.get_nowait()
-                queue.put_nowait(raw)
+                subscriber.get_nowait()
+                subscriber.put_nowait(raw)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)

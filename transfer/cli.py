@@ -649,6 +649,40 @@ def _service_options(p: argparse.ArgumentParser, server_default: str) -> None:
     """The options of every command that talks to a running service: where it is and the key to use."""
     p.add_argument("--server", default=server_default, help=f"service URL (TRANSFER_SERVER, default {DEFAULT_SERVER})")
     p.add_argument("--api-key", help="API key (default: TRANSFER_API_KEY)")
+    _ca_cert_option(p)
+
+
+def _ca_cert_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ca-cert",
+        metavar="FILE",
+        help="PEM file of the CA certificates to trust for https:// servers, instead of the default bundle (a private "
+        "CA; as curl's --cacert). The environment's SSL_CERT_FILE does the same for every command",
+    )
+
+
+def _trust_ca(path: str) -> None:
+    """Make ``path`` the CA bundle of every TLS connection this process opens (httpx, and ``ssl`` contexts made with
+    the defaults, both read SSL_CERT_FILE), after checking that it holds certificates."""
+    try:
+        ssl.create_default_context(cafile=path)
+    except (OSError, ssl.SSLError) as exc:
+        raise CliError(
+            "invalid_usage", f"--ca-cert {path}: not a readable PEM file of CA certificates: {exc}", 2
+        ) from exc
+    os.environ["SSL_CERT_FILE"] = str(Path(path).resolve())
+
+
+def _untrusted_certificate(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification failure behind a transport error, if that is what it was."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _api_key(args: argparse.Namespace) -> str | None:
@@ -1055,6 +1089,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="with --cache: keep at most this much (e.g. 2G, 512M), evicting the least recently used chunks",
     )
+    _ca_cert_option(p)
     p.set_defaults(func=cmd_resolve)
 
     p = sub.add_parser("keys", help="API keys")
@@ -1074,6 +1109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "ca_cert", None):
+            _trust_ca(args.ca_cert)
         result = args.func(args)
         if asyncio.iscoroutine(result):
             coro: Coroutine[Any, Any, int] = result
@@ -1086,6 +1123,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"transfer: {exc.code}: {exc}", file=sys.stderr)
         return exc.exit_code
     except httpx.TransportError as exc:
+        untrusted = _untrusted_certificate(exc)
+        if untrusted is not None:
+            print(
+                f"transfer: untrusted_certificate: {untrusted.verify_message or untrusted}: the server's certificate "
+                "is not signed by a CA this client trusts; pass --ca-cert FILE (the CA's PEM) or set SSL_CERT_FILE",
+                file=sys.stderr,
+            )
+            return 1
         print(f"transfer: unreachable: cannot reach the service: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -8,6 +8,7 @@ never committed:
     reference/http-api.md         every operation of the service's own OpenAPI document, and its schemas
     reference/openapi.json        that document
     reference/cli.md              every ``transfer`` command, from the argument parser
+    reference/errors.md           every error of ``transfer.errors``: its status, code and meaning
 
 A setting without a description stops the build: the reference would otherwise say nothing about it.
 """
@@ -43,7 +44,17 @@ OTHER_VARIABLES: list[tuple[str, str, str]] = [
         "credentials of the bucket (`TRANSFER_STORAGE=s3`), read by boto3 with the rest of its chain (profiles, "
         "instance roles); placeholders and published defaults are refused at start",
     ),
-    ("AWS_ENDPOINT_URL / AWS_REGION", "AWS", "defaults of `TRANSFER_S3_ENDPOINT_URL` / `TRANSFER_S3_REGION`"),
+    (
+        "AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL / AWS_REGION",
+        "AWS",
+        "defaults of `TRANSFER_S3_ENDPOINT_URL` (the S3-specific variable first) and `TRANSFER_S3_REGION`",
+    ),
+    (
+        "XDG_CACHE_HOME",
+        "`~/.cache`",
+        "where `transfer upload --chunked / --direct / --resumable` remembers uploads to resume "
+        "(`$XDG_CACHE_HOME/transfer/sessions`; `--state-dir` for one command)",
+    ),
     (
         "TRANSFER_NO_REEXEC",
         "unset",
@@ -390,6 +401,55 @@ def cli_page() -> str:
     return "\n".join(out)
 
 
+# --- the errors --------------------------------------------------------------------------------------------------
+
+
+def errors_page() -> str:
+    """Every subclass of ``TransferError``, by status and code, with the meaning the error tree's docstring gives."""
+    import re
+
+    from transfer import errors
+
+    notes: dict[str, str] = {}
+    for line in (errors.__doc__ or "").splitlines():
+        found = re.search(r"(\w+)\s+\d{3} \S+\s+\((.*)\)\s*$", line)
+        if found:
+            notes[found.group(1)] = found.group(2)
+    rows: list[tuple[int, str, str, str]] = []
+    seen: set[type] = set()
+    pending: list[type] = [errors.TransferError]
+    while pending:
+        cls = pending.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        pending.extend(cls.__subclasses__())
+        doc = (cls.__doc__ or "").strip().split("\n\n")[0]
+        meaning = notes.get(cls.__name__) or (" ".join(doc.split()) if cls.__doc__ else "")
+        rows.append((int(cls.status), str(cls.code), cls.__name__, meaning))
+    out = [
+        "# Errors",
+        "",
+        "Every error, from every door, is one of these: a stable `code` and an HTTP status. The HTTP API answers with "
+        'a JSON body, `{"error": {"code", "message", "status", "detail"?}}` (IETF resumable uploads: RFC 9457 '
+        "problem details carrying the same `code`); the command line prints `transfer: <code>: <message>`; MCP "
+        "tools return the JSON body as a tool error; the Python client raises the class named here "
+        "(`transfer.errors`). A status of 408, 429, 502, 503, 504 or 507 may succeed later unchanged "
+        "(`Retry-After` says when); the others will not.",
+        "",
+        f"!!! note\n    {GENERATED_NOTE} Source: `transfer/errors.py`.",
+        "",
+        "| status | code | Python class | meaning |",
+        "|---|---|---|---|",
+        *(
+            f"| {status} | `{code}` | `{name}` | {_cell(meaning)} |"
+            for status, code, name, meaning in sorted(rows, key=lambda r: (r[0], r[1], r[2]))
+        ),
+        "",
+    ]
+    return "\n".join(out)
+
+
 # --- the MkDocs hook -----------------------------------------------------------------------------------------------
 
 
@@ -401,6 +461,7 @@ def generated_files() -> dict[str, str]:
         "reference/http-api.md": http_api_page(document),
         "reference/openapi.json": json.dumps(document, indent=2),
         "reference/cli.md": cli_page(),
+        "reference/errors.md": errors_page(),
     }
 
 

@@ -103,7 +103,7 @@ def test_example_runs(
     block: Block, server: str, workdirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     if block.skip:
-        pytest.skip(block.skip)
+        pytest.skip(f"{block.id}: {block.skip}")
     cwd = workdir(workdirs, tmp_path_factory, block.page)
     host = server.removeprefix("http://")
     code = block.code.replace("127.0.0.1:8080", host).replace("localhost:8080", host)

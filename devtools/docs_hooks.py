@@ -20,6 +20,7 @@ import contextlib
 import fnmatch
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from enum import Enum
@@ -153,8 +154,6 @@ def _bounds(name: str, metadata: list[Any]) -> str:
 
 def _serve_flags() -> dict[str, str]:
     """``TRANSFER_X`` → the ``transfer serve`` flag whose help names it."""
-    import re
-
     from transfer.cli import build_parser
 
     parser = build_parser()
@@ -201,7 +200,7 @@ def configuration_page() -> str:
             cell = f'<span id="{var.lower()}"></span>`{var}`'
             if var in flags:
                 cell += f"<br>`{flags[var]}`"
-            meaning = (field.description or "").replace("|", "\\|").replace("\n", " ")
+            meaning = _cell(field.description)
             kind = _type(field.annotation)
             bounds = _bounds(name, list(field.metadata))
             extra = ", ".join(part for part in (kind, bounds) if part)
@@ -261,7 +260,11 @@ def _schema_text(schema: dict[str, Any]) -> str:
 
 
 def _cell(text: str | None) -> str:
-    return " ".join((text or "").split()).replace("|", "\\|")
+    """Text for one table cell: one line, no column break, no angle bracket taken for an HTML tag."""
+    parts = " ".join((text or "").split()).replace("|", "\\|").split("`")
+    for i in range(0, len(parts), 2):  # outside code spans (inside them Markdown shows the text as it is)
+        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
+    return "`".join(parts)
 
 
 def http_api_page(document: dict[str, Any]) -> str:
@@ -406,8 +409,6 @@ def cli_page() -> str:
 
 def errors_page() -> str:
     """Every subclass of ``TransferError``, by status and code, with the meaning the error tree's docstring gives."""
-    import re
-
     from transfer import errors
 
     notes: dict[str, str] = {}
@@ -472,3 +473,11 @@ def on_files(files: Any, config: Any) -> Any:
     for path, content in generated_files().items():
         files.append(File.generated(config, path, content=content))
     return files
+
+
+_SPHINX_ROLE = re.compile(r":(?:meth|class|func|attr|mod|exc|data|obj):(?=<code>)")
+
+
+def on_page_content(html: str, **kwargs: Any) -> str:
+    """MkDocs hook: the docstrings' Sphinx roles (``:meth:`aclose```) read as plain code in the client reference."""
+    return _SPHINX_ROLE.sub("", html)

@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# The service's image: `docker build -t agent-transfer .` (README "Deploy"). podman and buildah build OCI images by
+# The service's image: `docker build -t agent-transfer .` (docs/operations/deployment.md). podman and buildah build OCI images by
 # default, which have no HEALTHCHECK: build with `--format docker` to keep it.
 #
 # Closed by default: it listens on 0.0.0.0 and holds no keys, so `docker run` without TRANSFER_API_KEYS refuses to

@@ -6,7 +6,9 @@
 #             replica tests (tests/ops/test_replicas_ceph.py), and debootstrap, which makes the Debian sid root that Ceph
 #             20.2 runs from (devtools/sidroot.py; the tests make it on first use, once per machine, in
 #             /var/cache/transfer-tests): each only if missing, without recommends
-# test        lint + every test (the README's command), the test files spread over 3 worker processes (most tests
+# docs        the documentation site, built strictly (a warning, a broken link or a missing page fails) into ./site
+# docs-serve  the same, previewed with live reload on http://127.0.0.1:8000 (nothing in production serves ./site)
+# test        lint + the site + every test (the README's command), the test files spread over 3 worker processes (most tests
 #             wait on servers and sockets, so 3 beat 2 on two cores; a file stays on one worker, for its fixtures)
 # test-quick  lint + the tests not marked slow or s3: the inner loop while editing; run `make test` before pushing
 PYTHON ?= python3
@@ -23,7 +25,7 @@ IDENTITY_STAMP := $(IDENTITY_NODE)/.installed-9.13.3-1.32.2
 WEB := transfer/web
 WEB_STAMP := $(WEB)/node_modules/.installed
 
-.PHONY: install serve test test-quick lint bench bench-quick clean
+.PHONY: install serve test test-quick lint docs docs-serve bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,7 +62,16 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check transfer storage devtools tests benchmarks
 	$(BIN)/mypy
 
-test: lint install
+# Material for MkDocs prints a banner about its successor on every build; the site is built with it as it is
+DOCS_ENV := NO_MKDOCS_2_WARNING=1
+
+docs: $(STAMP)
+	$(DOCS_ENV) $(BIN)/mkdocs build --strict --quiet
+
+docs-serve: $(STAMP)
+	$(DOCS_ENV) $(BIN)/mkdocs serve --strict -a 127.0.0.1:8000
+
+test: lint install docs
 	$(BIN)/pytest -n 3 --dist loadfile
 
 test-quick: lint install
@@ -75,4 +86,4 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks --s3
 
 clean:
-	rm -rf $(VENV) $(WEB)/node_modules transfer-data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(WEB)/node_modules transfer-data site .pytest_cache .mypy_cache .ruff_cache

@@ -1,6 +1,7 @@
 """``python -m benchmarks``: every case, each against its baseline in the same run, into one report.
 
-Writes ``benchmarks/results/latest.json`` (everything; ``summary`` holds the goals table's rows), ``latest.md``
+Writes ``benchmarks/results/latest.json`` (everything; ``summary`` holds the goals table's rows) and the same as
+``<date>-<cpu>.json`` (the run kept beside earlier ones: the results' history is those files, not prose), ``latest.md``
 (the goals table first — every row the performance issue sets a goal for, with the host's CPU — then each section's
 own tables), ``latest.png`` (the goals chart) and ``latest-throughput.png`` (MB/s of every case next to its
 baseline). ``--quick`` keeps it to a few minutes; the full profile (``make bench``) takes about 25-35 minutes here.
@@ -9,7 +10,10 @@ baseline). ``--quick`` keeps it to a few minutes; the full profile (``make bench
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import platform
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -48,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     size = (args.size or (256 if args.quick else 1024)) << 20
     reps = args.reps or (3 if args.quick else 5)
     skip = set(filter(None, args.skip.split(",")))
-    report: dict[str, Any] = {"machine": machine(), "cpu": host_cpu(), "size": size, "reps": reps}
+    date = datetime.datetime.now(datetime.UTC).date().isoformat()
+    report: dict[str, Any] = {"date": date, "machine": machine(), "cpu": host_cpu(), "size": size, "reps": reps}
     sections: list[str] = [f"Machine: {report['machine']}; file size {size >> 20} MiB, {reps} runs per case."]
     kernel_size = 32 << 20 if args.quick else 64 << 20
     chart_rows: list[dict[str, Any]] = []
@@ -140,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "latest.json").write_text(json.dumps(report, indent=2))
+    if not args.quick:  # a full run is kept under its date and host; --quick runs are not results to compare
+        host = re.sub(r"[^a-z0-9]+", "-", report["cpu"].lower()).strip("-")
+        (out / f"{date}-{host}.json").write_text(json.dumps(report, indent=2) + "\n")
     markdown = "\n\n".join(sections) + "\n"
     (out / "latest.md").write_text(markdown)
     write_goals_chart(report["summary"], out / "latest.png", f"goals of the performance issue — {report['cpu']}")

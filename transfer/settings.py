@@ -179,8 +179,11 @@ class Settings(BaseSettings):
         description="SETTINGS, PING, PRIORITY and empty DATA frames (each kind counted on its own) one HTTP/2 "
         "connection may send per second, with a burst of as many; more: GOAWAY(ENHANCE_YOUR_CALM) and closed",
     )
-    host: str = "127.0.0.1"
-    port: int = Field(default=8080, ge=0, le=65535)
+    host: str = Field(
+        default="127.0.0.1",
+        description="address to listen on (0.0.0.0: every interface; anything but loopback needs API keys)",
+    )
+    port: int = Field(default=8080, ge=0, le=65535, description="port to listen on (0: a free port)")
     allow_open_mode: bool = Field(
         default=False,
         description="serve without API keys on an address other than loopback (every caller is then admin: "
@@ -256,10 +259,24 @@ class Settings(BaseSettings):
     )
     signing_key_id: str | None = Field(default=None, description="key id that signs new URLs (default: the first)")
     url_ttl: int = Field(default=3600, gt=0, le=MAX_URL_TTL, description="seconds a signed URL lives")
-    default_download_method: DownloadMethod = DownloadMethod.GET
-    inline_threshold: int = Field(default=INLINE_THRESHOLD, ge=0, le=16 * INLINE_THRESHOLD)
+    default_download_method: DownloadMethod = Field(
+        default=DownloadMethod.GET,
+        description="download_method of descriptors when the upload names none: GET, POST (a signed POST) or "
+        "signed_url (an S3 presigned GET on S3, a signed GET on local storage)",
+    )
+    inline_threshold: int = Field(
+        default=INLINE_THRESHOLD,
+        ge=0,
+        le=16 * INLINE_THRESHOLD,
+        description="largest content returned inline (base64 in the descriptor's data); larger content is url mode",
+    )
     max_upload_size: int = Field(default=64 << 30, gt=0, description="largest original (decoded) size accepted")
-    max_decode_ratio: float = Field(default=10_000.0, gt=1)
+    max_decode_ratio: float = Field(
+        default=10_000.0,
+        gt=1,
+        description="decoded/encoded size ratio past which a Content-Encoding body is refused as a decompression "
+        "bomb (413 decoded_size_limit; checked after the first 16 MiB decoded)",
+    )
     dedup: bool = Field(
         default=True,
         description="an upload declaring content (SHA-256 and size) its key already stores shares those bytes "
@@ -277,17 +294,27 @@ class Settings(BaseSettings):
     max_ranges: int = Field(default=64, ge=1, description="ranges per request after coalescing; more: 200 whole")
     buffer_size: int = Field(default=1 << 20, ge=16 << 10, le=64 << 20, description="bytes per read/write call")
     gzip_level: int = Field(default=1, ge=0, le=3, description="python-isal level for gzip/deflate")
-    zstd_level: int = Field(default=3, ge=1, le=19)
-    compress_on_the_fly: bool = True
+    zstd_level: int = Field(default=3, ge=1, le=19, description="zstd level for content stored or served as zstd")
+    compress_on_the_fly: bool = Field(
+        default=True,
+        description="compress identity text and JSON objects for full-body downloads when Accept-Encoding allows "
+        "(zstd or gzip, with their own ETag)",
+    )
     serve_active_types_inline: bool = Field(
         default=False,
         description="serve HTML/SVG/XML inline instead of as attachments (only on a domain of its own)",
     )
-    max_description_length: int = Field(default=1024, ge=0)
+    max_description_length: int = Field(
+        default=1024, ge=0, description="longest description an upload may carry (longer: 400 invalid_request)"
+    )
     session_chunk_size: int = Field(default=8 << 20, ge=64 << 10, description="default chunk size of sessions")
-    session_max_chunk_size: int = Field(default=512 << 20, ge=64 << 10)
+    session_max_chunk_size: int = Field(
+        default=512 << 20, ge=64 << 10, description="largest chunk size a session may ask for"
+    )
     session_ttl: int = Field(default=24 * 3600, gt=0, description="seconds an unfinished session lives")
-    session_max_ttl: int = Field(default=7 * 24 * 3600, gt=0)
+    session_max_ttl: int = Field(
+        default=7 * 24 * 3600, gt=0, description="the longest lifetime a session may ask for (seconds)"
+    )
     session_retention: int = Field(default=24 * 3600, ge=0, description="seconds ended sessions stay visible")
     session_gc_interval: float = Field(default=60.0, gt=0, description="seconds between expiry sweeps")
     # IETF resumable uploads (/v1/uploads): the Upload-Limit members beside max-size (max_upload_size) and max-age
@@ -357,7 +384,9 @@ class Settings(BaseSettings):
         description='JSON list of CIDRs fetched from even though private/loopback, e.g. ["10.1.0.0/16"]',
     )
     fetch_timeout: float = Field(default=30.0, gt=0, description="seconds without progress before a fetch fails")
-    fetch_max_redirects: int = Field(default=5, ge=0, le=20)
+    fetch_max_redirects: int = Field(
+        default=5, ge=0, le=20, description="redirects a server-side fetch follows, each checked again"
+    )
     # progress jobs and the AIFlowy SSE stream
     job_retention: float = Field(default=600.0, gt=0, description="seconds a finished job stays readable")
     max_jobs: int = Field(default=10_000, ge=1, description="jobs kept (running jobs are never evicted)")

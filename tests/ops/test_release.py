@@ -134,6 +134,9 @@ def test_sdist_and_wheel_carry_what_pypi_and_the_service_need(dists: dict[str, P
         names = set(zf.namelist())
         entry_points = zf.read(f"agent_transfer-{transfer.__version__}.dist-info/entry_points.txt").decode()
     assert "transfer = transfer.cli:main" in entry_points
+    # the service's own packages only: a top-level devtools/ shadowed PyPI's `devtools` (`from devtools import debug`)
+    top_level = {n.split("/", 1)[0] for n in names}
+    assert {name for name in top_level if not name.endswith(".dist-info")} == {"transfer", "storage"}
     assert f"agent_transfer-{transfer.__version__}.dist-info/licenses/LICENSE" in names
     # exactly the served files and their licences, in node_modules' layout; nothing else from npm
     bundled = sorted(n.removeprefix(f"transfer/web/{BUNDLED}/") for n in names if f"/web/{BUNDLED}/" in n)

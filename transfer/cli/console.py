@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import ssl
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from transfer.client.client import DEFAULT_SERVER
@@ -104,6 +106,40 @@ def _service_options(p: argparse.ArgumentParser, server_default: str) -> None:
     """The options of every command that talks to a running service: where it is and the key to use."""
     p.add_argument("--server", default=server_default, help=f"service URL (TRANSFER_SERVER, default {DEFAULT_SERVER})")
     p.add_argument("--api-key", help="API key (default: TRANSFER_API_KEY)")
+    _ca_cert_option(p)
+
+
+def _ca_cert_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ca-cert",
+        metavar="FILE",
+        help="PEM file of the CA certificates to trust for https:// servers, instead of the default bundle (a private "
+        "CA; as curl's --cacert). The environment's SSL_CERT_FILE does the same for every command",
+    )
+
+
+def _trust_ca(path: str) -> None:
+    """Make ``path`` the CA bundle of every TLS connection this process opens (httpx, and ``ssl`` contexts made with
+    the defaults, both read SSL_CERT_FILE), after checking that it holds certificates."""
+    try:
+        ssl.create_default_context(cafile=path)
+    except (OSError, ssl.SSLError) as exc:
+        raise CliError(
+            "invalid_usage", f"--ca-cert {path}: not a readable PEM file of CA certificates: {exc}", 2
+        ) from exc
+    os.environ["SSL_CERT_FILE"] = str(Path(path).resolve())
+
+
+def _untrusted_certificate(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification failure behind a transport error, if that is what it was."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _api_key(args: argparse.Namespace) -> str | None:

@@ -14,7 +14,7 @@ import httpx
 from transfer import __version__
 from transfer.cli.admin import cmd_files_ls, cmd_files_rm, cmd_files_usage, cmd_gc, cmd_usage_repair
 from transfer.cli.bench import cmd_bench
-from transfer.cli.console import CliError, CliParser, _service_options
+from transfer.cli.console import CliError, CliParser, _ca_cert_option, _service_options, _trust_ca, _untrusted_certificate
 from transfer.cli.events import add_event_commands
 from transfer.cli.keyrecords import add_key_commands
 from transfer.cli.keys import cmd_keys_new
@@ -253,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="with --cache: keep at most this much (e.g. 2G, 512M), evicting the least recently used chunks",
     )
+    _ca_cert_option(p)
     p.set_defaults(func=cmd_resolve)
 
     p = sub.add_parser("keys", help="API keys")
@@ -275,6 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "ca_cert", None):
+            _trust_ca(args.ca_cert)
         result = args.func(args)
         if asyncio.iscoroutine(result):
             coro: Coroutine[Any, Any, int] = result
@@ -287,6 +290,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"transfer: {exc.code}: {exc}", file=sys.stderr)
         return exc.exit_code
     except httpx.TransportError as exc:
+        untrusted = _untrusted_certificate(exc)
+        if untrusted is not None:
+            print(
+                f"transfer: untrusted_certificate: {untrusted.verify_message or untrusted}: the server's certificate "
+                "is not signed by a CA this client trusts; pass --ca-cert FILE (the CA's PEM) or set SSL_CERT_FILE",
+                file=sys.stderr,
+            )
+            return 1
         print(f"transfer: unreachable: cannot reach the service: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

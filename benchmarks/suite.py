@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import re
 import tempfile
 from pathlib import Path

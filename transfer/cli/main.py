@@ -14,7 +14,14 @@ import httpx
 from transfer import __version__
 from transfer.cli.admin import cmd_files_ls, cmd_files_rm, cmd_files_usage, cmd_gc, cmd_usage_repair
 from transfer.cli.bench import cmd_bench
-from transfer.cli.console import CliError, CliParser, _ca_cert_option, _service_options, _trust_ca, _untrusted_certificate
+from transfer.cli.console import (
+    CliError,
+    CliParser,
+    _ca_cert_option,
+    _service_options,
+    _trust_ca,
+    _untrusted_certificate,
+)
 from transfer.cli.events import add_event_commands
 from transfer.cli.keyrecords import add_key_commands
 from transfer.cli.keys import cmd_keys_new

@@ -1,14 +1,20 @@
 """Uploads through 1, 2 and 3 ``transfer serve`` replicas on one Ceph bucket behind HAProxy (round robin), the
 replicas spread over the cluster's two RADOS Gateways: uploads/s of small files and MB/s of 64 MiB files, with the
 CPU seconds each kind of process spent meanwhile (from ``/proc/<pid>/stat``), so the bottleneck is named by
-measurement: the service, the gateways, the OSD or the balancer.
+measurement: the service, the gateways, the OSD or the balancer. Each replica count is run with one API key (every
+upload charged to it, with a quota: its usage in shards) and with eight; afterwards each replica's usage report
+must equal the bytes uploaded (``usage_exact``), and answers other than 201 are counted, not retried.
 
-A throw-away cluster (``devtools.ceph``: one monitor, one memstore OSD) on this machine: every process shares the
-same cores, so the figures say where the CPU goes per upload more than how far replicas scale on separate hosts.
+A throw-away cluster (``devtools.ceph``: one monitor, one memstore OSD; Ceph 20.2 by default) on this machine: every
+process shares the same cores, so the figures say where the CPU goes per upload more than how far replicas scale on
+separate hosts.
+
+    python -m benchmarks.replicas [--release 20.2] [--small 600] [--concurrency 64]
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -27,6 +33,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from benchmarks.e2e import free_port
+from transfer.core.auth import new_token, token_hash
 
 MiB = 1 << 20
 TICK = os.sysconf("SC_CLK_TCK")
@@ -117,27 +124,31 @@ def _cluster_pids(root: Path) -> dict[str, list[int]]:
     return kinds
 
 
-async def _uploads(url: str, count: int, size: int, concurrency: int) -> None:
+async def _uploads(url: str, count: int, size: int, concurrency: int, tokens: list[str]) -> dict[int, int]:
+    """``count`` uploads of ``size`` bytes, ``concurrency`` at once, the i-th with ``tokens[i % len(tokens)]``; the
+    answers' statuses counted (none retried)."""
     body = os.urandom(size)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=0)
+    statuses: dict[int, int] = {}
     async with httpx.AsyncClient(timeout=300, limits=limits) as http:
         gate = asyncio.Semaphore(concurrency)
 
         async def one(i: int) -> None:
             async with gate:
-                r = await http.post(f"{url}/v1/files", params={"name": f"b{i}.bin"}, content=body)
-                if r.status_code != 201:
-                    raise RuntimeError(f"upload {i}: {r.status_code} {r.text[:200]}")
+                headers = {"authorization": f"Bearer {tokens[i % len(tokens)]}"}
+                r = await http.post(f"{url}/v1/files", params={"name": f"b{i}.bin"}, content=body, headers=headers)
+                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
 
         await asyncio.gather(*(one(i) for i in range(count)))
+    return statuses
 
 
-def _usage_races(urls: list[str]) -> dict[str, float]:
+def _usage_races(urls: list[str], admin: str) -> dict[str, float]:
     """Lost compare-and-set races on usage records so far, summed over the replicas (``lost``: every lost race,
     ``busy``: those answered 503 record_busy), from each replica's ``/metrics``."""
     totals = {"lost": 0.0, "busy": 0.0}
     for url in urls:
-        text = httpx.get(f"{url}/metrics", timeout=30).text
+        text = httpx.get(f"{url}/metrics", timeout=30, headers={"authorization": f"Bearer {admin}"}).text
         for line in text.splitlines():
             if line.startswith('transfer_record_races_total{kind="usage"'):
                 outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
@@ -154,77 +165,117 @@ def _phase(pids: dict[str, list[int]], run: Any) -> dict[str, Any]:
     return {"seconds": seconds, "cpu": cpu}
 
 
+def _timed(
+    pids: dict[str, list[int]], url: str, count: int, size: int, at_once: int, tokens: list[str]
+) -> tuple[dict[str, Any], dict[int, int]]:
+    """:func:`_uploads` as a measured phase: its time and CPU, and its answers."""
+    answers: dict[int, int] = {}
+    phase = _phase(pids, lambda: answers.update(asyncio.run(_uploads(url, count, size, at_once, tokens))))
+    return phase, answers
+
+
+def _used(url: str, admin: str, names: list[str]) -> int:
+    """Bytes the replica at ``url`` reports stored for the keys ``names``."""
+    keys = httpx.get(f"{url}/v1/admin/usage", timeout=60, headers={"authorization": f"Bearer {admin}"}).json()["keys"]
+    return sum(int(keys[name]["bytes_used"]) for name in names)
+
+
 def run_replicas(
-    workdir: Path, counts: tuple[int, ...] = (1, 2, 3), small: int = 300, large: int = 3
+    workdir: Path,
+    counts: tuple[int, ...] = (1, 2, 3),
+    small: int = 600,
+    large: int = 3,
+    *,
+    release: str = "20.2",
+    concurrency: int = 64,
+    key_counts: tuple[int, ...] = (1, 8),
 ) -> dict[str, Any]:
-    """For each replica count: ``small`` uploads of 4 KiB (16 at once) and ``large`` uploads of 64 MiB (all at
-    once) through HAProxy; uploads/s, MB/s and CPU seconds per process kind."""
+    """For each replica count and each number of API keys: ``small`` uploads of 4 KiB (``concurrency`` at once)
+    and ``large`` uploads of 64 MiB (all at once) through HAProxy; uploads/s, MB/s, CPU seconds per process kind,
+    lost usage-record races, the answers, and whether every replica's usage report equals what was uploaded."""
     from devtools.ceph import ceph_cluster, ceph_missing
     from devtools.s3server import s3_client
 
-    reason = ceph_missing()
+    reason = ceph_missing(release)
     if reason:
         return {"skipped": reason}
     rows = []
-    with ceph_cluster(gateways=2) as cluster:
+    with ceph_cluster(gateways=2, release=release) as cluster:
         daemons = _cluster_pids(cluster.root)
         for n in counts:
-            bucket = f"benchrep-{uuid.uuid4().hex[:12]}"
-            s3_client(cluster.endpoint).create_bucket(Bucket=bucket)
-            with ExitStack() as stack:
-                urls, pids = [], []
-                for i in range(n):
-                    gateway = cluster.gateways[i % len(cluster.gateways)]
-                    env = {
-                        **os.environ,
-                        "TRANSFER_STORAGE": "s3",
-                        "TRANSFER_S3_BUCKET": bucket,
-                        "TRANSFER_S3_ENDPOINT_URL": gateway.url,
-                        "TRANSFER_S3_ADDRESSING_STYLE": "path",
-                        "TRANSFER_SINGLE_REPLICA": "false",
-                        "AWS_ACCESS_KEY_ID": gateway.access_key,
-                        "AWS_SECRET_ACCESS_KEY": gateway.secret_key,
-                        "AWS_REGION": gateway.region,
-                        "TRANSFER_SIGNING_KEYS": json.dumps({"t": "0123456789abcdef0123"}),
-                        "TRANSFER_ALLOWED_HOSTS": json.dumps(["127.0.0.1"]),
+            for key_count in key_counts:
+                tokens = [new_token() for _ in range(key_count)]
+                names = [f"k{i}" for i in range(key_count)]
+                spec = {"scopes": ["upload", "read", "admin"], "max_bytes": 1 << 40}
+                api_keys = {name: {"sha256": token_hash(t), **spec} for name, t in zip(names, tokens, strict=True)}
+                bucket = f"benchrep-{uuid.uuid4().hex[:12]}"
+                s3_client(cluster.endpoint).create_bucket(Bucket=bucket)
+                with ExitStack() as stack:
+                    urls, pids = [], []
+                    for i in range(n):
+                        gateway = cluster.gateways[i % len(cluster.gateways)]
+                        env = {
+                            **os.environ,
+                            "TRANSFER_STORAGE": "s3",
+                            "TRANSFER_S3_BUCKET": bucket,
+                            "TRANSFER_S3_ENDPOINT_URL": gateway.url,
+                            "TRANSFER_S3_ADDRESSING_STYLE": "path",
+                            "TRANSFER_SINGLE_REPLICA": "false",
+                            "AWS_ACCESS_KEY_ID": gateway.access_key,
+                            "AWS_SECRET_ACCESS_KEY": gateway.secret_key,
+                            "AWS_REGION": gateway.region,
+                            "TRANSFER_SIGNING_KEYS": json.dumps({"t": "0123456789abcdef0123"}),
+                            "TRANSFER_ALLOWED_HOSTS": json.dumps(["127.0.0.1"]),
+                            "TRANSFER_API_KEYS": json.dumps(api_keys),
+                        }
+                        where = workdir / f"rep{n}-k{key_count}-{i}"
+                        where.mkdir(exist_ok=True)
+                        url, pid = stack.enter_context(serve_unpinned(where, env))
+                        urls.append(url)
+                        pids.append(pid)
+                    balancer, haproxy_pid = stack.enter_context(_haproxy(workdir, urls))
+                    watched = {"service": pids, "haproxy": [haproxy_pid], **daemons}
+                    warm = asyncio.run(_uploads(balancer, 16, 4096, 16, tokens))  # connections, first records
+                    load = os.getloadavg()[0]
+                    races = _usage_races(urls, tokens[0])
+                    few, small_answers = _timed(watched, balancer, small, 4096, concurrency, tokens)
+                    races = {k: v - races.get(k, 0.0) for k, v in _usage_races(urls, tokens[0]).items()}
+                    big, large_answers = _timed(watched, balancer, large, 64 * MiB, large, tokens)
+                    answers = {
+                        s: small_answers.get(s, 0) + large_answers.get(s, 0) for s in {*small_answers, *large_answers}
                     }
-                    where = workdir / f"rep{n}-{i}"
-                    where.mkdir(exist_ok=True)
-                    url, pid = stack.enter_context(serve_unpinned(where, env))
-                    urls.append(url)
-                    pids.append(pid)
-                balancer, haproxy_pid = stack.enter_context(_haproxy(workdir, urls))
-                watched = {"service": pids, "haproxy": [haproxy_pid], **daemons}
-                asyncio.run(_uploads(balancer, 16, 4096, 16))  # warm-up: connections, first records
-                load = os.getloadavg()[0]
-                races = _usage_races(urls)
-                few = _phase(watched, lambda: asyncio.run(_uploads(balancer, small, 4096, 16)))  # noqa: B023
-                races = {k: v - races.get(k, 0.0) for k, v in _usage_races(urls).items()}
-                big = _phase(watched, lambda: asyncio.run(_uploads(balancer, large, 64 * MiB, large)))  # noqa: B023
-                rows.append(
-                    {
-                        "replicas": n,
-                        "load_average": load,
-                        "small_per_s": small / few["seconds"],
-                        "small_cpu_ms_per_upload": {k: v * 1000 / small for k, v in few["cpu"].items()},
-                        "small_usage_races_per_upload": {k: v / small for k, v in races.items()},
-                        "large_MBps": large * 64 * MiB / big["seconds"] / 1e6,
-                        "large_cpu_s_per_GiB": {k: v / (large * 64 / 1024) for k, v in big["cpu"].items()},
-                    }
-                )
-    return {"rows": rows, "cluster_started_in": cluster.started_in}
+                    stored = (warm.get(201, 0) + small_answers.get(201, 0)) * 4096 + large_answers.get(
+                        201, 0
+                    ) * 64 * MiB
+                    exact = all(_used(url, tokens[0], names) == stored for url in urls)
+                    rows.append(
+                        {
+                            "replicas": n,
+                            "keys": key_count,
+                            "load_average": load,
+                            "small_per_s": small / few["seconds"],
+                            "small_cpu_ms_per_upload": {k: v * 1000 / small for k, v in few["cpu"].items()},
+                            "small_usage_races_per_upload": {k: v / small for k, v in races.items()},
+                            "large_MBps": large * 64 * MiB / big["seconds"] / 1e6,
+                            "large_cpu_s_per_GiB": {k: v / (large * 64 / 1024) for k, v in big["cpu"].items()},
+                            "answers": {str(k): v for k, v in sorted(answers.items())},
+                            "usage_exact": exact,
+                        }
+                    )
+    return {"rows": rows, "cluster_started_in": cluster.started_in, "release": release, "concurrency": concurrency}
 
 
 def replicas_table(report: dict[str, Any]) -> str:
     if "skipped" in report:
         return f"Replicas on Ceph: not run ({report['skipped']})"
     lines = [
-        "Uploads through replicas on one Ceph bucket behind HAProxy (one memstore OSD, two gateways, this machine):",
+        f"Uploads through replicas on one Ceph {report.get('release', '16.2')} bucket behind HAProxy (one memstore OSD,"
+        f" two gateways, this machine), 4 KiB uploads {report.get('concurrency', 16)} at once:",
         "",
-        "| replicas | 4 KiB uploads/s | CPU ms per 4 KiB upload: service / radosgw / osd / haproxy "
-        "| usage-record races lost per 4 KiB upload (answered 503) "
+        "| replicas | keys | 4 KiB uploads/s | CPU ms per 4 KiB upload: service / radosgw / osd / haproxy "
+        "| usage-record races lost per upload (503 share) | answers | usage exact "
         "| 64 MiB MB/s | CPU s per GiB: service / radosgw / osd / haproxy | load average |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     kinds = ("service", "radosgw", "ceph-osd", "haproxy")
     for r in report["rows"]:
@@ -232,8 +283,33 @@ def replicas_table(report: dict[str, Any]) -> str:
         large = " / ".join(f"{r['large_cpu_s_per_GiB'].get(k, 0):.2f}" for k in kinds)
         races = r.get("small_usage_races_per_upload", {})
         lost = f"{races.get('lost', 0):.2f} ({races.get('busy', 0) * 100:.1f} %)" if races else "-"
+        answers = ", ".join(f"{k}×{v}" for k, v in r.get("answers", {}).items()) or "-"
         lines.append(
-            f"| {r['replicas']} | {r['small_per_s']:.0f} | {small} | {lost} | {r['large_MBps']:.0f} | {large} | "
-            f"{r['load_average']:.1f} |"
+            f"| {r['replicas']} | {r.get('keys', '-')} | {r['small_per_s']:.0f} | {small} | {lost} | {answers} "
+            f"| {r.get('usage_exact', '-')} | {r['large_MBps']:.0f} | {large} | {r['load_average']:.1f} |"
         )
     return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--release", default="20.2", help="Ceph release of the cluster (16.2 or 20.2)")
+    parser.add_argument("--small", type=int, default=600, help="4 KiB uploads per row")
+    parser.add_argument("--concurrency", type=int, default=64, help="4 KiB uploads at once")
+    parser.add_argument("--out", default=None, help="write the report as JSON here too")
+    args = parser.parse_args()
+    import tempfile
+
+    from benchmarks.summary import host_cpu
+
+    with tempfile.TemporaryDirectory() as tmp:
+        report = run_replicas(Path(tmp), small=args.small, release=args.release, concurrency=args.concurrency)
+    report["cpu"] = host_cpu()
+    print(f"CPU: {report['cpu']} ({os.cpu_count()} cores)")
+    print(replicas_table(report))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -102,7 +102,7 @@ def attack(server: Server, kind: str, seconds: float = 3.0, connections: int = 4
     """``tests.edge.attacks``'s attack ``kind`` from a process of its own, reconnecting for ``seconds``."""
     command = [sys.executable, "-m", "tests.edge.attacks", kind, str(server.port), str(seconds), str(connections)]
     done = subprocess.run(
-        command, capture_output=True, text=True, timeout=120, check=True, cwd=Path(__file__).parents[1]
+        command, capture_output=True, text=True, timeout=120, check=True, cwd=Path(__file__).parents[2]
     )
     result: dict[str, object] = json.loads(done.stdout)
     return result

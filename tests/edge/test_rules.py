@@ -212,7 +212,7 @@ def test_the_limits_docs_security_states_are_the_settings_defaults() -> None:
 
     from transfer.settings import Settings
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "SECURITY.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "SECURITY.md").read_text()
     table = page.split("### Limits and timeouts", 1)[1].split("\n\n", 2)[1]
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     assert len(rows) >= 18

@@ -87,8 +87,9 @@ async def test_a_move_whose_mover_stopped_is_given_by_the_next_gatherer(tmp_path
         doc.out["m_" + "0" * 32] = (3, 1_000, now - 3600)  # type: ignore[attr-defined]
 
     await ledger._update_shard("alice", 0, taken)
-    # 8,000 bytes still fit: the stale move is given first, then the allotment gathered where it is needed
-    rid = new_id("s_")
+    # 8,000 bytes still fit: the stale move is given first, then the allotment gathered where it is needed (the
+    # upload counted in shard 3, where the stale move goes: what it brings is counted as gathered)
+    rid = next(r for r in (new_id("s_") for _ in range(10_000)) if shard_of(r, SHARDS) == 3)
     await ledger.reserve("alice", rid, quota, ledger.clock() + 60)
     usage = await ledger.usage("alice")
     assert usage.reserved == quota

@@ -464,6 +464,9 @@ class UsageLedger:
             await self._give(owner, source, to, xid, amount)
         if stale:
             shards = await self._read_all(owner)
+            need -= sum(amount for _, to, _, amount in stale if to == target)  # what arrived where it is needed
+            if need <= 0:
+                return
         free = {s: doc.room() or 0 for s, (doc, _) in enumerate(shards) if s != target}
         # signed: a shard over its own allotment (its quota lowered since) takes its excess from what others hold
         if sum(free.values()) < need:

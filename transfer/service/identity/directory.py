@@ -85,6 +85,7 @@ class Identities:
             self._warming = asyncio.create_task(self.tokens.warm(), name="identity: issuers' keys")
 
     async def close(self) -> None:
+        """Stop fetching issuers' keys and close the connections to the issuers."""
         if self._warming is not None:
             self._warming.cancel()
             await asyncio.gather(self._warming, return_exceptions=True)

@@ -139,6 +139,8 @@ class IssuerClient:
         raise problem
 
     async def jwks_uri(self) -> str:
+        """Where the issuer's signing keys are: the configured URL, else its metadata's (IssuerUnavailable when
+        neither is a usable URL)."""
         if self.policy.jwks_uri:
             return self.policy.jwks_uri
         uri = (await self.metadata()).get("jwks_uri")
@@ -148,6 +150,7 @@ class IssuerClient:
             raise IssuerUnavailable(f"{self.policy.issuer}: {exc}") from None
 
     async def introspection_endpoint(self) -> str:
+        """The issuer's token introspection endpoint (RFC 7662) from its metadata (IssuerUnavailable if none)."""
         uri = (await self.metadata()).get("introspection_endpoint")
         try:
             return check_url(uri, "introspection_endpoint")

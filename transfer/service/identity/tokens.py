@@ -98,6 +98,7 @@ class TokenVerifier:
         self._introspecting = asyncio.Semaphore(INTROSPECTIONS)
 
     async def close(self) -> None:
+        """Close the HTTP client the issuers are asked through."""
         await self.http.aclose()
 
     async def warm(self) -> None:

@@ -109,7 +109,8 @@ def _haproxy(root: Path, urls: list[str]) -> Iterator[tuple[str, int]]:
 
 
 def _cluster_pids(root: Path) -> dict[str, list[int]]:
-    """The cluster's daemons by kind (radosgw, ceph-osd, ceph-mon): processes whose command line names its root."""
+    """The cluster's daemons by kind (radosgw, ceph-osd, ceph-mon): processes whose command line names its root's
+    directory (by name: a release run in a chroot sees the root under another path)."""
     kinds: dict[str, list[int]] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -119,7 +120,7 @@ def _cluster_pids(root: Path) -> dict[str, list[int]]:
         except OSError:
             continue
         name = os.path.basename(argv[0].decode(errors="replace"))
-        if name in ("radosgw", "ceph-osd", "ceph-mon") and str(root).encode() in b" ".join(argv):
+        if name in ("radosgw", "ceph-osd", "ceph-mon") and root.name.encode() in b" ".join(argv):
             kinds.setdefault(name, []).append(int(proc.name))
     return kinds
 
@@ -154,6 +155,17 @@ def _usage_races(urls: list[str], admin: str) -> dict[str, float]:
                 outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
                 totals[outcome] = totals.get(outcome, 0.0) + float(line.rsplit(" ", 1)[1])
     return totals
+
+
+def _storage_operations(urls: list[str], admin: str) -> float:
+    """Storage operations (S3 requests) the replicas have made so far, summed, from each one's ``/metrics``."""
+    total = 0.0
+    for url in urls:
+        text = httpx.get(f"{url}/metrics", timeout=30, headers={"authorization": f"Bearer {admin}"}).text
+        for line in text.splitlines():
+            if line.startswith("transfer_storage_operations_total{"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def _phase(pids: dict[str, list[int]], run: Any) -> dict[str, Any]:
@@ -237,9 +249,12 @@ def run_replicas(
                     watched = {"service": pids, "haproxy": [haproxy_pid], **daemons}
                     warm = asyncio.run(_uploads(balancer, 16, 4096, 16, tokens))  # connections, first records
                     load = os.getloadavg()[0]
+                    idle = _phase(watched, lambda: time.sleep(5))  # what the processes spend serving nobody
                     races = _usage_races(urls, tokens[0])
+                    operations = _storage_operations(urls, tokens[0])
                     few, small_answers = _timed(watched, balancer, small, 4096, concurrency, tokens)
                     races = {k: v - races.get(k, 0.0) for k, v in _usage_races(urls, tokens[0]).items()}
+                    operations = _storage_operations(urls, tokens[0]) - operations
                     big, large_answers = _timed(watched, balancer, large, 64 * MiB, large, tokens)
                     answers = {
                         s: small_answers.get(s, 0) + large_answers.get(s, 0) for s in {*small_answers, *large_answers}
@@ -255,9 +270,11 @@ def run_replicas(
                             "load_average": load,
                             "small_per_s": small / few["seconds"],
                             "small_cpu_ms_per_upload": {k: v * 1000 / small for k, v in few["cpu"].items()},
+                            "small_storage_operations_per_upload": operations / small,
                             "small_usage_races_per_upload": {k: v / small for k, v in races.items()},
                             "large_MBps": large * 64 * MiB / big["seconds"] / 1e6,
                             "large_cpu_s_per_GiB": {k: v / (large * 64 / 1024) for k, v in big["cpu"].items()},
+                            "idle_cpu_ms_per_s": {k: v * 1000 / idle["seconds"] for k, v in idle["cpu"].items()},
                             "answers": {str(k): v for k, v in sorted(answers.items())},
                             "usage_exact": exact,
                         }
@@ -273,9 +290,10 @@ def replicas_table(report: dict[str, Any]) -> str:
         f" two gateways, this machine), 4 KiB uploads {report.get('concurrency', 16)} at once:",
         "",
         "| replicas | keys | 4 KiB uploads/s | CPU ms per 4 KiB upload: service / radosgw / osd / haproxy "
-        "| usage-record races lost per upload (503 share) | answers | usage exact "
-        "| 64 MiB MB/s | CPU s per GiB: service / radosgw / osd / haproxy | load average |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| storage operations per upload | usage-record races lost per upload (503 share) | answers | usage exact "
+        "| 64 MiB MB/s | CPU s per GiB: service / radosgw / osd / haproxy | idle CPU ms/s: service / radosgw / osd "
+        "| load average |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     kinds = ("service", "radosgw", "ceph-osd", "haproxy")
     for r in report["rows"]:
@@ -283,10 +301,13 @@ def replicas_table(report: dict[str, Any]) -> str:
         large = " / ".join(f"{r['large_cpu_s_per_GiB'].get(k, 0):.2f}" for k in kinds)
         races = r.get("small_usage_races_per_upload", {})
         lost = f"{races.get('lost', 0):.2f} ({races.get('busy', 0) * 100:.1f} %)" if races else "-"
+        requests = r.get("small_storage_operations_per_upload", 0)
+        idle = " / ".join(f"{r.get('idle_cpu_ms_per_s', {}).get(k, 0):.0f}" for k in kinds[:3])
         answers = ", ".join(f"{k}×{v}" for k, v in r.get("answers", {}).items()) or "-"
         lines.append(
-            f"| {r['replicas']} | {r.get('keys', '-')} | {r['small_per_s']:.0f} | {small} | {lost} | {answers} "
-            f"| {r.get('usage_exact', '-')} | {r['large_MBps']:.0f} | {large} | {r['load_average']:.1f} |"
+            f"| {r['replicas']} | {r.get('keys', '-')} | {r['small_per_s']:.0f} | {small} | {requests:.1f} | {lost} "
+            f"| {answers} "
+            f"| {r.get('usage_exact', '-')} | {r['large_MBps']:.0f} | {large} | {idle} | {r['load_average']:.1f} |"
         )
     return "\n".join(lines)
 

@@ -190,7 +190,11 @@ class EngineProbe:
         c, a = self.c, self.base + "a"
         made = [a, self.base + "missing", self.base + "put"]
         try:
-            status, first = await self.raw(c.put_object, Key=a, Body=b"1", IfNoneMatch="*")
+            status, _ = await self.raw(c.put_object, Key=a, Body=b"1", IfNoneMatch="*")
+            if status in (409, 412):  # the key is new to this probe: our own create, retried after its answer was lost
+                head = (await self.raw(c.head_object, Key=a))[1]
+                if head is not None and head.get("ContentLength") == 1:
+                    status = 200
             if status != 200:
                 raise BackendUnavailable(f"S3 refused a probe PutObject ({status}) in {self.s.config.bucket!r}")
             status, _ = await self.raw(c.put_object, Key=a, Body=b"2", IfNoneMatch="*")

@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 
 from storage.local import LocalStorage
+from transfer.core import ids
 from transfer.core.auth import ApiKey, Scope
-from transfer.core.ids import new_id
+from transfer.core.ids import draw_ids_into, is_id, new_id
 from transfer.errors import QuotaExceeded
 from transfer.service.accounting.recordstore import RecordStore
 from transfer.service.accounting.usage import UsageLedger, shard_key, shard_of, usage_key
+from transfer.service.files.publisher import file_id_for
 
 pytestmark = pytest.mark.anyio
 SHARDS = 8
@@ -124,3 +126,17 @@ async def test_one_record_per_key_is_the_first_shard(tmp_path: Path) -> None:
     with pytest.raises(QuotaExceeded):
         await sharded.reserve("alice", new_id("s_"), 2_001, sharded.clock() + 60)
     await sharded.reserve("alice", new_id("s_"), 2_000, sharded.clock() + 60)
+
+
+def test_a_serving_process_draws_its_ids_into_one_shard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``transfer serve`` draws the ids it makes into one usage shard of its own: an upload, the file it publishes
+    (and so that file's removal) count there; ids stay ids of their kind; without a lane they fall anywhere."""
+    monkeypatch.setattr(ids, "_DRAWN_INTO", None)
+    assert {shard_of(new_id("s_"), SHARDS) for _ in range(400)} == set(range(SHARDS))
+    draw_ids_into(SHARDS, 3)
+    made = [new_id(prefix) for prefix in ("s_", "t_", "d_", "c_", "f_", "b_") for _ in range(50)]
+    assert all(is_id(i, i[: i.index("_") + 1]) for i in made) and len(set(made)) == len(made)
+    assert {shard_of(i, SHARDS) for i in made} == {3}
+    assert {shard_of(file_id_for(i), SHARDS) for i in made if i.startswith("s_")} == {3}
+    draw_ids_into(1, 0)  # one shard: no lane
+    assert {shard_of(new_id("s_"), SHARDS) for _ in range(400)} == set(range(SHARDS))

@@ -8,6 +8,7 @@ import asyncio
 import errno
 import gc
 import os
+import secrets
 import signal
 import socket
 import ssl
@@ -65,6 +66,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from transfer.api.protocol.http2 import serve_config
     from transfer.api.protocol.shutdown import GracefulServer
     from transfer.api.protocol.tls import ListenerTLS
+    from transfer.core.ids import draw_ids_into
     from transfer.errors import SigningKeysRequired
     from transfer.hosts import create_app
     from transfer.service.backends import make_storage, require_signing_keys_kept_apart, storage_location
@@ -78,6 +80,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         asyncio.run(storage.start())  # fail here, in one line, rather than in uvicorn's lifespan with a traceback
         require_replica_safe(storage, settings.single_replica)
         app = create_app(settings, storage)
+        # this replica's uploads count in a usage shard of their own (a random one of each key's shards): the
+        # versions of the records it writes stay the ones it knows while other replicas write theirs
+        draw_ids_into(settings.usage_shards, secrets.randbelow(settings.usage_shards))
         tls = ListenerTLS(settings.tls_cert, settings.tls_key) if settings.tls_cert and settings.tls_key else None
     except ssl.SSLError as exc:
         raise CliError("invalid_settings", f"TLS certificate or key not usable: {exc}") from exc

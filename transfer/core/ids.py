@@ -6,13 +6,38 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import zlib
 
 _HEX = frozenset("0123456789abcdef")
 
 
+# (lanes, lane): the ids this process makes fall in ``lane`` of ``lanes`` (lane_of); None: anywhere
+_DRAWN_INTO: tuple[int, int] | None = None
+
+
+def lane_of(thing: str, lanes: int) -> int:
+    """Which of ``lanes`` lanes an id (or an id-derived name) falls in: by its random part (after the last ``_``),
+    so an upload, the file it publishes and that file's removal fall in the same one. A key's usage shards are
+    lanes (:mod:`transfer.service.accounting.usage`)."""
+    return zlib.crc32(thing.rpartition("_")[2].encode()) % lanes
+
+
+def draw_ids_into(lanes: int, lane: int) -> None:
+    """From now on, the ids this process makes fall in ``lane`` of ``lanes`` (about ``lanes`` draws each, three
+    bits fewer of chance for 8 lanes: 125 random bits). A replica that counts its uploads in usage shards of its
+    own keeps the versions of those records it knows current, instead of losing its first write to a replica that
+    wrote since. Set once, by the process that serves (``transfer serve``)."""
+    global _DRAWN_INTO
+    _DRAWN_INTO = (lanes, lane % lanes) if lanes > 1 else None
+
+
 def new_id(prefix: str) -> str:
-    """A fresh id of the kind ``prefix`` (e.g. ``"f_"``)."""
-    return prefix + secrets.token_hex(16)
+    """A fresh id of the kind ``prefix`` (e.g. ``"f_"``), in this process's lane if it has one."""
+    drawn = _DRAWN_INTO
+    while True:
+        token = secrets.token_hex(16)
+        if drawn is None or lane_of(token, drawn[0]) == drawn[1]:
+            return prefix + token
 
 
 def is_id(value: str, prefix: str) -> bool:

@@ -6,8 +6,10 @@ Why shards: one record per key was one hot record. Every upload of a key (and ev
 by compare-and-set, so replicas added lost races instead of throughput (1 / 2 / 3 replicas: 35 / 36 / 17 small
 uploads per second, 5.5 / 7.2 / 10.8 ms of CPU each). Now what one upload changes lives in the shard its id falls
 in (``shard_of``: the id's random part, so an upload, the file it publishes and that file's removal meet in one
-shard, and "charged once per upload" is still decided by one compare-and-set); uploads spread over the shards, and
-replicas over them.
+shard, and "charged once per upload" is still decided by one compare-and-set). A serving process draws the ids it
+makes into one shard of its own, chosen at random (:func:`transfer.core.ids.draw_ids_into`): replicas then write
+mostly different shards, and the version of a shard a replica knows is still current when it writes again (with
+every replica writing every shard, its first conditional write usually lost to one that wrote since).
 
 Record ``usage/<key hash>`` (the first shard) and ``usage/<key hash>.s<nn>`` (the others, nn < ``shards``):
 ``{"used": bytes, "files": n, "reservations": {"<upload id>": [bytes, until]}, "changes": {"<id>": [bytes, files,
@@ -65,14 +67,13 @@ import asyncio
 import contextlib
 import hashlib
 import time
-import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from storage.base import Storage
 from transfer.core.auth import ApiKey
-from transfer.core.ids import new_id
+from transfer.core.ids import lane_of, new_id
 from transfer.core.uploads.lifetimes import Usage
 from transfer.errors import (
     Conflict,
@@ -123,10 +124,9 @@ def shard_key(owner: str | None, shard: int) -> str:
 
 
 def shard_of(thing: str, shards: int) -> int:
-    """The shard an upload, file, bundle or message id counts in: by its random part (after the last ``_``), so an
-    upload (``t_…``, ``s_…``, …), the file it publishes (``f_`` + the same part) and that file's removal meet in
-    one shard."""
-    return zlib.crc32(thing.rpartition("_")[2].encode()) % shards
+    """The shard an upload, file, bundle or message id counts in: its lane (:func:`transfer.core.ids.lane_of`, by
+    its random part), so an upload, the file it publishes and that file's removal meet in one shard."""
+    return lane_of(thing, shards)
 
 
 def share_of(quota: int, shard: int, shards: int) -> int:

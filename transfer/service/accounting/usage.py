@@ -65,15 +65,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from storage.base import Storage
 from transfer.core.auth import ApiKey
-from transfer.core.ids import lane_of, new_id
+from transfer.core.ids import new_id
 from transfer.core.uploads.lifetimes import Usage
 from transfer.errors import (
     Conflict,
@@ -84,15 +82,23 @@ from transfer.errors import (
     storage_errors_translated,
 )
 from transfer.service.accounting.recordstore import RecordStore, RetryPolicy
+from transfer.service.accounting.shards import (
+    SHARDS,
+    NoRoom,
+    ShardDoc,
+    StateChange,
+    quota_exceeded,
+    shard_key,
+    shard_of,
+    share_of,
+    usage_key,
+)
 
-USAGE_PREFIX = "usage/"
 REMOVAL_LEASE = 600.0  # seconds a removal claim holds: a claimer that died frees the file for another removal then
-SHARDS = 8  # usage records per key (the default; a setting)
 MOVE_STALE = 60.0  # seconds after which a move taken but not given (its mover stopped) is given by another
 GATHER_WAIT = 10.0  # seconds a change waits for another gatherer of its key (then 503 record_busy)
 GATHER_LEASE = 10.0  # seconds one gatherer holds a key's allotments (a gather takes milliseconds)
 GATHERS = 4  # times a change that lacks room in its shard gathers allotment before it is refused
-MOVE_MEMORY = 3600.0  # seconds a shard remembers a move it was given (a late retry of it finds it given)
 
 R = TypeVar("R")
 
@@ -107,194 +113,6 @@ def limits_from(keys: Mapping[str, ApiKey]) -> LimitsOf:
         return None if owner is None else keys.get(owner)
 
     return limits
-
-
-def usage_key(owner: str | None) -> str:
-    """The one-record layout's record of ``owner`` (a key name; None: files stored in open mode), and the stem of
-    its shards' keys. Hashed: names are free text."""
-    if owner is None:
-        return USAGE_PREFIX + "open"
-    return USAGE_PREFIX + "k" + hashlib.sha256(owner.encode("utf-8")).hexdigest()[:40]
-
-
-def shard_key(owner: str | None, shard: int) -> str:
-    """The record of shard ``shard`` of ``owner``'s usage (the first shard is the one-record layout's record, so
-    that layout's counts, reservations and changes carry on there, and one shard is that layout)."""
-    return usage_key(owner) if shard == 0 else f"{usage_key(owner)}.s{shard:02d}"
-
-
-def shard_of(thing: str, shards: int) -> int:
-    """The shard an upload, file, bundle or message id counts in: its lane (:func:`transfer.core.ids.lane_of`, by
-    its random part), so an upload, the file it publishes and that file's removal meet in one shard."""
-    return lane_of(thing, shards)
-
-
-def share_of(quota: int, shard: int, shards: int) -> int:
-    """The allotment shard ``shard`` of ``shards`` holds of ``quota`` before any move: an even share, the remainder in
-    the first shard."""
-    return quota // shards + (quota % shards if shard == 0 else 0)
-
-
-@dataclass(frozen=True, slots=True)
-class StateChange:
-    """One publication or removal in a key's record: what it adds to ``used`` and ``files`` (signed: a removal
-    takes away), until when its entry is kept, and whether it is in the count already (a publication, kept so that
-    a repeat is refused) or still to be applied by the one caller that claimed it (a removal)."""
-
-    nbytes: int
-    files: int
-    until: float
-    applied: bool
-
-    def to_json(self) -> list[Any]:
-        """The entry as the record stores it: ``[bytes, files, until, applied]``."""
-        return [self.nbytes, self.files, self.until, self.applied]
-
-
-def _entries(raw: Any) -> list[tuple[str, list[Any]]]:
-    return [(k, v) for k, v in raw.items() if isinstance(v, list)] if isinstance(raw, dict) else []
-
-
-def _changes(raw: Mapping[str, Any], now: float) -> dict[str, StateChange]:
-    """The live state changes of a stored record, of either shape (an entry past its ``until`` is dropped: its
-    upload can no longer complete, or its claimer died)."""
-    changes: dict[str, StateChange] = {}
-    for rid, entry in _entries(raw.get("charged")):  # the older shape: publications, applied
-        changes[rid] = StateChange(int(entry[0]), 1, float(entry[1]), True)
-    for thing, entry in _entries(raw.get("removals")):  # the older shape: removal claims, not applied
-        changes[thing] = StateChange(-int(entry[0]), -1, float(entry[1]), False)
-    for thing, entry in _entries(raw.get("changes")):
-        changes[thing] = StateChange(int(entry[0]), int(entry[1]), float(entry[2]), bool(entry[3]))
-    return {thing: change for thing, change in changes.items() if change.until > now}
-
-
-class _Doc:
-    """One usage shard as the ledger's changes see it (each change works on its own copy: they are pure)."""
-
-    def __init__(self, raw: Mapping[str, Any], now: float, share: int | None = None, quota: int | None = None) -> None:
-        self.used = int(raw.get("used", 0))
-        self.files = int(raw.get("files", 0))
-        reservations = raw.get("reservations", {})
-        self.reservations: dict[str, tuple[int, float]] = {
-            rid: (int(entry[0]), float(entry[1]))
-            for rid, entry in (reservations.items() if isinstance(reservations, dict) else ())
-            if float(entry[1]) > now  # a reservation past its time (its upload ended or its process died) is dropped
-        }
-        self.changes = _changes(raw, now)
-        # the allotment: an absent shard (or one stored before allotments) holds its share of the quota
-        self.cap: int | None = int(raw["cap"]) if "cap" in raw else share
-        self.q: int | None = int(raw["q"]) if "q" in raw else quota
-        shards = raw.get("shards")  # the first shard's: how many shards the key has
-        self.shards: int | None = int(shards) if isinstance(shards, int) else None
-        out = raw.get("out", {})
-        self.out: dict[str, tuple[int, int, float]] = {
-            xid: (int(e[0]), int(e[1]), float(e[2])) for xid, e in (out.items() if isinstance(out, dict) else ())
-        }
-        inn = raw.get("in", {})
-        self.inn: dict[str, float] = {
-            xid: float(at)
-            for xid, at in (inn.items() if isinstance(inn, dict) else ())
-            if float(at) > now - MOVE_MEMORY
-        }
-
-    def copy(self) -> _Doc:
-        doc = _Doc({}, 0.0)
-        doc.used, doc.files = self.used, self.files
-        doc.reservations, doc.changes = dict(self.reservations), dict(self.changes)
-        doc.cap, doc.q, doc.out, doc.inn, doc.shards = self.cap, self.q, dict(self.out), dict(self.inn), self.shards
-        return doc
-
-    def same(self, other: _Doc) -> bool:
-        mine = (
-            self.used,
-            self.files,
-            self.reservations,
-            self.changes,
-            self.cap,
-            self.q,
-            self.out,
-            self.inn,
-            self.shards,
-        )
-        theirs = (
-            other.used,
-            other.files,
-            other.reservations,
-            other.changes,
-            other.cap,
-            other.q,
-            other.out,
-            other.inn,
-            other.shards,
-        )
-        return mine == theirs
-
-    def reserved(self, excluding: str | None = None) -> int:
-        return sum(n for rid, (n, _) in self.reservations.items() if rid != excluding)
-
-    def room(self, excluding: str | None = None) -> int | None:
-        """What this shard may still take (None: no allotment, no quota)."""
-        if self.cap is None:
-            return None
-        return self.cap - self.used - self.reserved(excluding)
-
-    def fits(self, nbytes: int, excluding: str | None = None) -> bool:
-        room = self.room(excluding)
-        return room is None or nbytes <= room
-
-    def begin(self, thing: str, change: StateChange) -> bool:
-        """Enter ``change`` under ``thing`` (applied now if it says so): False, and nothing changes, when a change
-        of that id is on record already (applied, or claimed by another caller)."""
-        if thing in self.changes:
-            return False
-        self.changes[thing] = change
-        if change.applied:
-            self.add(change.nbytes, change.files)
-        return True
-
-    def add(self, nbytes: int, files: int) -> None:
-        """Count ``nbytes`` and ``files`` more (negative: fewer). A shard's count may go below nothing (a removal
-        counted in another shard than its charge, under the one-record layout's ids): the key's total is what
-        counts."""
-        self.used += nbytes
-        self.files += files
-
-    def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "used": self.used,
-            "files": self.files,
-            "reservations": {rid: [n, until] for rid, (n, until) in self.reservations.items()},
-        }
-        if self.changes:
-            doc["changes"] = {thing: change.to_json() for thing, change in self.changes.items()}
-        if self.cap is not None:
-            doc["cap"], doc["q"] = self.cap, self.q
-        if self.out:
-            doc["out"] = {xid: [t, n, at] for xid, (t, n, at) in self.out.items()}
-        if self.inn:
-            doc["in"] = dict(self.inn)
-        if self.shards is not None:
-            doc["shards"] = self.shards
-        return doc
-
-
-def _over(quota: int, used: int, reserved: int, nbytes: int) -> QuotaExceeded:
-    return QuotaExceeded(
-        f"{nbytes} more bytes would exceed this key's quota of {quota} bytes "
-        f"({used} used, {reserved} reserved by unfinished uploads)",
-        quota=quota,
-        used=used,
-        reserved=reserved,
-        requested=nbytes,
-    )
-
-
-class _NoRoom(Exception):
-    """A shard's own allotment lacks room for a change (it may gather allotment from the others)."""
-
-    def __init__(self, need: int) -> None:
-        super().__init__(f"{need} bytes")
-        self.need = need
 
 
 class UsageLedger:
@@ -336,12 +154,12 @@ class UsageLedger:
             self._counts[owner] = count
         return count
 
-    async def _decoder(self, owner: str | None, shard: int, count: int) -> Callable[[Any], _Doc]:
+    async def _decoder(self, owner: str | None, shard: int, count: int) -> Callable[[Any], ShardDoc]:
         quota = await self.quota_of(owner)
 
-        def decode(raw: Any) -> _Doc:
+        def decode(raw: Any) -> ShardDoc:
             share = None if quota is None else share_of(quota, shard, count)
-            doc = _Doc(raw if isinstance(raw, dict) else {}, self.clock(), share, quota)
+            doc = ShardDoc(raw if isinstance(raw, dict) else {}, self.clock(), share, quota)
             if shard == 0:
                 doc.shards = count
             if quota is None:
@@ -354,7 +172,7 @@ class UsageLedger:
 
         return decode
 
-    async def _read_shard(self, owner: str | None, shard: int) -> tuple[_Doc, str | None]:
+    async def _read_shard(self, owner: str | None, shard: int) -> tuple[ShardDoc, str | None]:
         count = await self._count(owner)
         try:
             raw, etag = await self.records.read(shard_key(owner, shard))
@@ -362,19 +180,19 @@ class UsageLedger:
             return (await self._decoder(owner, shard, count))({}), None
         return (await self._decoder(owner, shard, count))(raw), etag
 
-    async def _read_all(self, owner: str | None) -> list[tuple[_Doc, str | None]]:
+    async def _read_all(self, owner: str | None) -> list[tuple[ShardDoc, str | None]]:
         count = await self._count(owner)
         return list(await asyncio.gather(*(self._read_shard(owner, s) for s in range(count))))
 
     async def _update_shard(
-        self, owner: str | None, shard: int, step: Callable[[_Doc], R], *, durable: bool = True
+        self, owner: str | None, shard: int, step: Callable[[ShardDoc], R], *, durable: bool = True
     ) -> R:
         """Apply ``step`` to one shard with compare-and-set, grouped with the concurrent changes of the same shard
         (one write for all of them), and return what it answered. ``step`` may raise: then nothing of it is
         written. ``durable=False``: a change that may be lost in a crash (a removal claim)."""
         answers: list[R] = []
 
-        def change(doc: _Doc) -> _Doc | None:
+        def change(doc: ShardDoc) -> ShardDoc | None:
             after = doc.copy()
             answers.append(step(after))
             return None if after.same(doc) else after
@@ -383,22 +201,22 @@ class UsageLedger:
             shard_key(owner, shard),
             await self._decoder(owner, shard, await self._count(owner)),
             change,
-            _Doc.to_json,
+            ShardDoc.to_json,
             absent={},
             durable=durable,
             group=True,
         )
         return answers[-1]  # the last run of the step is the one the record holds
 
-    async def _update(self, owner: str | None, rid: str, step: Callable[[_Doc], R], *, durable: bool = True) -> R:
+    async def _update(self, owner: str | None, rid: str, step: Callable[[ShardDoc], R], *, durable: bool = True) -> R:
         """:meth:`_update_shard` on the shard ``rid`` falls in; when that shard's own allotment lacks room (the
-        step raised _NoRoom), allotment is gathered from the other shards and the step runs again (QuotaExceeded
+        step raised NoRoom), allotment is gathered from the other shards and the step runs again (QuotaExceeded
         when the key's whole quota lacks it)."""
         shard = shard_of(rid, await self._count(owner))
         for _ in range(GATHERS):
             try:
                 return await self._update_shard(owner, shard, step, durable=durable)
-            except _NoRoom as short:
+            except NoRoom as short:
                 need = short.need
                 await self._gather(owner, shard, need)
         # each gather found room, and concurrent uploads of the key took it first: the quota is not known to be
@@ -417,12 +235,12 @@ class UsageLedger:
         async with self._gathering(owner):
             await self._gather_held(owner, target, need)
 
-    async def _refusal(self, owner: str | None, shards: list[tuple[_Doc, str | None]], need: int) -> QuotaExceeded:
+    async def _refusal(self, owner: str | None, shards: list[tuple[ShardDoc, str | None]], need: int) -> QuotaExceeded:
         quota = await self.quota_of(owner)
         assert quota is not None
         used = sum(doc.used for doc, _ in shards)
         reserved = sum(doc.reserved() for doc, _ in shards)
-        return _over(quota, used, reserved, need)
+        return quota_exceeded(quota, used, reserved, need)
 
     @contextlib.asynccontextmanager
     async def _gathering(self, owner: str | None) -> AsyncIterator[None]:
@@ -480,7 +298,7 @@ class UsageLedger:
             xid = new_id("m_")
             wanted = left
 
-            def take(doc: _Doc, wanted: int = wanted, xid: str = xid) -> int:
+            def take(doc: ShardDoc, wanted: int = wanted, xid: str = xid) -> int:
                 amount = min(wanted, max(0, doc.room() or 0))
                 if amount:
                     assert doc.cap is not None
@@ -496,12 +314,12 @@ class UsageLedger:
     async def _give(self, owner: str | None, source: int, target: int, xid: str, amount: int) -> None:
         """Give move ``xid`` (``amount`` taken from ``source``) to ``target`` once, then forget it at the source."""
 
-        def give(doc: _Doc) -> None:
+        def give(doc: ShardDoc) -> None:
             if xid not in doc.inn:
                 doc.cap = (doc.cap or 0) + amount
                 doc.inn[xid] = self.clock()
 
-        def forget(doc: _Doc) -> None:
+        def forget(doc: ShardDoc) -> None:
             doc.out.pop(xid, None)
 
         # neither flushed: a give lost in a crash leaves the move (flushed when taken) to be given again once stale
@@ -509,11 +327,11 @@ class UsageLedger:
         await self._update_shard(owner, target, give, durable=False)
         await self._update_shard(owner, source, forget, durable=False)
 
-    def _require(self, doc: _Doc, nbytes: int, excluding: str | None = None) -> None:
-        """_NoRoom unless ``nbytes`` more fit in this shard's own allotment (a key without a quota: always)."""
+    def _require(self, doc: ShardDoc, nbytes: int, excluding: str | None = None) -> None:
+        """NoRoom unless ``nbytes`` more fit in this shard's own allotment (a key without a quota: always)."""
         if not doc.fits(nbytes, excluding):
             room = doc.room(excluding) or 0
-            raise _NoRoom(nbytes - room)
+            raise NoRoom(nbytes - room)
 
     async def usage(self, owner: str | None) -> Usage:
         """``owner``'s usage as stored now (lapsed reservations left out): the sum of its shards."""
@@ -531,7 +349,7 @@ class UsageLedger:
         if await self.quota_of(owner) is None:
             return
 
-        def change(doc: _Doc) -> None:
+        def change(doc: ShardDoc) -> None:
             self._require(doc, nbytes, excluding=rid)
             doc.reservations[rid] = (nbytes, until)
 
@@ -544,7 +362,7 @@ class UsageLedger:
         if await self.quota_of(owner) is None:
             return
 
-        def change(doc: _Doc) -> None:
+        def change(doc: ShardDoc) -> None:
             held = doc.reservations.get(rid, (0, until))[0]
             if held < nbytes:
                 self._require(doc, nbytes, excluding=rid)
@@ -574,7 +392,7 @@ class UsageLedger:
         if await self.quota_of(owner) is None:
             return
 
-        def change(doc: _Doc) -> None:
+        def change(doc: ShardDoc) -> None:
             doc.reservations.pop(rid, None)
 
         await self._update(owner, rid, change)
@@ -598,7 +416,7 @@ class UsageLedger:
         ``durable=False``: the publish that follows flushes the charge to disk with itself
         (``flushes_earlier_writes``), before it answers."""
 
-        def change(doc: _Doc) -> bool:
+        def change(doc: ShardDoc) -> bool:
             if until is not None and rid in doc.changes:
                 return False  # this upload's publication is counted already
             self._require(doc, nbytes, excluding=rid)
@@ -614,7 +432,7 @@ class UsageLedger:
         """Take back the charge of upload ``rid`` whose publication failed (it may be charged again by a retry).
         Once: a charge already taken back (by a concurrent failure of the same upload) is not taken back again."""
 
-        def change(doc: _Doc) -> None:
+        def change(doc: ShardDoc) -> None:
             if doc.changes.pop(rid, None) is not None:
                 doc.add(-nbytes, -1)
 
@@ -624,7 +442,7 @@ class UsageLedger:
         """Uncount ``nbytes`` charged for ``rid`` without a publication mark (a plain upload whose publish failed
         after its charge, chunks counted and not kept); a removed file goes through :meth:`removed`."""
 
-        def change(doc: _Doc) -> None:
+        def change(doc: ShardDoc) -> None:
             doc.add(-nbytes, -files)
 
         await self._update(owner, rid, change)
@@ -634,7 +452,7 @@ class UsageLedger:
         for later versions): QuotaExceeded, and nothing changes, when they do not fit beside its files and
         reservations."""
 
-        def change(doc: _Doc) -> None:
+        def change(doc: ShardDoc) -> None:
             self._require(doc, nbytes)
             doc.add(nbytes, 0)
 
@@ -647,7 +465,7 @@ class UsageLedger:
         died)."""
         removal = StateChange(-nbytes, -files, self.clock() + REMOVAL_LEASE, applied=False)
 
-        def change(doc: _Doc) -> bool:
+        def change(doc: ShardDoc) -> bool:
             return doc.begin(file_id, removal)
 
         # not flushed: a claim lost in a crash only lets another removal claim the file (which it then finds there
@@ -659,7 +477,7 @@ class UsageLedger:
         ``files=0``: it was charged with ``files=0``: a bundle, a message, a pack of chunks) and leaves the record,
         in one write."""
 
-        def change(doc: _Doc) -> None:
+        def change(doc: ShardDoc) -> None:
             doc.changes.pop(file_id, None)
             doc.add(-nbytes, -files)
 
@@ -668,7 +486,7 @@ class UsageLedger:
     async def unclaim(self, owner: str | None, file_id: str) -> None:
         """Give back the claim on ``file_id`` without a refund (its file was gone already, or its removal failed)."""
 
-        def change(doc: _Doc) -> None:
+        def change(doc: ShardDoc) -> None:
             claim = doc.changes.get(file_id)
             if claim is not None and not claim.applied:
                 del doc.changes[file_id]

@@ -21,7 +21,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ import httpx
 import pytest
 import xxhash
 
+from benchmarks.replicas import serve_unpinned as replica  # one way to start a replica, shared
 from devtools.ceph import CephCluster
 from devtools.s3server import free_ports, s3_client
 from transfer.core.auth import new_token, token_hash
@@ -100,37 +100,6 @@ backend replicas
     http-response set-header x-served-by %s
 {servers}
 """
-
-
-@contextmanager
-def replica(workdir: Path, env: dict[str, str]) -> Iterator[tuple[str, int]]:
-    """``transfer serve`` in ``workdir`` on a free port, unpinned (three of them start side by side); yields (url,
-    pid); SIGTERM afterwards (SIGKILL if it does not stop)."""
-    (port,) = free_ports(1)
-    log = open(workdir / "serve.log", "wb")  # noqa: SIM115 - closed below
-    command = [sys.executable, "-m", "transfer", "serve", "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120  # a loaded 2-core machine takes seconds to import and probe
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("replica did not start: " + (workdir / "serve.log").read_text())
-            time.sleep(0.1)
-        yield url, proc.pid
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 @pytest.fixture(scope="module")
